@@ -1,0 +1,102 @@
+"""What every wire shares: a connection, the request handler it calls, the event fan-out.
+
+A transport (JSON-RPC over TCP/WebSocket/stdio, ZeroMQ) only frames bytes. For each
+request it calls `RequestHandler.handle(conn, method, params)` and writes back the
+result or the `CtxdError` it raised. Events reach clients through `EventHub`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+log = logging.getLogger("ctxd.servers")
+
+_conn_ids = itertools.count(1)
+
+
+class Connection:
+    """One client connection on one wire.
+
+    Subclasses implement `send_notification` without blocking: each keeps a bounded
+    outgoing queue and drops the client (with a log line) when it stops reading.
+    """
+
+    wire: str = "?"
+
+    def __init__(self, peer: str = "") -> None:
+        self.id = next(_conn_ids)
+        self.peer = peer
+        self.authenticated = False
+        self.client_name: str | None = None
+        self.subscriptions: set[str] = set()
+        # runs opened through this connection: marked interrupted when it closes
+        self.open_runs: set[str] = set()
+        self.closed = False
+
+    def send_notification(self, method: str, params: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} #{self.id} {self.wire} {self.peer}>"
+
+
+class RequestHandler(Protocol):
+    """The daemon side of every wire (implemented by `ctxd.daemon.dispatch.Dispatcher`)."""
+
+    async def handle(self, conn: Connection, method: str, params: Any) -> Any:
+        """Serve one request; return a JSON-able result or raise `CtxdError`."""
+        ...
+
+    def check_token(self, token: Any) -> bool:
+        """Constant-time comparison with the daemon's token."""
+        ...
+
+    def connection_opened(self, conn: Connection) -> None: ...
+
+    def connection_closed(self, conn: Connection) -> None: ...
+
+
+EventSink = Callable[[str, str, dict[str, Any]], None]
+
+
+class EventHub:
+    """Fans events out to subscribed connections and to wire-level publishers (ZeroMQ PUB)."""
+
+    def __init__(self) -> None:
+        self._connections: set[Connection] = set()
+        self._sinks: list[EventSink] = []
+
+    def add_connection(self, conn: Connection) -> None:
+        self._connections.add(conn)
+
+    def remove_connection(self, conn: Connection) -> None:
+        self._connections.discard(conn)
+
+    def add_sink(self, sink: EventSink) -> None:
+        self._sinks.append(sink)
+
+    def publish(self, session_id: str, method: str, params: dict[str, Any]) -> None:
+        for conn in list(self._connections):
+            if session_id in conn.subscriptions and not conn.closed:
+                try:
+                    conn.send_notification(method, params)
+                except Exception:  # a broken client must not stop the fan-out
+                    log.exception("dropping event for %r", conn)
+        for sink in self._sinks:
+            try:
+                sink(session_id, method, params)
+            except Exception:
+                log.exception("event sink failed")
+
+    def notify_connection(self, conn: Connection, method: str, params: dict[str, Any]) -> None:
+        if not conn.closed:
+            conn.send_notification(method, params)
+
+
+AsyncCallback = Callable[..., Awaitable[Any]]

@@ -1,0 +1,131 @@
+"""Byte codecs of the two wires: JSON-RPC 2.0 (Content-Length framed or one per
+WebSocket text frame) and msgpack maps over ZeroMQ. Both carry the same messages.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgpack
+
+from .errors import CtxdError, InvalidRequest, ParseError, PayloadTooLarge
+
+# Requests bigger than this are refused before parsing (configurable by the daemon).
+DEFAULT_MAX_FRAME = 64 * 1024 * 1024
+_HEADER_LIMIT = 8192
+
+
+def dumps_json(obj: Any) -> bytes:
+    """Compact UTF-8 JSON; Chinese stays one character, not a six-byte escape."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def loads_json(data: bytes | str) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ParseError(f"invalid JSON: {exc}; send one JSON-RPC object per frame") from None
+
+
+def frame(body: bytes) -> bytes:
+    """Content-Length framing as in LSP."""
+    return b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+class FrameReader:
+    """Incremental Content-Length frame parser: feed bytes, take complete bodies.
+
+    Raises `ParseError` for a broken header (the stream cannot be resynchronised, so
+    the caller closes the connection) and `PayloadTooLarge` for a frame above the limit.
+    """
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buf = bytearray()
+        self._need: int | None = None
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buf += data
+        out: list[bytes] = []
+        while True:
+            if self._need is None:
+                end = self._buf.find(b"\r\n\r\n")
+                if end < 0:
+                    if len(self._buf) > _HEADER_LIMIT:
+                        raise ParseError("frame header too long; expected 'Content-Length: N'")
+                    return out
+                self._need = self._parse_header(bytes(self._buf[:end]))
+                del self._buf[: end + 4]
+            if len(self._buf) < self._need:
+                return out
+            out.append(bytes(self._buf[: self._need]))
+            del self._buf[: self._need]
+            self._need = None
+
+    def _parse_header(self, header: bytes) -> int:
+        length: int | None = None
+        for line in header.split(b"\r\n"):
+            name, sep, value = line.partition(b":")
+            if not sep:
+                raise ParseError(f"malformed header line {line[:80]!r}; expected 'Name: value'")
+            if name.strip().lower() == b"content-length":
+                try:
+                    length = int(value.strip())
+                except ValueError:
+                    raise ParseError("Content-Length is not a number") from None
+        if length is None or length < 0:
+            raise ParseError("missing Content-Length header")
+        if length > self.max_frame:
+            raise PayloadTooLarge(
+                f"frame of {length} bytes exceeds the limit of {self.max_frame}; "
+                "send smaller batches"
+            )
+        return length
+
+
+def packb(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpackb(data: bytes, max_size: int = DEFAULT_MAX_FRAME) -> Any:
+    if len(data) > max_size:
+        raise PayloadTooLarge(f"message of {len(data)} bytes exceeds the limit of {max_size}")
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ParseError(f"invalid msgpack: {type(exc).__name__}") from None
+
+
+# JSON-RPC 2.0 message shapes
+
+
+def request(id_: Any, method: str, params: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id_, "method": method, "params": params}
+
+
+def notification(method: str, params: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "method": method, "params": params}
+
+
+def response(id_: Any, result: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id_, "result": result}
+
+
+def error_response(id_: Any, err: CtxdError) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id_, "error": err.to_dict()}
+
+
+def check_request(msg: Any) -> tuple[Any, str, Any, bool]:
+    """Validate a decoded JSON-RPC object: returns (id, method, params, is_notification)."""
+    if not isinstance(msg, dict):
+        raise InvalidRequest("a JSON-RPC request must be an object")
+    method = msg.get("method")
+    if not isinstance(method, str):
+        raise InvalidRequest("'method' must be a string")
+    params = msg.get("params", {})
+    if params is None:
+        params = {}
+    if not isinstance(params, dict | list):
+        raise InvalidRequest("'params' must be an object")
+    return msg.get("id"), method, params, "id" not in msg

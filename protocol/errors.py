@@ -1,0 +1,121 @@
+"""Error codes of the ctxd protocol and the typed exceptions that carry them.
+
+The engine raises these; both wires turn them into `{code, message, data}`.
+Every message says what the caller can do about it.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any
+
+
+class ErrorCode(IntEnum):
+    PARSE_ERROR = -32700
+    INVALID_REQUEST = -32600
+    METHOD_NOT_FOUND = -32601
+    INVALID_PARAMS = -32602
+    INTERNAL_ERROR = -32603
+    UNAUTHORIZED = -32001
+    SESSION_NOT_FOUND = -32010
+    APPROVAL_PENDING = -32011
+    RUN_ACTIVE = -32012
+    COMPACTION_IN_PROGRESS = -32013
+    INVALID_MESSAGE = -32014
+    PAYLOAD_TOO_LARGE = -32015
+    SUMMARIZER_FAILED = -32016
+    NOT_FOUND = -32017
+    CONFLICT = -32018
+
+
+class CtxdError(Exception):
+    """Base of every error that crosses the wire with a code."""
+
+    code: ErrorCode = ErrorCode.INTERNAL_ERROR
+
+    def __init__(self, message: str, data: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.data = data or {}
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"code": int(self.code), "message": self.message}
+        if self.data:
+            out["data"] = self.data
+        return out
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({int(self.code)}, {self.message!r})"
+
+
+class ParseError(CtxdError):
+    code = ErrorCode.PARSE_ERROR
+
+
+class InvalidRequest(CtxdError):
+    code = ErrorCode.INVALID_REQUEST
+
+
+class MethodNotFound(CtxdError):
+    code = ErrorCode.METHOD_NOT_FOUND
+
+
+class InvalidParams(CtxdError):
+    code = ErrorCode.INVALID_PARAMS
+
+
+class InternalError(CtxdError):
+    code = ErrorCode.INTERNAL_ERROR
+
+
+class Unauthorized(CtxdError):
+    code = ErrorCode.UNAUTHORIZED
+
+
+class SessionNotFound(CtxdError):
+    code = ErrorCode.SESSION_NOT_FOUND
+
+
+class ApprovalPending(CtxdError):
+    code = ErrorCode.APPROVAL_PENDING
+
+
+class RunActive(CtxdError):
+    code = ErrorCode.RUN_ACTIVE
+
+
+class CompactionInProgress(CtxdError):
+    code = ErrorCode.COMPACTION_IN_PROGRESS
+
+
+class InvalidMessage(CtxdError):
+    code = ErrorCode.INVALID_MESSAGE
+
+
+class PayloadTooLarge(CtxdError):
+    code = ErrorCode.PAYLOAD_TOO_LARGE
+
+
+class SummarizerFailed(CtxdError):
+    code = ErrorCode.SUMMARIZER_FAILED
+
+
+class NotFound(CtxdError):
+    code = ErrorCode.NOT_FOUND
+
+
+class Conflict(CtxdError):
+    code = ErrorCode.CONFLICT
+
+
+_BY_CODE: dict[int, type[CtxdError]] = {cls.code: cls for cls in CtxdError.__subclasses__()}
+
+
+def error_from_dict(err: dict[str, Any]) -> CtxdError:
+    """Rebuild the typed exception a client should raise for a wire error object."""
+    code = int(err.get("code", ErrorCode.INTERNAL_ERROR))
+    cls = _BY_CODE.get(code, CtxdError)
+    exc = cls(str(err.get("message", "")), err.get("data") or None)
+    if cls is CtxdError:
+        exc.code = code  # type: ignore[assignment]
+    return exc
