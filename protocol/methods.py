@@ -410,7 +410,6 @@ _METHOD_LIST: tuple[Method, ...] = (
         (
             _E.SESSION_NOT_FOUND,
             _E.COMPACTION_IN_PROGRESS,
-            _E.RUN_ACTIVE,
             _E.SUMMARIZER_FAILED,
         ),
         True,
@@ -423,7 +422,6 @@ _METHOD_LIST: tuple[Method, ...] = (
         (
             _E.SESSION_NOT_FOUND,
             _E.COMPACTION_IN_PROGRESS,
-            _E.RUN_ACTIVE,
             _E.SUMMARIZER_FAILED,
         ),
         True,
