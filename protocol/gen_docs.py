@@ -59,26 +59,33 @@ transports:
 
 - **TCP**: each message is framed as in LSP: `Content-Length: N\\r\\n\\r\\n` followed by
   N bytes of JSON. A broken header closes the connection.
-- **WebSocket**: one JSON message per text frame, no extra framing.
+- **WebSocket**: one JSON message per text frame, no extra framing. A browser page is
+  refused unless its `Origin` is allowed.
 - **stdio**: `ctxd stdio` speaks the TCP framing on its stdin and stdout, for clients
   that would rather start a process than open a socket.
 
 Params are always an object of named parameters; a positional array is refused with
-`INVALID_PARAMS`. JSON-RPC batches (an array of requests) are not supported and are
-refused with `INVALID_REQUEST`.
-Notifications from the daemon arrive as JSON-RPC notifications once the connection
-has called `session/subscribe` for the session.
+`INVALID_PARAMS`. Batches (a JSON array of requests) are accepted: the replies come
+back as one array in request order. Requests of one connection start in the order they
+arrive, so appends keep their order, but replies may come back in any order: match
+them by `id`. Notifications from the daemon arrive as JSON-RPC notifications once the
+connection has called `session/subscribe` for the session.
 
 ### ZeroMQ + msgpack
 
-- **Requests**: a DEALER socket connected to the `zmq_router` endpoint sends one frame,
-  a msgpack map `{{id, method, params, token}}`. The reply is one frame,
-  `{{id, result}}` or `{{id, error: {{code, message, data}}}}`. Replies can come back out
-  of order: match them by `id`.
+- **Requests**: a DEALER (or REQ) socket connected to the `zmq_router` endpoint sends
+  one frame, a msgpack map `{{id, method, params, token}}`. The reply is one frame,
+  `{{id, result}}` or `{{id, error: {{code, message, data}}}}`. On a DEALER socket replies
+  can come back out of order: match them by `id`.
 - **Notifications**: a SUB socket connected to the `zmq_pub` endpoint receives two-frame
   messages `[b"session/<sessionId>", msgpack {{method, params}}]`. Subscribe to the topic
   `session/<sessionId>` for one session, or to `session/` for all. ZeroMQ topics match
   by prefix, so `session/abc` also receives `session/abcd`: check `params.sessionId`.
+- **Subscription probe**: a ZeroMQ subscription takes effect some time after it is made.
+  To know when, also subscribe to a topic of your own starting with `probe/` (say
+  `probe/<random>`): the daemon answers it with one message `{{method: "$/probe",
+  params: {{topic}}}}` on that topic, and once it arrives every subscription made before
+  it is in effect.
 
 Both wires carry the same methods, params, results and error objects.
 
