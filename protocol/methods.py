@@ -240,7 +240,7 @@ _METHOD_LIST: tuple[Method, ...] = (
         ),
         "`sessions` (each session with its `status`, as in `context/status`), `nextCursor` "
         "(string, or null on the last page).",
-        "Lists sessions, most recently active first, one page at a time.",
+        "Lists sessions, newest first, one page at a time.",
         (),
         False,
     ),
@@ -290,7 +290,7 @@ _METHOD_LIST: tuple[Method, ...] = (
                 False,
             ),
         ),
-        "`batchId`, `messageIds` (archive ids, integers, in order), `status` (as from "
+        "`batchId` (integer), `messageIds` (archive ids, integers, in order), `status` (as from "
         "`context/status`).",
         "Appends one batch to the archive and the active context. The batch is stored whole "
         "or not at all. May schedule an automatic compaction.",
@@ -348,7 +348,7 @@ _METHOD_LIST: tuple[Method, ...] = (
             ),
             Param("newestFirst", "boolean", False, "Order by time, not rank.", default=False),
             Param("since", "number", False, "Only messages created at or after (unix seconds)."),
-            Param("until", "number", False, "Only messages created before (unix seconds)."),
+            Param("until", "number", False, "Only messages created at or before (unix seconds)."),
         ),
         "`hits`: each `messageId`, `sessionId`, `role`, `snippet`, `createdAt`, `score`, "
         "`inActiveContext` (boolean).",
@@ -490,7 +490,7 @@ _METHOD_LIST: tuple[Method, ...] = (
                 choices=("completed", "failed", "cancelled"),
             ),
         ),
-        "`run` (`runId`, `sessionId`, `outcome`, `startedAt`, `finishedAt`), "
+        "`run` (`runId`, `sessionId`, `status` (the outcome), `startedAt`, `finishedAt`), "
         "`autoCompactionScheduled` (boolean).",
         "Finishes a run. The daemon may then compact the context in the background.",
         (_E.NOT_FOUND, _E.CONFLICT),
