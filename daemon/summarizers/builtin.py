@@ -1,0 +1,819 @@
+"""The built-in summarizer: extractive, deterministic, offline.
+
+It never writes prose of its own. Every item is an excerpt of a source message (a
+sentence, an error line, a path) or a mechanical description of a tool call built from
+its name and arguments, and it carries the archive ids it came from. The result is
+cruder than a model's summary, but it is free, instant and cannot hallucinate, which
+is what the daemon needs as a default and as the fallback when a model summarizer
+fails.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctxd.daemon.summary import SECTIONS, Summary, SummaryItem, SummaryRequest
+
+# --------------------------------------------------------------------------- cues
+
+# Single-character 别 ("don't") is also part of many ordinary words (特别, 区别, 级别...);
+# the look-arounds keep those from reading as instructions.
+_CONSTRAINT = re.compile(
+    r"\b(?:must(?:n[’']?t| not)?|never|don[’']?t|dont|do not|always|avoid|make sure|ensure|"
+    r"only|should(?:n[’']?t| not)|no longer)\b"
+    r"|必须|不要|禁止|务必|一定要|不能|只能|不许|不准|请勿"
+    r"|(?<![特区分识级类告性个派差鉴辨])别(?![的人名处])"
+    # An imperative that sets a choice ("Use port 8080.") is a rule about how, where
+    # "Add an endpoint" is a request for what; only the first kind is a constraint.
+    r"|^(?:please\s+)?(?:use|prefer|stick (?:to|with)|keep using|stay (?:on|with)|target)\b"
+    r"|^请?(?:使用|用|保持|统一用?)",
+    re.IGNORECASE,
+)
+
+_CORRECTION = re.compile(
+    r"\bactually\b|\binstead\b|(?:^|\b)no\s*[,，!]|^\s*nope\b|\bchange\b[^.。!?]{0,60}?\bto\b"
+    r"|\bswitch(?:ed)? to\b|\bi meant\b|\brather than\b|\bscratch that\b|\bthat[’']?s wrong\b"
+    r"|不对|改成|改为|换成|不是[^。]{0,30}而是|应该是|搞错",
+    re.IGNORECASE,
+)
+
+# A correction that adds to an earlier instruction ("also", "as well") leaves it standing.
+_ADDITIVE = re.compile(r"\balso\b|\bas well\b|\bin addition\b|还要|也要|另外", re.IGNORECASE)
+
+_DECISION = re.compile(
+    r"\b(?:i|we)(?:[’']ll| will| am going to|[’']m going to| are going to|[’']re going to)"
+    r" (?:use|go with|switch|stick with|keep|adopt|move to|replace)\b"
+    r"|\b(?:i|we)(?:[’']ve| have)? decided\b|\bdecided\b|\bdecision\b|\bwe[’']ll\b|\bwe will\b"
+    r"|\blet[’']?s\b|\bgoing with\b|\bopt(?:ed|ing)? (?:for|to)\b|\bchose\b|\bswitching to\b"
+    r"|\binstead of\b"
+    r"|决定|采用|改用|选用|我们将|我会用",
+    re.IGNORECASE,
+)
+
+_OPEN = re.compile(
+    r"(?-i:\bTODO\b|\bFIXME\b)|\bnext steps?\b|\bstill (?:need|needs|have to|has to)\b"
+    r"|\bnot (?:yet )?(?:done|implemented|finished)\b|\bfollow[- ]up\b|\bleft to do\b"
+    r"|待办|下一步|还需要|尚未|待完成|待处理",
+    re.IGNORECASE,
+)
+
+_ERROR_ANY = re.compile(
+    r"\berrors?\b|\bexceptions?\b|\btraceback\b|\bfail(?:ed|ure|ures|s|ing)?\b|\bpanic(?:ked)?\b"
+    r"|\bcrash(?:ed|es)?\b|(?-i:\b[A-Z]\w*(?:Error|Exception)\b)|错误|失败|异常|报错|崩溃",
+    re.IGNORECASE,
+)
+
+# Anchored patterns for text that may be code or command output: a source file read by
+# a tool mentions "except ValueError" without anything having gone wrong.
+_ERROR_LINE = re.compile(
+    r"^\s*(?:Traceback \(most recent call last\)|[\w.]*(?:Error|Exception)\b(?::|\s*$)"
+    r"|error(?:\[\w+\])?:|fatal:|panic:|E {2,}\S|FAILED\b|ERROR\b)"
+    r"|\bcommand not found\b|No such file or directory|Permission denied"
+    r"|\bexit(?:ed)? (?:with )?(?:code|status) [1-9]\d*|\b[1-9]\d* (?:failed|errors?)\b"
+    r"|[\"']?(?:error|is_error)[\"']?\s*:\s*(?!null|none|false|\"\"|''|\[\]|\{\}|0\b)\S"
+    r"|[\"'](?:ok|success)[\"']\s*:\s*false|[\"']status[\"']\s*:\s*[\"'](?:error|failed)"
+    r"|^\s*(?:错误|失败|异常|报错)|(?:错误|异常|失败)\s*[:：]",
+    re.IGNORECASE | re.MULTILINE,
+)
+
+_NAMED_EXCEPTION = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b:")
+
+_FAILURE_START = re.compile(
+    r"\W*(?:error|fail(?:ed|ure)?|exception|traceback|错误|失败|异常)", re.IGNORECASE
+)
+
+_NO_ERROR = re.compile(
+    r"\b(?:no|zero|0|without)\s+(?:errors?|failures?|exceptions?)\b|\b0 (?:failed|errors?)\b"
+    r"|\b(?:errors?|failed|failures?)\s*[:=]\s*0\b|没有(?:错误|异常|报错)|无(?:错误|异常)",
+    re.IGNORECASE,
+)
+
+# ------------------------------------------------------------------- text helpers
+
+_FENCE = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
+_SENT_SPLIT = re.compile(r"(?<=[.!?])\s+(?=\S)|(?<=[。！？；;])\s*|\s*\n+\s*")
+_BULLET = re.compile(r"^(?:[-*•>]+|\d+[.)])\s+")
+_WS = re.compile(r"\s+")
+_TRAILING = " .。!！?？;；,，:：…"
+
+_URL = re.compile(r"\bhttps?://[^\s<>\"'`()\[\]{}]+", re.IGNORECASE)
+_WIN_PATH = re.compile(r"\b[A-Za-z]:\\[^\s\"'<>|*?`]+")
+_EXTENSIONS = (
+    "py|pyi|ipynb|md|rst|txt|json|jsonl|yaml|yml|toml|ini|cfg|conf|env|lock|js|mjs|cjs|ts|tsx|"
+    "jsx|vue|svelte|html|htm|css|scss|less|go|rs|c|h|cc|cpp|hpp|cs|java|kt|kts|swift|rb|php|pl|"
+    "sh|bash|zsh|ps1|bat|sql|db|sqlite|sqlite3|csv|tsv|xml|svg|png|jpe?g|gif|pdf|log|proto|"
+    "gradle|mk|cmake|tf|hcl|zip|gz|tgz|tar|whl|so|dll|exe|wasm|lua|r|scala|ex|exs|erl|hs|ml|"
+    "clj|dart|patch|diff"
+)
+_PATH = re.compile(
+    r"(?<![\w@:/.\\-])(?:~|\.{1,2})?/?(?:[\w.@+-]+/)+[\w.@+-]*"
+    r"|(?<![\w./-])(?:[\w-]+\.)+(?:" + _EXTENSIONS + r")\b"
+    r"|(?<![\w./-])(?:Dockerfile|Makefile|Procfile|Justfile|\.env|\.gitignore|\.dockerignore)\b"
+)
+_HAS_EXT = re.compile(r"\.[A-Za-z][A-Za-z0-9]{0,9}$")
+_PATH_KEYS = frozenset(
+    {"path", "paths", "file", "files", "file_path", "filepath", "filename", "file_name",
+     "dir", "directory", "cwd", "target_file", "source", "destination", "src", "dst", "url"}
+)
+# Arguments worth showing for a call, most telling first.
+_KEY_ARGS = (
+    "path", "file_path", "filepath", "file", "filename", "paths", "command", "cmd", "query",
+    "q", "pattern", "url", "uri", "name", "target", "directory", "dir", "cwd", "sql",
+)
+
+_WORD = re.compile(r"[a-z0-9_]+")
+_CJK_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]+")
+_STOP = frozenset(
+    """a an the and or but if then else of to in on at by for from with without into onto
+    as is are was were be been being it its this that these those i me my we our you your he
+    she they them their please just also too very so not no yes do does did don't dont use
+    using used make sure must never always only avoid should shouldn't instead actually
+    change switch rather meant mean want need can could would will shall let lets let's ok
+    okay focus about keep all any some there here what which when where how now anymore
+    nope wrong""".split()
+)
+_CJK_STOP = frozenset(
+    "我们 你们 这个 那个 一下 使用 请你 可以 需要 应该 然后 现在 还是 就是 不是 如果 因为 所以 "
+    "但是 而是 我要 你要 不对 改成 改为 换成 必须 不要 禁止 务必 一定 定要 不能 只能".split()
+)
+
+_ESTIMATE_ASCII = 3.6
+_ESTIMATE_OTHER = 1.3
+_CALL_ID_NOTE = re.compile(r"\(call_id ([^\s()]+)\)\s*$")
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+        return "\n".join(parts)
+    return str(content)
+
+
+def _norm(text: str) -> str:
+    return _WS.sub(" ", text).strip().casefold().rstrip(_TRAILING)
+
+
+def _trim(text: str, limit: int) -> str:
+    text = _WS.sub(" ", text).strip()
+    if len(text) <= limit:
+        return text
+    cut = text[: max(limit - 1, 1)]
+    space = cut.rfind(" ")
+    # Cut at a word boundary when one is near, so the excerpt does not end mid-word.
+    if space >= limit * 0.75:
+        cut = cut[:space]
+    return cut.rstrip() + "…"
+
+
+def _sentences(text: str) -> Iterator[str]:
+    prose = _FENCE.sub("\n", text)
+    for part in _SENT_SPLIT.split(prose):
+        part = _BULLET.sub("", part.strip()).strip()
+        if part:
+            yield part
+
+
+def _is_error_text(text: str, *, anchored: bool) -> bool:
+    pattern = _ERROR_LINE if anchored else _ERROR_ANY
+    if not pattern.search(text):
+        return False
+    if _NO_ERROR.search(text):
+        return bool(pattern.search(_NO_ERROR.sub(" ", text)))
+    return True
+
+
+def _stem(word: str) -> str:
+    if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+        return word[:-1]
+    return word
+
+
+def _key_terms(text: str) -> frozenset[str]:
+    """Content words used to tell whether two instructions talk about the same thing."""
+    low = text.casefold()
+    terms = {_stem(w) for w in _WORD.findall(low) if len(w) >= 2 and w not in _STOP}
+    # Chinese has no spaces; character bigrams are the usual cheap stand-in for words.
+    stripped = _CORRECTION.sub(" ", _CONSTRAINT.sub(" ", low))
+    for run in _CJK_RUN.findall(stripped):
+        for i in range(len(run) - 1):
+            gram = run[i : i + 2]
+            if gram not in _CJK_STOP:
+                terms.add(gram)
+    return frozenset(terms)
+
+
+def _overlaps(a: frozenset[str], b: frozenset[str]) -> bool:
+    if not a or not b:
+        return False
+    shared = len(a & b)
+    return shared > 0 and shared / min(len(a), len(b)) >= 0.5
+
+
+def _merge_sources(a: Iterable[int], b: Iterable[int], cap: int) -> list[int]:
+    merged = sorted(set(a) | set(b))
+    if len(merged) <= cap:
+        return merged
+    # Keep where a thing started and where it was last seen; the middle matters least.
+    head = cap // 2
+    return merged[:head] + merged[len(merged) - (cap - head) :]
+
+
+def _clean_path(raw: str) -> str | None:
+    path = raw.rstrip(".,;:!?)]}'\"`…")
+    if len(path) < 2 or len(path) > 260:
+        return None
+    if path.startswith(("./", "../", "~/")):
+        return path if len(path) > path.index("/") + 1 else None
+    segments = [s for s in path.split("/") if s]
+    if not segments or all(s.replace(".", "").isdigit() for s in segments):
+        return None
+    if "/" not in path:
+        return path
+    if path.startswith("/"):
+        # "/health" or "/tmp" alone are more often routes or words than artifacts.
+        return path if len(segments) >= 2 or _HAS_EXT.search(path) else None
+    if _HAS_EXT.search(segments[-1]):
+        return path
+    if path.endswith("/") and len(segments) >= 1 and len(segments[0]) >= 2:
+        return path
+    return None
+
+
+def _find_paths(text: str, limit: int) -> list[str]:
+    found: dict[str, None] = {}
+    for m in _URL.finditer(text):
+        url = m.group(0).rstrip(".,;:!?)]}'\"`…")
+        found.setdefault(url, None)
+        if len(found) >= limit:
+            return list(found)
+    rest = _URL.sub(" ", text) if "://" in text else text
+    for m in _WIN_PATH.finditer(rest):
+        found.setdefault(m.group(0).rstrip(".,;:!?)]}'\"`…"), None)
+        if len(found) >= limit:
+            return list(found)
+    if "/" in rest or "." in rest:
+        for m in _PATH.finditer(rest):
+            path = _clean_path(m.group(0))
+            if path:
+                found.setdefault(path, None)
+                if len(found) >= limit:
+                    break
+    return list(found)
+
+
+def _walk_strings(value: Any, key: str = "") -> Iterator[tuple[str, str]]:
+    if isinstance(value, str):
+        yield key, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _walk_strings(v, str(k).lower())
+    elif isinstance(value, list):
+        for v in value:
+            yield from _walk_strings(v, key)
+
+
+def _parse_args(raw: Any) -> Any:
+    if isinstance(raw, dict | list):
+        return raw
+    if not isinstance(raw, str) or not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def _format_value(value: Any, limit: int = 60) -> str:
+    if isinstance(value, str):
+        return json.dumps(_trim(value, limit), ensure_ascii=False)
+    if isinstance(value, bool | int | float) or value is None:
+        return json.dumps(value)
+    return _trim(json.dumps(value, ensure_ascii=False, sort_keys=True), limit)
+
+
+def _key_args(args: Any) -> str:
+    if isinstance(args, str):
+        return _format_value(args)
+    if not isinstance(args, dict) or not args:
+        return ""
+    lowered = {str(k).lower(): k for k in args}
+    chosen = [lowered[k] for k in _KEY_ARGS if k in lowered][:2]
+    if not chosen:
+        chosen = [k for k, v in args.items() if not isinstance(v, dict | list)][:2]
+    return ", ".join(f"{k}={_format_value(args[k])}" for k in chosen)
+
+
+def _estimate(text: str) -> float:
+    n = len(text)
+    extra = len(text.encode("utf-8")) - n
+    if not extra:
+        return n / _ESTIMATE_ASCII
+    # A CJK character is three UTF-8 bytes and roughly one token or a bit more.
+    wide = extra / 2
+    return (n - wide) / _ESTIMATE_ASCII + wide * _ESTIMATE_OTHER
+
+
+# ------------------------------------------------------------------------- draft
+
+
+@dataclass(eq=False)
+class _Entry:
+    section: str
+    text: str
+    sources: list[int]
+    seq: int
+    status: str = "current"
+    terms: frozenset[str] = frozenset()
+
+    def recency(self) -> tuple[int, int]:
+        return (max(self.sources) if self.sources else -1, self.seq)
+
+
+class _Draft:
+    """Items under construction, deduplicated per section by normalised text."""
+
+    def __init__(self, pins: list[str], max_sources: int) -> None:
+        self.sections: dict[str, list[_Entry]] = {name: [] for name in SECTIONS}
+        self._by_key: dict[tuple[str, str], _Entry] = {}
+        self._pins = [k for k in (_norm(p) for p in pins if isinstance(p, str)) if k]
+        self._max_sources = max_sources
+        self._seq = 0
+
+    def _pinned(self, key: str) -> bool:
+        for pin in self._pins:
+            if key == pin or key in pin:
+                return True
+            if pin in key and len(pin) >= 0.8 * len(key):
+                return True
+        return False
+
+    def add(
+        self, section: str, text: str, sources: Iterable[int], status: str = "current"
+    ) -> _Entry | None:
+        text = text.strip()
+        src = list(sources)
+        key = _norm(text)
+        if not key or self._pinned(key):
+            return None
+        existing = self._by_key.get((section, key))
+        if existing is not None:
+            existing.sources = _merge_sources(existing.sources, src, self._max_sources)
+            # Repeating an instruction makes it current again even if it was corrected.
+            if status == "current":
+                existing.status = "current"
+            return existing
+        self._seq += 1
+        entry = _Entry(
+            section=section,
+            text=text,
+            sources=_merge_sources(src, (), self._max_sources),
+            seq=self._seq,
+            status=status,
+        )
+        if section == "constraints":
+            entry.terms = _key_terms(text)
+        self.sections[section].append(entry)
+        self._by_key[(section, key)] = entry
+        return entry
+
+    def supersede(self, correction: _Entry, message_id: int) -> None:
+        for entry in self.sections["constraints"]:
+            if entry is correction or entry.status != "current":
+                continue
+            # Sentences of the same message are read together, not as a correction chain.
+            if entry.sources and max(entry.sources) >= message_id:
+                continue
+            if _overlaps(entry.terms, correction.terms):
+                entry.status = "superseded"
+
+
+@dataclass
+class _Call:
+    name: str
+    args: str
+    sources: list[int]
+    call_id: str | None
+    outcome: str = "no result yet"
+    paths: list[str] = field(default_factory=list)
+
+
+# -------------------------------------------------------------------- summarizer
+
+
+class BuiltinSummarizer:
+    """Extractive summarizer used by default and whenever a model summarizer fails.
+
+    max_item_chars: excerpt length for goals, decisions, errors and open items.
+    max_constraint_chars: user instructions are kept whole up to this length.
+    max_sources: archive ids kept per item (the first and the most recent).
+    fold_threshold: more calls than this to one tool in a batch fold into one item.
+    max_paths_per_message: bounds the files a single message (a directory listing,
+    a traceback) can contribute.
+    """
+
+    name = "builtin"
+
+    def __init__(
+        self,
+        *,
+        max_item_chars: int = 240,
+        max_constraint_chars: int = 400,
+        max_sources: int = 16,
+        fold_threshold: int = 3,
+        max_paths_per_message: int = 12,
+        truncated_constraint_chars: int = 100,
+    ) -> None:
+        self.max_item_chars = max_item_chars
+        self.max_constraint_chars = max_constraint_chars
+        self.max_sources = max(1, max_sources)
+        self.fold_threshold = max(1, fold_threshold)
+        self.max_paths_per_message = max(1, max_paths_per_message)
+        self.truncated_constraint_chars = max(8, truncated_constraint_chars)
+
+    async def summarize(self, request: SummaryRequest) -> Summary:
+        return self.summarize_sync(request)
+
+    def summarize_sync(self, request: SummaryRequest) -> Summary:
+        draft = _Draft(list(request.pins or []), self.max_sources)
+        messages = [m for m in request.messages if _message_id(m) is not None]
+        answered = {
+            str(m.get("tool_call_id"))
+            for m in messages
+            if m.get("role") == "tool" and m.get("tool_call_id") is not None
+        }
+        self._load_previous(draft, request.previous, answered)
+
+        files: dict[str, list[int]] = {}
+        calls: dict[str, _Call] = {}
+        activity: list[_Call] = []
+        for msg in messages:
+            mid = _message_id(msg)
+            assert mid is not None
+            role = msg.get("role")
+            text = _content_text(msg.get("content"))
+            # Prose names the files it means; tool output (listings, tracebacks) names
+            # many in passing, so it gets a tighter bound.
+            limit = self.max_paths_per_message * 2
+            if role == "user":
+                self._read_user(draft, mid, text)
+            elif role == "assistant":
+                self._read_assistant(draft, mid, text)
+                for n, call in enumerate(msg.get("tool_calls") or []):
+                    record = self._read_call(call, mid, n)
+                    if record.call_id is not None:
+                        calls[record.call_id] = record
+                    activity.append(record)
+                    for path in record.paths:
+                        files.setdefault(path, []).append(mid)
+            elif role == "tool":
+                self._read_result(draft, msg, mid, text, calls, activity)
+                limit = self.max_paths_per_message
+            for path in _find_paths(text, limit) if text else ():
+                files.setdefault(path, []).append(mid)
+
+        for path, ids in files.items():
+            draft.add("files", path, ids)
+        self._add_activity(draft, activity)
+
+        ids = [_message_id(m) for m in messages]
+        new_ids = [i for i in ids if i is not None]
+        prev = request.previous
+        covers_from = prev.covers_from
+        covers_to = prev.covers_to
+        if new_ids:
+            first, last = new_ids[0], max(new_ids)
+            covers_from = first if covers_from is None else min(covers_from, first)
+            covers_to = last if covers_to is None else max(covers_to, last)
+
+        sections = self._fit(draft, request)
+        return Summary(
+            sections=sections,
+            covers_from=covers_from,
+            covers_to=covers_to,
+            compaction_ids=list(prev.compaction_ids),
+            summarizer=self.name,
+        )
+
+    # ------------------------------------------------------------------ reading
+
+    def _load_previous(self, draft: _Draft, previous: Summary, answered: set[str]) -> None:
+        for name in SECTIONS:
+            for item in previous.sections.get(name) or []:
+                if name == "open_items":
+                    note = _CALL_ID_NOTE.search(item.text)
+                    # The call this item waited on has its result now; it is no longer open.
+                    if note and note.group(1) in answered:
+                        continue
+                draft.add(name, item.text, item.sources, item.status)
+
+    def _read_user(self, draft: _Draft, mid: int, text: str) -> None:
+        goal: list[str] = []
+        for sentence in _sentences(text):
+            is_correction = bool(_CORRECTION.search(sentence)) and not _ADDITIVE.search(sentence)
+            if is_correction or _CONSTRAINT.search(sentence):
+                entry = draft.add(
+                    "constraints", _trim(sentence, self.max_constraint_chars), [mid]
+                )
+                if entry is not None and is_correction:
+                    draft.supersede(entry, mid)
+                continue
+            if _OPEN.search(sentence):
+                draft.add("open_items", _trim(sentence, self.max_item_chars), [mid])
+                continue
+            if _is_error_text(sentence, anchored=False):
+                draft.add("errors", _trim(sentence, self.max_item_chars), [mid])
+            goal.append(sentence)
+        request = " ".join(goal)
+        # "ok", "thanks", "继续" carry no request worth keeping.
+        if len(request) >= 12 or (len(request) >= 4 and _CJK_RUN.search(request)):
+            draft.add("goals", _trim(request, self.max_item_chars), [mid])
+
+    def _read_assistant(self, draft: _Draft, mid: int, text: str) -> None:
+        if not text:
+            return
+        decisions = 0
+        for sentence in _sentences(text):
+            if _OPEN.search(sentence):
+                draft.add("open_items", _trim(sentence, self.max_item_chars), [mid])
+            elif decisions < 3 and _DECISION.search(sentence):
+                decisions += 1
+                draft.add("decisions", _trim(sentence, self.max_item_chars), [mid])
+        # The assistant talks about errors it fixed; only quoted error output counts.
+        line = _error_excerpt(text)
+        if line:
+            draft.add("errors", _trim(line, self.max_item_chars), [mid])
+
+    def _read_call(self, call: Any, mid: int, index: int) -> _Call:
+        if not isinstance(call, dict):
+            return _Call(name="?", args="", sources=[mid], call_id=None)
+        fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+        name = str(fn.get("name") or call.get("name") or "?")
+        args = _parse_args(fn.get("arguments", call.get("arguments")))
+        paths: dict[str, None] = {}
+        if isinstance(args, str):
+            for p in _find_paths(args, self.max_paths_per_message):
+                paths.setdefault(p, None)
+        else:
+            for key, value in _walk_strings(args):
+                value = value.strip()
+                if (
+                    key in _PATH_KEYS
+                    and value
+                    and len(value) <= 260
+                    and not any(c.isspace() for c in value)
+                ):
+                    path = value.rstrip(",;")
+                    if len(path.strip("./")) >= 2:
+                        paths.setdefault(path, None)
+                else:
+                    for p in _find_paths(value, self.max_paths_per_message):
+                        paths.setdefault(p, None)
+        call_id = call.get("id")
+        return _Call(
+            name=name,
+            args=_key_args(args),
+            sources=[mid],
+            call_id=str(call_id) if call_id is not None else f"#{mid}.{index}",
+            paths=list(paths)[: self.max_paths_per_message],
+        )
+
+    def _read_result(
+        self,
+        draft: _Draft,
+        msg: dict[str, Any],
+        mid: int,
+        text: str,
+        calls: dict[str, _Call],
+        activity: list[_Call],
+    ) -> None:
+        call_id = msg.get("tool_call_id")
+        record = calls.get(str(call_id)) if call_id is not None else None
+        if record is None:
+            # The call was compacted earlier; the result still says what happened.
+            record = _Call(
+                name=str(msg.get("name") or "tool"), args="", sources=[], call_id=None
+            )
+            activity.append(record)
+        record.sources.append(mid)
+        first_line = text.lstrip().split("\n", 1)[0] if text else ""
+        # Tool frameworks often report failure as a bare first line ("Failed to ...").
+        failed = _is_error_text(text, anchored=True) or bool(_FAILURE_START.match(first_line))
+        record.outcome = "error" if failed else "ok"
+        if failed:
+            line = _error_excerpt(text) or first_line
+            draft.add(
+                "errors", _trim(f"{record.name}: {line.strip()}", self.max_item_chars),
+                record.sources,
+            )
+
+    def _add_activity(self, draft: _Draft, activity: list[_Call]) -> None:
+        by_name: dict[str, list[_Call]] = {}
+        for record in activity:
+            by_name.setdefault(record.name, []).append(record)
+        done: set[str] = set()
+        for record in activity:
+            if record.outcome == "no result yet" and record.call_id is not None:
+                label = f"{record.name}({record.args})" if record.args else record.name
+                draft.add(
+                    "open_items",
+                    f"{_trim(label, self.max_item_chars)} — no result yet "
+                    f"(call_id {record.call_id})",
+                    record.sources,
+                )
+            group = by_name[record.name]
+            if len(group) <= self.fold_threshold:
+                label = f"{record.name}({record.args})" if record.args else record.name
+                draft.add(
+                    "tool_activity",
+                    _trim(f"{label} → {record.outcome}", self.max_item_chars),
+                    record.sources,
+                )
+                continue
+            if record.name in done:
+                continue
+            done.add(record.name)
+            draft.add("tool_activity", self._fold(group), [s for r in group for s in r.sources])
+
+    def _fold(self, group: list[_Call]) -> str:
+        outcomes: dict[str, int] = {}
+        shown: dict[str, None] = {}
+        for record in group:
+            outcomes[record.outcome] = outcomes.get(record.outcome, 0) + 1
+            if record.args:
+                shown.setdefault(record.args, None)
+        tally = ", ".join(f"{n} {outcome}" for outcome, n in outcomes.items())
+        args = list(shown)
+        listed = "; ".join(args[:3]) + ("; …" if len(args) > 3 else "")
+        text = f"{group[0].name} ×{len(group)} ({tally})"
+        if listed:
+            text += f": {listed}"
+        return _trim(text, self.max_item_chars)
+
+    # ------------------------------------------------------------------- budget
+
+    def _fit(self, draft: _Draft, request: SummaryRequest) -> dict[str, list[SummaryItem]]:
+        budget = request.budget_tokens
+        if budget <= 0:
+            return {}
+        entries = {name: list(draft.sections[name]) for name in SECTIONS}
+        if not any(entries.values()):
+            return {}
+        ops = self._drop_plan(entries, request.instructions)
+        texts: dict[int, str] = {id(e): e.text for es in entries.values() for e in es}
+
+        # Estimated size after applying each prefix of the plan, so a cut point can be
+        # chosen without counting tokens for every candidate.
+        line_est: dict[int, float] = {}
+        alive: dict[str, int] = {name: len(es) for name, es in entries.items()}
+        header_est = {name: _estimate(f"## {title}") + 1 for name, title in SECTIONS.items()}
+        total = 0.0
+        for name, es in entries.items():
+            if es:
+                total += header_est[name]
+            for e in es:
+                est = _estimate(_line(e, e.text)) + 1
+                line_est[id(e)] = est
+                total += est
+        after = [total]
+        for kind, e, new_text in ops:
+            if kind == "drop":
+                total -= line_est[id(e)]
+                alive[e.section] -= 1
+                if alive[e.section] == 0:
+                    total -= header_est[e.section]
+            else:
+                est = _estimate(_line(e, new_text)) + 1
+                total += est - line_est[id(e)]
+                line_est[id(e)] = est
+            after.append(max(total, 0.0))
+
+        def build(k: int) -> dict[str, list[SummaryItem]]:
+            dropped: set[int] = set()
+            changed = dict(texts)
+            for kind, e, new_text in ops[:k]:
+                if kind == "drop":
+                    dropped.add(id(e))
+                else:
+                    changed[id(e)] = new_text
+            out: dict[str, list[SummaryItem]] = {}
+            for name, es in entries.items():
+                items = [
+                    SummaryItem(text=changed[id(e)], sources=list(e.sources), status=e.status)
+                    for e in es
+                    if id(e) not in dropped
+                ]
+                if items:
+                    out[name] = items
+            return out
+
+        count: Callable[[str], int] = request.count_tokens
+        lo, hi = -1, len(ops)  # lo: known too big; hi: known to fit (everything dropped)
+        best: dict[str, list[SummaryItem]] | None = None
+        ratio = 1.0
+        target = budget * 0.97
+        probes = 0
+        while hi - lo > 1 and probes < 16:
+            if probes < 4:
+                k = next((i for i in range(lo + 1, hi) if after[i] * ratio <= target), hi - 1)
+            else:
+                k = (lo + hi) // 2
+            k = min(max(k, lo + 1), hi - 1)
+            sections = build(k)
+            measured = count(Summary(sections=sections).render())
+            probes += 1
+            if measured <= budget:
+                hi, best = k, sections
+                if measured >= budget * 0.9:
+                    break
+            else:
+                lo = k
+            if after[k] > 0 and measured > 0:
+                ratio = measured / after[k]
+        if best is None:
+            best = build(hi)
+            if hi < len(ops) and count(Summary(sections=best).render()) > budget:
+                best = {}
+        return best
+
+    def _drop_plan(
+        self, entries: dict[str, list[_Entry]], instructions: str | None
+    ) -> list[tuple[str, _Entry, str]]:
+        focus = _key_terms(instructions) if instructions else frozenset()
+
+        def favoured(e: _Entry) -> bool:
+            if not focus:
+                return False
+            terms = e.terms or _key_terms(e.text)
+            return bool(terms & focus)
+
+        classes: list[tuple[str, Callable[[_Entry], bool]]] = [
+            ("tool_activity", lambda e: True),
+            ("errors", lambda e: True),
+            ("files", lambda e: True),
+            ("decisions", lambda e: True),
+            ("goals", lambda e: True),
+            ("open_items", lambda e: True),
+            ("constraints", lambda e: e.status != "current"),
+        ]
+        ops: list[tuple[str, _Entry, str]] = []
+        for keep_focus in (False, True):
+            for name, pick in classes:
+                chosen = [e for e in entries[name] if pick(e) and favoured(e) == keep_focus]
+                ops.extend(("drop", e, "") for e in sorted(chosen, key=_Entry.recency))
+        current = sorted(
+            (e for e in entries["constraints"] if e.status == "current"), key=_Entry.recency
+        )
+        for e in current:
+            short = _trim(e.text, self.truncated_constraint_chars)
+            if short != e.text:
+                ops.append(("trim", e, short))
+        for keep_focus in (False, True):
+            ops.extend(("drop", e, "") for e in current if favoured(e) == keep_focus)
+        return ops
+
+
+def _line(entry: _Entry, text: str) -> str:
+    refs = ",".join(str(s) for s in entry.sources[:8])
+    mark = "[superseded] " if entry.status == "superseded" else ""
+    return f"- {mark}{text} [msg {refs}]"
+
+
+def _message_id(msg: Any) -> int | None:
+    if not isinstance(msg, dict):
+        return None
+    raw = msg.get("id")
+    if isinstance(raw, bool):
+        return None
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return None
+
+
+def _error_excerpt(text: str) -> str | None:
+    if not text or not _ERROR_LINE.search(text):
+        return None
+    best: str | None = None
+    best_score = 0
+    for line in text.splitlines():
+        if not _is_error_text(line, anchored=True):
+            continue
+        # A named exception with its message says the most; in a traceback the last
+        # one is the cause that surfaced, so later lines win ties among those.
+        score = 3 if _NAMED_EXCEPTION.search(line) else 2 if _FAILURE_START.match(line) else 1
+        if score > best_score or (score == 3 and score == best_score):
+            best, best_score = line.strip(), score
+    return best
