@@ -81,7 +81,8 @@ class Summary:
                 if len(item.sources) > 8:
                     refs += ",…"
                 mark = "[superseded] " if item.status == "superseded" else ""
-                lines.append(f"- {mark}{item.text} [msg {refs}]" if refs else f"- {mark}{item.text}")
+                suffix = f" [msg {refs}]" if refs else ""
+                lines.append(f"- {mark}{item.text}{suffix}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,122 @@
+"""The `ctxd` command: run the daemon, bridge an editor over stdio, inspect sessions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from ctxd import __version__
+from ctxd.protocol.connection import connection_file_for, default_data_dir
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", type=Path, help="data directory (default: CTXD_DATA_DIR or "
+                   "the user data dir)")
+    p.add_argument("--connection-file", type=Path, help="the daemon's connection file")
+    p.add_argument("--config", type=Path, help="TOML configuration file")
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from ctxd.daemon.config import load_config
+
+    overrides: dict[str, Any] = {
+        "data_dir": args.data_dir,
+        "connection_file": getattr(args, "connection_file", None),
+    }
+    for name in ("port", "host", "durability", "zmq_transport"):
+        if getattr(args, name, None) is not None:
+            overrides[name] = getattr(args, name)
+    return load_config(args.config, overrides)
+
+
+def _connection_file(args: argparse.Namespace) -> Path:
+    if args.connection_file:
+        return args.connection_file
+    return connection_file_for(args.data_dir or default_data_dir())
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ctxd.daemon.app import serve
+
+    return serve(_load(args))
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    out = cfg.to_dict()
+    out["connection_file"] = str(cfg.connection_file or connection_file_for(cfg.data_dir))
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+def _spawn_daemon(args: argparse.Namespace) -> None:
+    cmd = [sys.executable, "-m", "ctxd.daemon", "serve"]
+    if args.data_dir:
+        cmd += ["--data-dir", str(args.data_dir)]
+    if args.connection_file:
+        cmd += ["--connection-file", str(args.connection_file)]
+    if args.config:
+        cmd += ["--config", str(args.config)]
+    log_dir = Path(args.data_dir or default_data_dir())
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / "daemon.log", "ab") as log:
+        subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                         start_new_session=True, env=os.environ.copy())
+
+
+def cmd_stdio(args: argparse.Namespace) -> int:
+    from ctxd.clients.stdio_proxy import run_stdio_proxy
+
+    return run_stdio_proxy(_connection_file(args), lambda: _spawn_daemon(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ctxd", description=(
+        "ctxd keeps an agent's full history in an append-only archive and serves the "
+        "compacted model context to many clients at once."))
+    parser.add_argument("--version", action="version", version=f"ctxd {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the daemon in the foreground")
+    _common(p)
+    p.add_argument("--port", type=int, help="first TCP port (0 picks free ports)")
+    p.add_argument("--host", help="address to bind TCP endpoints to (default 127.0.0.1)")
+    p.add_argument("--durability", choices=["normal", "full"],
+                   help="full: every commit survives power loss, not only a crash")
+    p.add_argument("--zmq-transport", choices=["ipc", "tcp"], dest="zmq_transport")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("stdio", help="JSON-RPC on stdin/stdout, forwarded to the daemon "
+                       "(started if needed): what an editor spawns")
+    _common(p)
+    p.set_defaults(func=cmd_stdio)
+
+    p = sub.add_parser("config", help="print the effective configuration")
+    _common(p)
+    p.set_defaults(func=cmd_config)
+
+    try:
+        from ctxd.clients import commands
+    except ImportError:
+        commands = None  # type: ignore[assignment]
+    if commands is not None:
+        commands.register(sub, _common)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""`python -m ctxd.daemon serve ...`: the same as `ctxd serve ...`."""
+
+import sys
+
+from ctxd.clients.cli import main
+
+sys.exit(main(sys.argv[1:]))

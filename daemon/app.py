@@ -1,0 +1,162 @@
+"""The daemon process: one per data dir, every wire, one engine.
+
+Start-up order: take the data dir's lock, open the engine, bind every endpoint, then
+write the connection file (so a client that reads it can connect). Shut-down reverses
+it: remove the connection file, stop accepting, let a running compaction finish (or
+abandon it: it commits atomically or not at all), close the database, drop the lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import secrets
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from ctxd import __version__
+from ctxd.protocol.connection import (
+    connection_file_for,
+    default_runtime_dir,
+    ensure_private_dir,
+    write_connection_file,
+)
+
+from .config import Config
+from .dispatch import Dispatcher
+from .engine import Engine
+from .servers.base import EventHub
+from .servers.jsonrpc import start_tcp_server, start_websocket_server
+from .servers.zmq_server import ZmqServer
+
+log = logging.getLogger("ctxd.daemon")
+
+SHUTDOWN_GRACE_SECONDS = 5.0
+
+
+class AlreadyRunning(RuntimeError):
+    pass
+
+
+class DataDirLock:
+    """An flock on `<data dir>/daemon.lock` holding the owner's pid."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / "daemon.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise AlreadyRunning(
+                f"another ctxd daemon (pid {owner}) serves {self.path.parent}; "
+                "use it, or stop it first") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class Daemon:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.connection_file = config.connection_file or connection_file_for(config.data_dir)
+        self.token = secrets.token_urlsafe(32)
+        self.stopping = asyncio.Event()
+        self.info: dict[str, Any] = {}
+
+    def _zmq_endpoints(self) -> tuple[str, str]:
+        if self.config.zmq_transport == "tcp":
+            host = self.config.host
+            if self.config.port:
+                return (f"tcp://{host}:{self.config.port + 2}",
+                        f"tcp://{host}:{self.config.port + 3}")
+            return f"tcp://{host}:0", f"tcp://{host}:0"
+        run_dir = ensure_private_dir(default_runtime_dir())
+        stem = self.connection_file.stem
+        return f"ipc://{run_dir}/{stem}-router.sock", f"ipc://{run_dir}/{stem}-pub.sock"
+
+    async def run(self) -> int:
+        cfg = self.config
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        lock = DataDirLock(cfg.data_dir)
+        lock.acquire()
+        engine = Engine(cfg)
+        hub = EventHub()
+        engine.add_listener(hub.publish)
+        dispatcher = Dispatcher(engine, hub, self.token, on_shutdown=self.stopping.set,
+                                wires=["jsonrpc-tcp", "websocket", "zmq", "stdio"])
+        port = cfg.port
+        tcp = ws = zmq_server = None
+        try:
+            tcp = await start_tcp_server(dispatcher, hub, cfg.host, port,
+                                         max_frame=cfg.max_request_bytes,
+                                         max_connections=cfg.max_connections)
+            ws = await start_websocket_server(dispatcher, hub, cfg.host,
+                                              port + 1 if port else 0,
+                                              max_frame=cfg.max_request_bytes,
+                                              max_connections=cfg.max_connections)
+            router, pub = self._zmq_endpoints()
+            zmq_server = ZmqServer(dispatcher, hub, router, pub,
+                                   max_message_size=cfg.max_request_bytes)
+            await zmq_server.start()
+            self.info = {
+                "pid": os.getpid(),
+                "jsonrpc_tcp": tcp.endpoint,
+                "websocket": ws.endpoint,
+                "zmq_router": zmq_server.router_endpoint,
+                "zmq_pub": zmq_server.pub_endpoint,
+                "token": self.token,
+                "data_dir": str(cfg.data_dir),
+                "version": __version__,
+            }
+            ensure_private_dir(self.connection_file.parent)
+            write_connection_file(self.connection_file, self.info)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stopping.set)
+            log.info("ctxd %s serving %s; connection file %s", __version__, cfg.data_dir,
+                     self.connection_file)
+            print(f"ctxd {__version__} serving {cfg.data_dir}\n"
+                  f"  connection file: {self.connection_file}\n"
+                  f"  json-rpc tcp:    {tcp.endpoint}\n"
+                  f"  websocket:       {ws.endpoint}\n"
+                  f"  zmq router:      {zmq_server.router_endpoint}\n"
+                  f"  zmq pub:         {zmq_server.pub_endpoint}", file=sys.stderr, flush=True)
+            await self.stopping.wait()
+            log.info("stopping")
+        finally:
+            try:
+                if self.info:
+                    self.connection_file.unlink(missing_ok=True)
+                for server in (tcp, ws, zmq_server):
+                    if server is not None:
+                        await server.close()
+                await dispatcher.scheduler.drain(SHUTDOWN_GRACE_SECONDS)
+            finally:
+                engine.close()
+                lock.release()
+        return 0
+
+
+def serve(config: Config) -> int:
+    logging.basicConfig(
+        level=os.environ.get("CTXD_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return asyncio.run(Daemon(config).run())
+    except AlreadyRunning as exc:
+        print(f"ctxd: {exc}", file=sys.stderr)
+        return 3

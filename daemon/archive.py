@@ -1,0 +1,326 @@
+"""ArchiveStore: the append-only record of every message, and its full-text index.
+
+Nothing here updates or deletes an archived row (triggers would refuse it anyway).
+The caller owns transactions: `append` runs inside the engine's write transaction so
+the archive and the active context's counters change together or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import apsw
+
+from ctxd.protocol.errors import InvalidParams
+
+from . import fts
+from .messages import message_text
+
+
+def _row_to_message(row: Sequence[Any]) -> dict[str, Any]:
+    msg_id, batch_id, body, tokens, created_at = row
+    msg = json.loads(body)
+    msg["id"] = msg_id
+    msg["batchId"] = batch_id
+    msg["tokens"] = tokens
+    msg["createdAt"] = created_at
+    return msg
+
+
+class ArchiveStore:
+    def __init__(self, conn: apsw.Connection) -> None:
+        self.conn = conn
+
+    # sessions
+
+    def create_session(self, session_id: str, title: str | None, metadata: dict | None) -> float:
+        now = time.time()
+        self.conn.execute(
+            "INSERT INTO sessions(id, title, metadata, created_at) VALUES (?, ?, ?, ?)",
+            (
+                session_id,
+                title,
+                json.dumps(metadata, ensure_ascii=False) if metadata else None,
+                now,
+            ),
+        )
+        return now
+
+    def get_session(self, session_id: str) -> dict[str, Any] | None:
+        row = self.conn.execute(
+            "SELECT id, title, metadata, created_at FROM sessions WHERE id = ?", (session_id,)
+        ).fetchone()
+        return self._session(row) if row else None
+
+    def list_sessions(self, limit: int, after: tuple[float, str] | None) -> list[dict[str, Any]]:
+        """Newest first; `after` is the (created_at, id) of the last session already seen."""
+        if after is None:
+            rows = self.conn.execute(
+                "SELECT id, title, metadata, created_at FROM sessions "
+                "ORDER BY created_at DESC, id DESC LIMIT ?",
+                (limit,),
+            )
+        else:
+            rows = self.conn.execute(
+                "SELECT id, title, metadata, created_at FROM sessions "
+                "WHERE (created_at, id) < (?, ?) ORDER BY created_at DESC, id DESC LIMIT ?",
+                (after[0], after[1], limit),
+            )
+        return [self._session(r) for r in rows]
+
+    @staticmethod
+    def _session(row: Sequence[Any]) -> dict[str, Any]:
+        sid, title, metadata, created_at = row
+        return {
+            "sessionId": sid,
+            "title": title,
+            "metadata": json.loads(metadata) if metadata else {},
+            "createdAt": created_at,
+        }
+
+    def session_ids_without_context(self) -> list[str]:
+        return [
+            r[0]
+            for r in self.conn.execute(
+                "SELECT s.id FROM sessions s LEFT JOIN conversation_context c "
+                "ON c.session_id = s.id WHERE c.session_id IS NULL"
+            )
+        ]
+
+    # batches
+
+    def find_batch(self, session_id: str, client_batch_id: str) -> tuple[int, str, int, int] | None:
+        row = self.conn.execute(
+            "SELECT id, digest, first_message_id, last_message_id FROM batches "
+            "WHERE session_id = ? AND client_batch_id = ?",
+            (session_id, client_batch_id),
+        ).fetchone()
+        return tuple(row) if row else None  # type: ignore[return-value]
+
+    def append(
+        self,
+        session_id: str,
+        messages: Sequence[tuple[dict[str, Any], str, int]],
+        *,
+        digest: str,
+        run_id: str | None,
+        client_batch_id: str | None,
+    ) -> tuple[int, list[int], float]:
+        """Write one batch: (normalized message, JSON body, tokens) each. Returns
+        (batch id, message ids, created_at). Must run inside a transaction."""
+        now = time.time()
+        first = (self.conn.execute("SELECT max(id) FROM messages").fetchone()[0] or 0) + 1
+        ids = list(range(first, first + len(messages)))
+        batch_id = (self.conn.execute("SELECT max(id) FROM batches").fetchone()[0] or 0) + 1
+        self.conn.execute(
+            "INSERT INTO batches(id, session_id, client_batch_id, run_id, digest, "
+            "first_message_id, last_message_id, created_at) VALUES (?,?,?,?,?,?,?,?)",
+            (batch_id, session_id, client_batch_id, run_id, digest, ids[0], ids[-1], now),
+        )
+        self.conn.executemany(
+            "INSERT INTO messages(id, session_id, batch_id, role, body, tokens, created_at) "
+            "VALUES (?,?,?,?,?,?,?)",
+            [
+                (i, session_id, batch_id, m["role"], body, tokens, now)
+                for i, (m, body, tokens) in zip(ids, messages, strict=True)
+            ],
+        )
+        self.conn.executemany(
+            "INSERT INTO messages_fts(rowid, body) VALUES (?, ?)",
+            [
+                (i, fts.index_text(message_text(m)))
+                for i, (m, _, _) in zip(ids, messages, strict=True)
+            ],
+        )
+        calls = [
+            (session_id, c["id"], i)
+            for i, (m, _, _) in zip(ids, messages, strict=True)
+            for c in m.get("tool_calls") or ()
+        ]
+        if calls:
+            self.conn.executemany(
+                "INSERT INTO tool_calls(session_id, tool_call_id, call_message_id) VALUES (?,?,?)",
+                calls,
+            )
+        results = [
+            (session_id, m["tool_call_id"], i)
+            for i, (m, _, _) in zip(ids, messages, strict=True)
+            if m["role"] == "tool"
+        ]
+        if results:
+            self.conn.executemany(
+                "INSERT INTO tool_results(session_id, tool_call_id, result_message_id) "
+                "VALUES (?,?,?)",
+                results,
+            )
+        return batch_id, ids, now
+
+    # tool call bookkeeping for validation
+
+    def existing_tool_calls(self, session_id: str, call_ids: Iterable[str]) -> set[str]:
+        return self._existing("tool_calls", session_id, call_ids)
+
+    def answered_tool_calls(self, session_id: str, call_ids: Iterable[str]) -> set[str]:
+        return self._existing("tool_results", session_id, call_ids)
+
+    def _existing(self, table: str, session_id: str, call_ids: Iterable[str]) -> set[str]:
+        found: set[str] = set()
+        sql = f"SELECT 1 FROM {table} WHERE session_id = ? AND tool_call_id = ?"  # noqa: S608
+        for cid in set(call_ids):
+            if self.conn.execute(sql, (session_id, cid)).fetchone():
+                found.add(cid)
+        return found
+
+    # reading
+
+    def read(self, session_id: str, after_id: int, limit: int) -> list[dict[str, Any]]:
+        return [
+            _row_to_message(r)
+            for r in self.conn.execute(
+                "SELECT id, batch_id, body, tokens, created_at FROM messages "
+                "WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?",
+                (session_id, after_id, limit),
+            )
+        ]
+
+    def read_from(
+        self, session_id: str, from_id: int, to_id: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Every message of the session with from_id <= id (<= to_id)."""
+        if to_id is None:
+            rows = self.conn.execute(
+                "SELECT id, batch_id, body, tokens, created_at FROM messages "
+                "WHERE session_id = ? AND id >= ? ORDER BY id",
+                (session_id, from_id),
+            )
+        else:
+            rows = self.conn.execute(
+                "SELECT id, batch_id, body, tokens, created_at FROM messages "
+                "WHERE session_id = ? AND id >= ? AND id <= ? ORDER BY id",
+                (session_id, from_id, to_id),
+            )
+        return [_row_to_message(r) for r in rows]
+
+    def get_many(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        for i in range(0, len(ids), 500):
+            chunk = list(ids[i : i + 500])
+            marks = ",".join("?" * len(chunk))
+            for row in self.conn.execute(
+                f"SELECT id, batch_id, body, tokens, created_at FROM messages "  # noqa: S608
+                f"WHERE id IN ({marks})",
+                chunk,
+            ):
+                out[row[0]] = _row_to_message(row)
+        return out
+
+    def message_count(self, session_id: str) -> int:
+        return int(
+            self.conn.execute(
+                "SELECT count(*) FROM messages WHERE session_id = ?", (session_id,)
+            ).fetchone()[0]
+        )
+
+    def sums_from(self, session_id: str, from_id: int) -> tuple[int, int]:
+        row = self.conn.execute(
+            "SELECT count(*), coalesce(sum(tokens), 0) FROM messages "
+            "WHERE session_id = ? AND id >= ?",
+            (session_id, from_id),
+        ).fetchone()
+        return int(row[0]), int(row[1])
+
+    def last_id(self, session_id: str) -> int | None:
+        return self.conn.execute(
+            "SELECT max(id) FROM messages WHERE session_id = ?", (session_id,)
+        ).fetchone()[0]
+
+    # search
+
+    def search(
+        self,
+        query: str,
+        *,
+        session_id: str | None = None,
+        role: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 20,
+        offset: int = 0,
+        newest_first: bool = False,
+        advanced: bool = False,
+    ) -> list[dict[str, Any]]:
+        if advanced:
+            match = fts.advanced_query(query)
+        else:
+            match = fts.plain_query(query)
+            if match is None:
+                return []
+        hits = self._search(
+            match, session_id, role, since, until, limit, offset, newest_first, advanced
+        )
+        if not hits and not advanced and offset == 0 and len(query.split()) > 1:
+            loose = fts.any_terms_query(query)
+            if loose:
+                hits = self._search(
+                    loose, session_id, role, since, until, limit, 0, newest_first, advanced
+                )
+        return hits
+
+    def _search(
+        self,
+        match: str,
+        session_id: str | None,
+        role: str | None,
+        since: float | None,
+        until: float | None,
+        limit: int,
+        offset: int,
+        newest_first: bool,
+        advanced: bool,
+    ) -> list[dict[str, Any]]:
+        # Only fixed clauses are spliced in; every user value is a bound parameter.
+        where = ["messages_fts MATCH ?"]
+        params: list[Any] = [match]
+        if session_id is not None:
+            where.append("m.session_id = ?")
+            params.append(session_id)
+        if role is not None:
+            where.append("m.role = ?")
+            params.append(role)
+        if since is not None:
+            where.append("m.created_at >= ?")
+            params.append(since)
+        if until is not None:
+            where.append("m.created_at <= ?")
+            params.append(until)
+        order = "messages_fts.rowid DESC" if newest_first else "rank"
+        sql = (
+            "SELECT m.id, m.session_id, m.role, m.created_at, "
+            "snippet(messages_fts, 0, '**', '**', '…', 24), bm25(messages_fts) "
+            "FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid "
+            f"WHERE {' AND '.join(where)} ORDER BY {order} LIMIT ? OFFSET ?"
+        )
+        params += [limit, offset]
+        try:
+            rows = list(self.conn.execute(sql, params))
+        except apsw.SQLError as exc:
+            hint = (
+                "check the FTS5 query syntax, or search without advanced mode"
+                if advanced
+                else "report this query as a bug"
+            )
+            raise InvalidParams(f"search query not understood: {exc}; {hint}") from None
+        return [
+            {
+                "messageId": mid,
+                "sessionId": sid,
+                "role": r,
+                "snippet": fts.clean_snippet(snip),
+                "createdAt": created,
+                "score": round(-score, 4),
+            }
+            for mid, sid, r, created, snip, score in rows
+        ]

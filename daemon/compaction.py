@@ -1,0 +1,119 @@
+"""Where the tail may start, and what a compaction must satisfy before it is committed.
+
+The tail boundary never separates an assistant message with tool calls from its
+results (parallel calls included), never starts the tail with a tool message, and
+never summarizes a call whose result is still to come.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .summary import Summary
+
+_PENDING = 1 << 62  # "the result is still to come": blocks every boundary after the call
+
+
+def _reach(msgs: Sequence[dict[str, Any]]) -> list[int]:
+    """reach[i]: the index of the last result answering a call made at i (or -1).
+
+    A call without a result counts as pending (blocking) unless a later non-tool
+    message shows it was abandoned: providers reject such a history anyway, and one
+    abandoned call must not block compaction forever.
+    """
+    result_at: dict[str, int] = {}
+    for i, m in enumerate(msgs):
+        if m["role"] == "tool":
+            result_at[m["tool_call_id"]] = i
+    last_non_tool = max((i for i, m in enumerate(msgs) if m["role"] != "tool"), default=-1)
+    reach = [-1] * len(msgs)
+    for i, m in enumerate(msgs):
+        for call in m.get("tool_calls") or ():
+            r = result_at.get(call["id"])
+            if r is None:
+                r = _PENDING if last_non_tool <= i else -1
+            reach[i] = max(reach[i], r)
+    return reach
+
+
+def valid_boundaries(msgs: Sequence[dict[str, Any]]) -> list[int]:
+    """Every i in 1..len-1 where msgs[:i] may leave the context and msgs[i:] stays."""
+    out: list[int] = []
+    furthest = -1
+    reach = _reach(msgs)
+    for i in range(1, len(msgs)):
+        furthest = max(furthest, reach[i - 1])
+        if furthest < i and msgs[i]["role"] != "tool":
+            out.append(i)
+    return out
+
+
+def tail_boundary(
+    msgs: Sequence[dict[str, Any]],
+    *,
+    keep: int,
+    keep_tokens: int | None = None,
+    force: bool = False,
+) -> int | None:
+    """The index where the kept tail starts, or None when nothing can leave.
+
+    Normal mode keeps about `keep` messages. Force mode (manual compaction) also works
+    on short contexts: it keeps at most half of them, but never summarizes the latest
+    user message. With `keep_tokens`, a tail heavier than that moves forward.
+    """
+    n = len(msgs)
+    candidates = valid_boundaries(msgs)
+    if force:
+        last_user = max((i for i, m in enumerate(msgs) if m["role"] == "user"), default=None)
+        if last_user is not None:
+            candidates = [i for i in candidates if i <= last_user]
+        target = n - min(keep, max(1, n // 2))
+    else:
+        target = n - keep
+        if target <= 0:
+            return None
+    if not candidates:
+        return None
+    best = min(candidates, key=lambda i: (abs(i - target), i))
+    if keep_tokens is not None:
+        tokens = [int(m.get("tokens", 0)) for m in msgs]
+        suffix = [0] * (n + 1)
+        for i in range(n - 1, -1, -1):
+            suffix[i] = suffix[i + 1] + tokens[i]
+        if suffix[best] > keep_tokens:
+            lighter = [i for i in candidates if i > best and suffix[i] <= keep_tokens]
+            best = lighter[0] if lighter else candidates[-1]
+    return best
+
+
+def check_summary(summary: Summary, allowed_ids: set[int]) -> list[str]:
+    """Reasons a summary must not be committed (empty list: it may)."""
+    problems: list[str] = []
+    for name, item in summary.items():
+        if not item.text.strip():
+            problems.append(f"an item in {name} has no text")
+        if not item.sources:
+            problems.append(f"item {item.text[:40]!r} in {name} cites no source")
+        bad = [s for s in item.sources if s not in allowed_ids]
+        if bad:
+            problems.append(f"item {item.text[:40]!r} in {name} cites unknown ids {bad[:5]}")
+    return problems
+
+
+SUMMARY_HEADER = "Context carried over from earlier in this conversation."
+
+
+def render_summary_message(pins: Sequence[str], summary: Summary) -> str | None:
+    """The one system message holding pins and summary; None when there are neither."""
+    if not pins and summary.is_empty():
+        return None
+    parts = [SUMMARY_HEADER]
+    if pins:
+        parts.append("Pinned (always applies):\n" + "\n".join(f"- {p}" for p in pins))
+    if not summary.is_empty():
+        parts.append(
+            "Summary of earlier messages ([msg N] are archive ids; "
+            "search_past_messages recalls the full text):\n" + summary.render()
+        )
+    return "\n\n".join(parts)

@@ -1,0 +1,156 @@
+"""The active context: a replaceable row per session, apart from the archive.
+
+The active messages are the session's leading system messages (`system_ids`) plus
+every archived message from `tail_start_id` on: the tail is always a suffix of the
+archive, so an append only bumps counters and a compaction only moves the start.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import apsw
+
+from .summary import Summary
+
+
+@dataclass
+class ContextState:
+    session_id: str
+    version: int = 1
+    system_ids: list[int] = field(default_factory=list)
+    tail_start_id: int | None = None  # None: no non-system message yet
+    summary: Summary = field(default_factory=Summary)
+    summary_tokens: int = 0  # tokens of the rendered pins + summary message
+    active_messages: int = 0  # leading system messages + tail
+    active_tokens: int = 0
+    compaction_count: int = 0
+    last_compacted_at: float | None = None
+
+    @property
+    def has_summary_message(self) -> bool:
+        return self.summary_tokens > 0
+
+    @property
+    def rendered_messages(self) -> int:
+        return self.active_messages + (1 if self.has_summary_message else 0)
+
+    @property
+    def rendered_tokens(self) -> int:
+        return self.active_tokens + self.summary_tokens
+
+    def in_active_context(self, message_id: int) -> bool:
+        if message_id in self.system_ids:
+            return True
+        return self.tail_start_id is not None and message_id >= self.tail_start_id
+
+
+_COLUMNS = (
+    "session_id, version, system_ids, tail_start_id, summary, summary_tokens, "
+    "active_messages, active_tokens, compaction_count, last_compacted_at"
+)
+
+
+def load_context(conn: apsw.Connection, session_id: str) -> ContextState | None:
+    row = conn.execute(
+        f"SELECT {_COLUMNS} FROM conversation_context WHERE session_id = ?", (session_id,)
+    ).fetchone()
+    if row is None:
+        return None
+    (
+        sid,
+        version,
+        system_ids,
+        tail_start_id,
+        summary,
+        summary_tokens,
+        active_messages,
+        active_tokens,
+        compaction_count,
+        last_compacted_at,
+    ) = row
+    return ContextState(
+        session_id=sid,
+        version=version,
+        system_ids=json.loads(system_ids),
+        tail_start_id=tail_start_id,
+        summary=Summary.from_dict(json.loads(summary)) if summary else Summary(),
+        summary_tokens=summary_tokens,
+        active_messages=active_messages,
+        active_tokens=active_tokens,
+        compaction_count=compaction_count,
+        last_compacted_at=last_compacted_at,
+    )
+
+
+def save_context(conn: apsw.Connection, st: ContextState) -> None:
+    conn.execute(
+        f"INSERT OR REPLACE INTO conversation_context({_COLUMNS}, updated_at) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        (
+            st.session_id,
+            st.version,
+            json.dumps(st.system_ids),
+            st.tail_start_id,
+            None if st.summary.is_empty() else json.dumps(st.summary.to_dict(), ensure_ascii=False),
+            st.summary_tokens,
+            st.active_messages,
+            st.active_tokens,
+            st.compaction_count,
+            st.last_compacted_at,
+            time.time(),
+        ),
+    )
+
+
+def bump_counts(conn: apsw.Connection, st: ContextState) -> None:
+    """The cheap write an append makes: counters and the tail start, not the summary."""
+    conn.execute(
+        "UPDATE conversation_context SET system_ids = ?, tail_start_id = ?, "
+        "active_messages = ?, active_tokens = ?, updated_at = ? WHERE session_id = ?",
+        (
+            json.dumps(st.system_ids),
+            st.tail_start_id,
+            st.active_messages,
+            st.active_tokens,
+            time.time(),
+            st.session_id,
+        ),
+    )
+
+
+def set_summary_tokens(conn: apsw.Connection, session_id: str, tokens: int) -> None:
+    conn.execute(
+        "UPDATE conversation_context SET summary_tokens = ? WHERE session_id = ?",
+        (tokens, session_id),
+    )
+
+
+# pins
+
+
+def list_pins(conn: apsw.Connection, session_id: str) -> list[dict[str, Any]]:
+    return [
+        {"pinId": pid, "text": text, "createdAt": created}
+        for pid, text, created in conn.execute(
+            "SELECT id, text, created_at FROM pins WHERE session_id = ? ORDER BY created_at, id",
+            (session_id,),
+        )
+    ]
+
+
+def add_pin(conn: apsw.Connection, pin_id: str, session_id: str, text: str) -> dict[str, Any]:
+    now = time.time()
+    conn.execute(
+        "INSERT INTO pins(id, session_id, text, created_at) VALUES (?,?,?,?)",
+        (pin_id, session_id, text, now),
+    )
+    return {"pinId": pin_id, "text": text, "createdAt": now}
+
+
+def remove_pin(conn: apsw.Connection, session_id: str, pin_id: str) -> bool:
+    conn.execute("DELETE FROM pins WHERE id = ? AND session_id = ?", (pin_id, session_id))
+    return conn.changes() > 0

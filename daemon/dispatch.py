@@ -1,0 +1,182 @@
+"""Dispatcher: the request handler behind every wire.
+
+Each handler validates (against the protocol table), calls one engine function and
+shapes the result. Appends are handled synchronously up to the engine call, so the
+order in which a client sent them is the order they are archived in.
+"""
+
+from __future__ import annotations
+
+import hmac
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ctxd import __version__
+from ctxd.protocol.errors import Unauthorized
+from ctxd.protocol.methods import NOTIFICATIONS, PROTOCOL_VERSION, SERVER_NAME, validate_params
+
+from . import recall
+from .engine import Engine
+from .scheduler import AutoCompactor
+from .servers.base import Connection, EventHub
+
+log = logging.getLogger("ctxd.dispatch")
+
+Handler = Callable[[Connection, dict[str, Any]], Any]
+
+
+class Dispatcher:
+    def __init__(self, engine: Engine, hub: EventHub, token: str,
+                 on_shutdown: Callable[[], None] | None = None,
+                 wires: list[str] | None = None) -> None:
+        self.engine = engine
+        self.hub = hub
+        self.token = token
+        self.scheduler = AutoCompactor(engine)
+        self.on_shutdown = on_shutdown
+        self.wires = wires or []
+        self._handlers: dict[str, Handler] = {
+            "initialize": self.initialize,
+            "shutdown": self.shutdown,
+            "session/create": lambda c, p: engine.create_session(
+                p["sessionId"], p["title"], p["metadata"]),
+            "session/list": lambda c, p: engine.list_sessions(p["limit"], p["cursor"]),
+            "session/get": lambda c, p: engine.get_session(p["sessionId"]),
+            "session/subscribe": self.subscribe,
+            "session/unsubscribe": self.unsubscribe,
+            "messages/append": self.append,
+            "archive/read": lambda c, p: engine.read_archive(
+                p["sessionId"], p["afterId"], p["limit"]),
+            "archive/search": self.search,
+            "context/get": lambda c, p: engine.get_context(p["sessionId"]),
+            "context/status": lambda c, p: engine.status(p["sessionId"]),
+            "context/compact": self.compact,
+            "context/rebuild": self.rebuild,
+            "context/explain": lambda c, p: recall.explain(engine, p["sessionId"]),
+            "context/pins/add": lambda c, p: engine.add_pin(p["sessionId"], p["text"]),
+            "context/pins/list": lambda c, p: {"pins": engine.pins(p["sessionId"])},
+            "context/pins/remove": lambda c, p: engine.remove_pin(p["sessionId"], p["pinId"]),
+            "run/start": self.run_start,
+            "run/finish": self.run_finish,
+            "approval/request": self.approval_request,
+            "approval/resolve": lambda c, p: engine.resolve_approval(
+                p["approvalId"], p["decision"], p["reason"]),
+            "approval/list": lambda c, p: {
+                "approvals": engine.list_approvals(p["sessionId"], p["status"])},
+            "tools/list": lambda c, p: {"tools": [recall.SEARCH_TOOL_SCHEMA]},
+            "tools/call": lambda c, p: recall.call_tool(
+                engine, p["sessionId"], p["name"], p["arguments"]),
+        }
+
+    # the RequestHandler interface
+
+    async def handle(self, conn: Connection, method: str, params: Any) -> Any:
+        if not conn.authenticated and method != "initialize":
+            validate_params(method, params)  # unknown methods still say so
+            raise Unauthorized("send initialize with the token from the connection file "
+                               "first")
+        p = validate_params(method, params)
+        result = self._handlers[method](conn, p)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    def check_token(self, token: Any) -> bool:
+        return isinstance(token, str) and hmac.compare_digest(
+            token.encode(), self.token.encode())
+
+    def connection_opened(self, conn: Connection) -> None:
+        log.debug("connection opened: %r", conn)
+
+    def connection_closed(self, conn: Connection) -> None:
+        if conn.open_runs:
+            log.info("%r closed with open runs %s: marking them interrupted", conn,
+                     sorted(conn.open_runs))
+            self.engine.interrupt_runs(set(conn.open_runs))
+            conn.open_runs.clear()
+
+    # handlers with more than one line
+
+    def initialize(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+        if not conn.authenticated:
+            if not self.check_token(p["token"]):
+                raise Unauthorized("wrong token; read it from the daemon's connection file")
+            conn.authenticated = True
+        conn.client_name = p["clientName"]
+        return {
+            "serverName": SERVER_NAME,
+            "version": __version__,
+            "protocolVersion": PROTOCOL_VERSION,
+            "capabilities": {
+                "wires": self.wires,
+                "notifications": sorted(NOTIFICATIONS),
+                "tools": [recall.SEARCH_TOOL_NAME],
+                "summarizer": getattr(self.engine.summarizer, "name", "custom"),
+                "tokenEncoding": self.engine.tokens.encoding_name,
+                "search": {"languages": ["en", "zh"], "advanced": True},
+            },
+        }
+
+    def shutdown(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+        if self.on_shutdown is not None:
+            self.on_shutdown()
+        return {}
+
+    def subscribe(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+        self.engine.get_session(p["sessionId"])  # raises for an unknown session
+        conn.subscriptions.add(p["sessionId"])
+        return {}
+
+    def unsubscribe(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+        conn.subscriptions.discard(p["sessionId"])
+        return {}
+
+    def append(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+        sid = p["sessionId"]
+        result = self.engine.append(sid, p["messages"], run_id=p["runId"],
+                                    client_batch_id=p["clientBatchId"])
+        if p["runId"] is None:  # appends outside a run are checked here, runs at run/finish
+            self.scheduler.maybe_schedule(sid)
+        return result
+
+    def search(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+        hits = self.engine.search(
+            p["query"], session_id=p["sessionId"], role=p["role"], limit=p["limit"],
+            offset=p["offset"], newest_first=p["newestFirst"], advanced=p["advanced"],
+            since=p["since"], until=p["until"])
+        return {"hits": hits}
+
+    async def compact(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+        result = await self.engine.compact(p["sessionId"], force=bool(p["force"]),
+                                           instructions=p["instructions"])
+        if result["effective"]:
+            self.scheduler.manual_succeeded(p["sessionId"])
+        return result
+
+    async def rebuild(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+        result = await self.engine.rebuild(p["sessionId"])
+        if result["compactionId"]:
+            self.scheduler.manual_succeeded(p["sessionId"])
+        return result
+
+    def run_start(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+        run = self.engine.start_run(p["sessionId"])
+        # ZeroMQ has no disconnect signal: only stream connections interrupt their runs
+        if conn.wire != "zmq":
+            conn.open_runs.add(run["runId"])
+        return {"runId": run["runId"], "run": run}
+
+    def run_finish(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+        result = self.engine.finish_run(p["runId"], p["outcome"])
+        conn.open_runs.discard(p["runId"])
+        if result["autoCompactionScheduled"]:
+            result["autoCompactionScheduled"] = self.scheduler.maybe_schedule(
+                result["run"]["sessionId"])
+        return result
+
+    def approval_request(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+        approval = self.engine.request_approval(p["sessionId"], p["runId"], p["toolCallId"],
+                                                p["toolName"], p["arguments"])
+        return {"approvalId": approval["approvalId"], "approval": approval}

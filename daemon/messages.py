@@ -1,0 +1,138 @@
+"""Validation of OpenAI-shaped chat messages before anything is written.
+
+A batch is checked whole: the first bad message refuses the batch, and the error says
+which message (its index in the batch) and why.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ctxd.protocol.errors import InvalidMessage, PayloadTooLarge
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def _bad(index: int, why: str, field: str | None = None) -> InvalidMessage:
+    data: dict[str, Any] = {"index": index}
+    if field:
+        data["field"] = field
+    return InvalidMessage(f"message {index}: {why}", data)
+
+
+def normalize_message(raw: Any, index: int, max_bytes: int) -> tuple[dict[str, Any], str]:
+    """Check one message; return it normalized and its canonical JSON."""
+    if not isinstance(raw, dict):
+        raise _bad(index, "must be an object with 'role' and 'content'")
+    role = raw.get("role")
+    if role not in ROLES:
+        raise _bad(index, f"unknown role {role!r}; use one of {', '.join(ROLES)}", "role")
+    msg: dict[str, Any] = {"role": role}
+    content = raw.get("content")
+    tool_calls = raw.get("tool_calls")
+    if content is None:
+        if not (role == "assistant" and tool_calls):
+            raise _bad(
+                index, "content may be null only on an assistant message with tool_calls", "content"
+            )
+    elif isinstance(content, list):
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise _bad(index, f"content part {j} must be an object with a 'type'", "content")
+            if part["type"] == "text" and not isinstance(part.get("text"), str):
+                raise _bad(
+                    index, f"content part {j} of type 'text' needs a string 'text'", "content"
+                )
+    elif not isinstance(content, str):
+        raise _bad(index, "content must be a string, a list of parts, or null", "content")
+    msg["content"] = content
+
+    if tool_calls is not None:
+        if role != "assistant":
+            raise _bad(index, "only assistant messages carry tool_calls", "tool_calls")
+        if not isinstance(tool_calls, list) or not tool_calls:
+            raise _bad(index, "tool_calls must be a non-empty list", "tool_calls")
+        for j, call in enumerate(tool_calls):
+            if not isinstance(call, dict) or not isinstance(call.get("id"), str) or not call["id"]:
+                raise _bad(index, f"tool_calls[{j}] needs a non-empty string 'id'", "tool_calls")
+            if call.get("type", "function") != "function":
+                raise _bad(index, f"tool_calls[{j}].type must be 'function'", "tool_calls")
+            fn = call.get("function")
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+                raise _bad(index, f"tool_calls[{j}].function needs a string 'name'", "tool_calls")
+            args = fn.get("arguments", "")
+            if not isinstance(args, str):
+                raise _bad(
+                    index, f"tool_calls[{j}].function.arguments must be a JSON string", "tool_calls"
+                )
+        msg["tool_calls"] = [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {
+                    "name": c["function"]["name"],
+                    "arguments": c["function"].get("arguments", ""),
+                },
+            }
+            for c in tool_calls
+        ]
+    if role == "tool":
+        tcid = raw.get("tool_call_id")
+        if not isinstance(tcid, str) or not tcid:
+            raise _bad(index, "a tool message needs the 'tool_call_id' it answers", "tool_call_id")
+        msg["tool_call_id"] = tcid
+    elif raw.get("tool_call_id") is not None:
+        raise _bad(index, "only tool messages carry tool_call_id", "tool_call_id")
+    name = raw.get("name")
+    if name is not None:
+        if not isinstance(name, str):
+            raise _bad(index, "name must be a string", "name")
+        msg["name"] = name
+    metadata = raw.get("metadata")
+    if metadata is not None:
+        if not isinstance(metadata, dict):
+            raise _bad(index, "metadata must be an object", "metadata")
+        msg["metadata"] = metadata
+    # Fields this version does not know (e.g. a provider's reasoning_content) are kept
+    # as they came: the archive must not lose what the agent sent.
+    for key, value in raw.items():
+        if key not in msg and key not in ("tool_calls", "tool_call_id", "name", "metadata"):
+            msg[key] = value
+    try:
+        body = json.dumps(msg, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise _bad(index, f"not JSON-serializable: {exc}") from None
+    size = len(body.encode("utf-8"))
+    if size > max_bytes:
+        raise PayloadTooLarge(
+            f"message {index} is {size} bytes, over the limit of {max_bytes}; "
+            "store large tool output elsewhere and append a reference",
+            {"index": index, "bytes": size, "limit": max_bytes},
+        )
+    return msg, body
+
+
+def message_text(msg: dict[str, Any]) -> str:
+    """All searchable text of a message: content, tool call names and arguments."""
+    parts: list[str] = []
+    content = msg.get("content")
+    if isinstance(content, str):
+        parts.append(content)
+    elif isinstance(content, list):
+        parts.extend(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    for call in msg.get("tool_calls") or ():
+        fn = call["function"]
+        parts.append(f"{fn['name']} {fn.get('arguments', '')}")
+    if msg.get("name"):
+        parts.append(msg["name"])
+    return "\n".join(parts)
+
+
+def for_model(msg: dict[str, Any]) -> dict[str, Any]:
+    """The message as a chat-completions endpoint takes it (no ctxd metadata)."""
+    if "metadata" not in msg:
+        return msg
+    return {k: v for k, v in msg.items() if k != "metadata"}

@@ -1,0 +1,147 @@
+"""What lets an agent and its user look past the active context: the
+`search_past_messages` tool and `context/explain` (summary items resolved to sources).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from ctxd.protocol.errors import InvalidParams, NotFound
+
+from .engine import Engine
+
+SEARCH_TOOL_NAME = "search_past_messages"
+
+SEARCH_TOOL_SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": SEARCH_TOOL_NAME,
+        "description": (
+            "Search earlier messages of this conversation, including tool calls and tool "
+            "results, that may no longer be in your context (older history is summarized; "
+            "[msg N] in the summary are message ids). Plain words or a phrase, English or "
+            "Chinese. Returns the best matches with their message ids."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "Words or a phrase to find."},
+                "scope": {
+                    "type": "string",
+                    "enum": ["session", "all"],
+                    "default": "session",
+                    "description": "This conversation only, or all conversations.",
+                },
+                "limit": {"type": "integer", "minimum": 1, "maximum": 20, "default": 5},
+                "role": {
+                    "type": "string",
+                    "enum": ["user", "assistant", "tool", "system"],
+                    "description": "Only messages of this role.",
+                },
+            },
+            "required": ["query"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+_SNIPPET_CHARS = 300
+
+
+def _arguments(raw: Any) -> dict[str, Any]:
+    if isinstance(raw, str):  # the model's own JSON string, passed through
+        try:
+            raw = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            raise InvalidParams("tool arguments are not valid JSON") from None
+    if not isinstance(raw, dict):
+        raise InvalidParams("tool arguments must be an object")
+    unknown = set(raw) - set(SEARCH_TOOL_SCHEMA["function"]["parameters"]["properties"])
+    if unknown:
+        raise InvalidParams(f"unknown argument(s) {sorted(unknown)} for {SEARCH_TOOL_NAME}")
+    query = raw.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidParams(f"{SEARCH_TOOL_NAME} needs a non-empty 'query' string")
+    scope = raw.get("scope", "session")
+    if scope not in ("session", "all"):
+        raise InvalidParams("scope must be 'session' or 'all'")
+    limit = raw.get("limit", 5)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 20:
+        raise InvalidParams("limit must be an integer from 1 to 20")
+    role = raw.get("role")
+    if role is not None and role not in ("user", "assistant", "tool", "system"):
+        raise InvalidParams("role must be user, assistant, tool or system")
+    return {"query": query, "scope": scope, "limit": limit, "role": role}
+
+
+def call_tool(engine: Engine, session_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    if name != SEARCH_TOOL_NAME:
+        raise NotFound(f"no tool {name!r}; tools/list names the tools ctxd serves")
+    args = _arguments(arguments)
+    hits = engine.search(
+        args["query"],
+        session_id=session_id if args["scope"] == "session" else None,
+        role=args["role"],
+        limit=args["limit"],
+    )
+    # What already left the context is what the agent cannot see: list it first.
+    hits.sort(key=lambda h: h["inActiveContext"])
+    if not hits:
+        text = f'No earlier messages match "{args["query"]}".'
+    else:
+        lines = [f'{len(hits)} message(s) match "{args["query"]}":']
+        for h in hits:
+            when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(h["createdAt"]))
+            where = "" if h["sessionId"] == session_id else f" · session {h['sessionId']}"
+            seen = " · still in context" if h["inActiveContext"] else ""
+            snippet = " ".join(h["snippet"].split())[:_SNIPPET_CHARS]
+            lines.append(f"[msg {h['messageId']} · {h['role']} · {when}{where}{seen}] {snippet}")
+        text = "\n".join(lines)
+    return {"content": text, "data": {"hits": hits}}
+
+
+def explain(engine: Engine, session_id: str) -> dict[str, Any]:
+    """Each summary item with its sources resolved from the archive; broken ones flagged."""
+    st = engine.context_state(session_id)
+    ids = sorted(st.summary.all_sources())
+    found = engine.archive.get_many(ids)
+    items = []
+    broken = 0
+    for section, item in st.summary.items():
+        sources = []
+        for sid in item.sources:
+            m = found.get(sid)
+            if m is None:
+                broken += 1
+                sources.append({"id": sid, "broken": True})
+                continue
+            text = m.get("content")
+            if isinstance(text, list):
+                text = " ".join(p.get("text", "") for p in text if isinstance(p, dict))
+            if not text and m.get("tool_calls"):
+                text = " ".join(c["function"]["name"] for c in m["tool_calls"])
+            sources.append(
+                {
+                    "id": sid,
+                    "role": m["role"],
+                    "createdAt": m["createdAt"],
+                    "snippet": (text or "")[:200],
+                }
+            )
+        items.append(
+            {"section": section, "text": item.text, "status": item.status, "sources": sources}
+        )
+    return {
+        "sessionId": session_id,
+        "pins": engine.pins(session_id),
+        "items": items,
+        "brokenPointers": broken,
+        "provenance": {
+            "compactionIds": st.summary.compaction_ids,
+            "coversFrom": st.summary.covers_from,
+            "coversTo": st.summary.covers_to,
+            "summarizer": st.summary.summarizer,
+        },
+    }

@@ -1,0 +1,75 @@
+"""AutoCompactor: background auto-compaction, one at a time per session.
+
+It never blocks request handling: a compaction runs as its own task, and its progress
+and result reach subscribers as notifications from the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ctxd.protocol.errors import CtxdError
+
+from .engine import Engine
+
+log = logging.getLogger("ctxd.scheduler")
+
+# after this many consecutive failures auto-compaction pauses on a session until a
+# manual compaction or a rebuild succeeds there
+MAX_CONSECUTIVE_FAILURES = 3
+
+
+class AutoCompactor:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.failures: dict[str, int] = {}
+
+    def paused(self, session_id: str) -> bool:
+        return self.failures.get(session_id, 0) >= MAX_CONSECUTIVE_FAILURES
+
+    def maybe_schedule(self, session_id: str) -> bool:
+        """Schedule auto-compaction if it is due; True when it was scheduled."""
+        if session_id in self._tasks or self.paused(session_id):
+            return False
+        if not self.engine.auto_compaction_due(session_id):
+            return False
+        self._tasks[session_id] = asyncio.get_running_loop().create_task(
+            self._run(session_id), name=f"auto-compact {session_id}")
+        return True
+
+    def manual_succeeded(self, session_id: str) -> None:
+        self.failures.pop(session_id, None)
+
+    async def _run(self, session_id: str) -> None:
+        try:
+            await asyncio.sleep(0)  # let the reply that scheduled us go out first
+            if not self.engine.auto_compaction_due(session_id):
+                return
+            await self.engine.compact(session_id, trigger="auto")
+            self.failures.pop(session_id, None)
+        except CtxdError as exc:
+            n = self.failures.get(session_id, 0) + 1
+            self.failures[session_id] = n
+            log.warning("auto-compaction of %s failed (%d in a row): %s", session_id, n,
+                        exc.message)
+        except Exception:
+            self.failures[session_id] = self.failures.get(session_id, 0) + 1
+            log.exception("auto-compaction of %s failed", session_id)
+        finally:
+            self._tasks.pop(session_id, None)
+
+    def running(self) -> list[asyncio.Task[None]]:
+        return list(self._tasks.values())
+
+    async def drain(self, timeout: float) -> None:
+        """Let running compactions finish (at shutdown); cancel what is left."""
+        tasks = self.running()
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
