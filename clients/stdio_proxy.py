@@ -1,0 +1,263 @@
+"""`ctxd stdio`: bridge an editor's stdin/stdout to the daemon's JSON-RPC TCP wire.
+
+Editors speak Content-Length framed JSON-RPC over the stdio of a process they spawn. This
+proxy connects that process to the shared daemon (starting it when needed), so every
+editor window talks to the same archive as every other client.
+
+Frames are copied byte for byte in both directions. The one exception is an
+`initialize` request whose params lack `token`: the token from the connection file is
+inserted, so editors need no knowledge of it.
+
+Two plain threads: the calling thread copies daemon output to stdout, a helper thread
+copies stdin to the daemon. Blocking I/O keeps the proxy simple and exact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..protocol.codec import dumps_json
+from ..protocol.connection import read_connection_file
+
+START_TIMEOUT = 10.0
+# after stdin closes, how long the daemon may take to deliver the last replies
+DRAIN_TIMEOUT = 5.0
+_POLL = 0.05
+
+
+class DaemonUnreachable(Exception):
+    pass
+
+
+def _parse_endpoint(endpoint: str) -> tuple[str, int]:
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"bad jsonrpc_tcp endpoint {endpoint!r}; expected 'HOST:PORT'")
+    return host.strip("[]"), int(port)
+
+
+def _pid_alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return True  # unknown: let the connection attempt decide
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def _try_connect(connection_file: Path) -> tuple[socket.socket, dict[str, Any]]:
+    info = read_connection_file(connection_file)
+    if not _pid_alive(info.get("pid")):
+        # a stale file of a dead daemon: its port may now belong to anything
+        raise ConnectionRefusedError(f"daemon pid {info.get('pid')} is not running")
+    host, port = _parse_endpoint(str(info.get("jsonrpc_tcp", "")))
+    sock = socket.create_connection((host, port), timeout=2.0)
+    sock.settimeout(None)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock, info
+
+
+def connect_daemon(
+    connection_file: Path,
+    start_daemon: Callable[[], None] | None,
+    timeout: float = START_TIMEOUT,
+) -> tuple[socket.socket, dict[str, Any]]:
+    """Connect to the daemon of `connection_file`, starting it once if it is not there."""
+    try:
+        return _try_connect(connection_file)
+    except (OSError, ValueError) as exc:
+        if start_daemon is None:
+            raise DaemonUnreachable(
+                f"no daemon reachable through {connection_file} ({exc}); start one with "
+                "'ctxd serve'"
+            ) from None
+    start_daemon()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return _try_connect(connection_file)
+        except (OSError, ValueError) as exc:
+            last = exc
+        if time.monotonic() >= deadline:
+            raise DaemonUnreachable(
+                f"started a daemon but it was not reachable through {connection_file} "
+                f"within {timeout:.0f} s ({last}); see its log, or run 'ctxd serve' by hand"
+            )
+        time.sleep(_POLL)
+
+
+def _content_length(header: bytes) -> int | None:
+    for line in header.split(b"\n"):
+        name, sep, value = line.partition(b":")
+        if sep and name.strip().lower() == b"content-length":
+            try:
+                n = int(value.strip())
+            except ValueError:
+                return None
+            return n if n >= 0 else None
+    return None
+
+
+def _inject_token(body: bytes, token: Any) -> bytes | None:
+    """The body with `token` added to an `initialize` request lacking one, else None."""
+    if b'"initialize"' not in body or not isinstance(token, str):
+        return None  # cheap test first: only the first frame of a session is this
+    try:
+        msg = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(msg, dict) or msg.get("method") != "initialize":
+        return None
+    params = msg.get("params")
+    if params is None:
+        params = {}
+    if not isinstance(params, dict) or "token" in params:
+        return None
+    params["token"] = token
+    msg["params"] = params
+    return dumps_json(msg)
+
+
+class _FdReader:
+    """Minimal buffered reader on a raw file descriptor.
+
+    `sys.stdin.buffer` takes a lock while a thread blocks in it, and the interpreter
+    aborts at exit if the lock is still held; reading the descriptor directly lets the
+    process end while the reading thread still waits for the editor.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buf = bytearray()
+        self._eof = False
+
+    def _fill(self) -> bool:
+        if self._eof:
+            return False
+        data = os.read(self._fd, 65536)
+        if not data:
+            self._eof = True
+            return False
+        self._buf += data
+        return True
+
+    def readline(self) -> bytes:
+        while True:
+            end = self._buf.find(b"\n")
+            if end >= 0:
+                return self._take(end + 1)
+            if not self._fill():
+                return self._take(len(self._buf))
+
+    def read(self, n: int) -> bytes:
+        while len(self._buf) < n and self._fill():
+            pass
+        return self._take(min(n, len(self._buf)))
+
+    def read1(self) -> bytes:
+        if not self._buf:
+            self._fill()
+        return self._take(len(self._buf))
+
+    def _take(self, n: int) -> bytes:
+        out = bytes(self._buf[:n])
+        del self._buf[:n]
+        return out
+
+
+def _stdin_to_daemon(stdin: _FdReader, sock: socket.socket, token: Any) -> None:
+    """Copy frames from stdin until it closes."""
+    while True:
+        header = bytearray()
+        while True:
+            line = stdin.readline()
+            if not line:
+                if header:
+                    sock.sendall(header)
+                return
+            header += line
+            if line in (b"\r\n", b"\n"):
+                break
+        length = _content_length(bytes(header))
+        if length is None:
+            # not a frame the daemon can parse: pass the bytes on so it answers with a
+            # parse error, then keep copying raw bytes
+            sock.sendall(header)
+            while chunk := stdin.read1():
+                sock.sendall(chunk)
+            return
+        body = stdin.read(length)
+        injected = _inject_token(body, token) if len(body) == length else None
+        if injected is not None:
+            sock.sendall(b"Content-Length: %d\r\n\r\n" % len(injected) + injected)
+        else:
+            sock.sendall(bytes(header) + body)
+        if len(body) < length:
+            return
+
+
+def run_stdio_proxy(connection_file: Path, start_daemon: Callable[[], None] | None) -> int:
+    """Serve one editor on stdin/stdout; 0 when stdin closes, 1 if the daemon is gone."""
+    try:
+        sock, info = connect_daemon(Path(connection_file), start_daemon)
+    except DaemonUnreachable as exc:
+        print(f"ctxd stdio: {exc}", file=sys.stderr)
+        return 1
+
+    stdin_closed = threading.Event()
+    closed_at: list[float] = []
+
+    def pump_stdin() -> None:
+        try:
+            _stdin_to_daemon(_FdReader(sys.stdin.fileno()), sock, info.get("token"))
+        except OSError:
+            return  # the daemon went away; the reading side reports it
+        closed_at.append(time.monotonic())
+        stdin_closed.set()
+        try:
+            # half-close: the daemon finishes running requests, replies, then closes
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    threading.Thread(target=pump_stdin, name="ctxd-stdio-in", daemon=True).start()
+
+    stdout = sys.stdout.buffer
+    # a short timeout lets this thread notice when the drain time after stdin EOF is over
+    sock.settimeout(0.25)
+    try:
+        while True:
+            try:
+                data = sock.recv(65536)
+            except TimeoutError:
+                if stdin_closed.is_set() and time.monotonic() - closed_at[0] > DRAIN_TIMEOUT:
+                    break
+                continue
+            if not data:
+                break
+            stdout.write(data)
+            stdout.flush()
+    except (BrokenPipeError, ValueError):
+        return 0  # the editor went away: nothing left to serve
+    except OSError as exc:
+        if not stdin_closed.is_set():
+            print(f"ctxd stdio: lost the daemon connection ({exc})", file=sys.stderr)
+            return 1
+    finally:
+        sock.close()
+
+    if stdin_closed.is_set():
+        return 0
+    print("ctxd stdio: the daemon closed the connection", file=sys.stderr)
+    return 1
