@@ -20,63 +20,99 @@ from ctxd.daemon.summary import SECTIONS, Summary, SummaryItem, SummaryRequest
 
 # --------------------------------------------------------------------------- cues
 
+
+class _Cue:
+    """A cue pattern behind a cheap substring gate.
+
+    Python's `re` tries every alternative at every position, which costs tens of
+    microseconds on a paragraph. Almost no text contains any of the trigger
+    substrings, so the pattern itself only runs on the little that might match.
+    Every match of the pattern must contain one of the (lower-case) triggers.
+    """
+
+    __slots__ = ("regex", "triggers")
+
+    def __init__(self, pattern: str, triggers: str, flags: int = re.IGNORECASE) -> None:
+        self.regex = re.compile(pattern, flags)
+        self.triggers = tuple(triggers.split("|"))
+
+    def gate(self, low: str) -> bool:
+        return any(map(low.__contains__, self.triggers))
+
+    def search(self, text: str, low: str | None = None) -> bool:
+        if not self.gate(text.lower() if low is None else low):
+            return False
+        return self.regex.search(text) is not None
+
+
 # Single-character 别 ("don't") is also part of many ordinary words (特别, 区别, 级别...);
 # the look-arounds keep those from reading as instructions.
-_CONSTRAINT = re.compile(
+_CONSTRAINT = _Cue(
     r"\b(?:must(?:n[’']?t| not)?|never|don[’']?t|dont|do not|always|avoid|make sure|ensure|"
     r"only|should(?:n[’']?t| not)|no longer)\b"
     r"|必须|不要|禁止|务必|一定要|不能|只能|不许|不准|请勿"
-    r"|(?<![特区分识级类告性个派差鉴辨])别(?![的人名处])"
-    # An imperative that sets a choice ("Use port 8080.") is a rule about how, where
-    # "Add an endpoint" is a request for what; only the first kind is a constraint.
-    r"|^(?:please\s+)?(?:use|prefer|stick (?:to|with)|keep using|stay (?:on|with)|target)\b"
-    r"|^请?(?:使用|用|保持|统一用?)",
+    r"|(?<![特区分识级类告性个派差鉴辨])别(?![的人名处])",
+    "must|never|don|do not|always|avoid|make sure|ensure|only|should|no longer"
+    "|必须|不要|禁止|务必|一定要|不能|只能|不许|不准|请勿|别",
+)
+
+# An imperative that sets a choice ("Use port 8080.") is a rule about how, where
+# "Add an endpoint" is a request for what; only the first kind is a constraint.
+_IMPERATIVE = re.compile(
+    r"(?:please\s+)?(?:use|prefer|stick (?:to|with)|keep using|stay (?:on|with)|target)\b"
+    r"|请?(?:使用|用|保持|统一用?)",
     re.IGNORECASE,
 )
 
-_CORRECTION = re.compile(
-    r"\bactually\b|\binstead\b|(?:^|\b)no\s*[,，!]|^\s*nope\b|\bchange\b[^.。!?]{0,60}?\bto\b"
-    r"|\bswitch(?:ed)? to\b|\bi meant\b|\brather than\b|\bscratch that\b|\bthat[’']?s wrong\b"
+_CORRECTION = _Cue(
+    r"\bactually\b|\binstead\b|\bno\s?[,，!]|^\s*nope\b|\bchange\b[^.。!?]{0,60}?\bto\b"
+    r"|\bswitch(?:ed)? to\b|\bi meant\b|\brather than\b|\bscratch that\b|\bwrong\b"
     r"|不对|改成|改为|换成|不是[^。]{0,30}而是|应该是|搞错",
-    re.IGNORECASE,
+    "actually|instead|no,|no ,|no，|no ，|no!|no !|nope|change|switch|i meant|rather than"
+    "|scratch that|wrong|不对|改成|改为|换成|而是|应该是|搞错",
 )
 
 # A correction that adds to an earlier instruction ("also", "as well") leaves it standing.
 _ADDITIVE = re.compile(r"\balso\b|\bas well\b|\bin addition\b|还要|也要|另外", re.IGNORECASE)
 
-_DECISION = re.compile(
+_DECISION = _Cue(
     r"\b(?:i|we)(?:[’']ll| will| am going to|[’']m going to| are going to|[’']re going to)"
     r" (?:use|go with|switch|stick with|keep|adopt|move to|replace)\b"
-    r"|\b(?:i|we)(?:[’']ve| have)? decided\b|\bdecided\b|\bdecision\b|\bwe[’']ll\b|\bwe will\b"
+    r"|\bdecided\b|\bdecision\b|\bwe[’']ll\b|\bwe will\b"
     r"|\blet[’']?s\b|\bgoing with\b|\bopt(?:ed|ing)? (?:for|to)\b|\bchose\b|\bswitching to\b"
     r"|\binstead of\b"
     r"|决定|采用|改用|选用|我们将|我会用",
-    re.IGNORECASE,
+    "'ll|’ll|will|going to|decided|decision|let's|lets|let’s|going with|opt|chose"
+    "|switching to|instead of|决定|采用|改用|选用|我们将|我会用",
 )
 
-_OPEN = re.compile(
+_OPEN = _Cue(
     r"(?-i:\bTODO\b|\bFIXME\b)|\bnext steps?\b|\bstill (?:need|needs|have to|has to)\b"
     r"|\bnot (?:yet )?(?:done|implemented|finished)\b|\bfollow[- ]up\b|\bleft to do\b"
     r"|待办|下一步|还需要|尚未|待完成|待处理",
-    re.IGNORECASE,
+    "todo|fixme|next step|still need|still have to|still has to|not done|not yet"
+    "|not implemented|not finished|follow|left to do|待办|下一步|还需要|尚未|待完成|待处理",
 )
 
-_ERROR_ANY = re.compile(
-    r"\berrors?\b|\bexceptions?\b|\btraceback\b|\bfail(?:ed|ure|ures|s|ing)?\b|\bpanic(?:ked)?\b"
-    r"|\bcrash(?:ed|es)?\b|(?-i:\b[A-Z]\w*(?:Error|Exception)\b)|错误|失败|异常|报错|崩溃",
-    re.IGNORECASE,
+_ERROR_ANY = _Cue(
+    r"\berrors?\b|\bexceptions?\b|\btraceback\b|\bfail(?:ed|ure|ures|s|ing)?\b"
+    r"|\bpanic(?:ked)?\b|\bcrash(?:ed|es)?\b|(?-i:\b[A-Z]\w*(?:Error|Exception)\b)"
+    r"|错误|失败|异常|报错|崩溃",
+    "error|exception|traceback|fail|panic|crash|错误|失败|异常|报错|崩溃",
 )
 
 # Anchored patterns for text that may be code or command output: a source file read by
 # a tool mentions "except ValueError" without anything having gone wrong.
-_ERROR_LINE = re.compile(
+_ERROR_LINE = _Cue(
     r"^\s*(?:Traceback \(most recent call last\)|[\w.]*(?:Error|Exception)\b(?::|\s*$)"
     r"|error(?:\[\w+\])?:|fatal:|panic:|E {2,}\S|FAILED\b|ERROR\b)"
     r"|\bcommand not found\b|No such file or directory|Permission denied"
     r"|\bexit(?:ed)? (?:with )?(?:code|status) [1-9]\d*|\b[1-9]\d* (?:failed|errors?)\b"
-    r"|[\"']?(?:error|is_error)[\"']?\s*:\s*(?!null|none|false|\"\"|''|\[\]|\{\}|0\b)\S"
+    r"|[\"'](?:error|is_error)[\"'][ \t]*:[ \t]*(?!null|none|false|\"\"|''|\[\]|\{\}|0\b)\S"
     r"|[\"'](?:ok|success)[\"']\s*:\s*false|[\"']status[\"']\s*:\s*[\"'](?:error|failed)"
     r"|^\s*(?:错误|失败|异常|报错)|(?:错误|异常|失败)\s*[:：]",
+    "traceback|error|exception|fatal:|panic:|e  |failed|command not found|no such file"
+    "|permission denied|exit|false|错误|失败|异常|报错",
     re.IGNORECASE | re.MULTILINE,
 )
 
@@ -109,11 +145,15 @@ _EXTENSIONS = (
     "gradle|mk|cmake|tf|hcl|zip|gz|tgz|tar|whl|so|dll|exe|wasm|lua|r|scala|ex|exs|erl|hs|ml|"
     "clj|dart|patch|diff"
 )
+# ASCII only: Chinese prose runs straight into a path ("修改src/app.py文件") with no
+# space, and Unicode \w would swallow the surrounding words into it.
 _PATH = re.compile(
     r"(?<![\w@:/.\\-])(?:~|\.{1,2})?/?(?:[\w.@+-]+/)+[\w.@+-]*"
     r"|(?<![\w./-])(?:[\w-]+\.)+(?:" + _EXTENSIONS + r")\b"
-    r"|(?<![\w./-])(?:Dockerfile|Makefile|Procfile|Justfile|\.env|\.gitignore|\.dockerignore)\b"
+    r"|(?<![\w./-])(?:Dockerfile|Makefile|Procfile|Justfile|\.env|\.gitignore|\.dockerignore)\b",
+    re.ASCII,
 )
+_PATH_TRAILING = ".,;:!?)]}'\"`…"
 _HAS_EXT = re.compile(r"\.[A-Za-z][A-Za-z0-9]{0,9}$")
 _PATH_KEYS = frozenset(
     {"path", "paths", "file", "files", "file_path", "filepath", "filename", "file_name",
@@ -186,12 +226,12 @@ def _sentences(text: str) -> Iterator[str]:
             yield part
 
 
-def _is_error_text(text: str, *, anchored: bool) -> bool:
-    pattern = _ERROR_LINE if anchored else _ERROR_ANY
-    if not pattern.search(text):
+def _is_error_text(text: str, *, anchored: bool, low: str | None = None) -> bool:
+    cue = _ERROR_LINE if anchored else _ERROR_ANY
+    if not cue.search(text, low):
         return False
     if _NO_ERROR.search(text):
-        return bool(pattern.search(_NO_ERROR.sub(" ", text)))
+        return cue.regex.search(_NO_ERROR.sub(" ", text)) is not None
     return True
 
 
@@ -206,7 +246,7 @@ def _key_terms(text: str) -> frozenset[str]:
     low = text.casefold()
     terms = {_stem(w) for w in _WORD.findall(low) if len(w) >= 2 and w not in _STOP}
     # Chinese has no spaces; character bigrams are the usual cheap stand-in for words.
-    stripped = _CORRECTION.sub(" ", _CONSTRAINT.sub(" ", low))
+    stripped = _CORRECTION.regex.sub(" ", _CONSTRAINT.regex.sub(" ", low))
     for run in _CJK_RUN.findall(stripped):
         for i in range(len(run) - 1):
             gram = run[i : i + 2]
@@ -232,7 +272,7 @@ def _merge_sources(a: Iterable[int], b: Iterable[int], cap: int) -> list[int]:
 
 
 def _clean_path(raw: str) -> str | None:
-    path = raw.rstrip(".,;:!?)]}'\"`…")
+    path = raw.rstrip(_PATH_TRAILING)
     if len(path) < 2 or len(path) > 260:
         return None
     if path.startswith(("./", "../", "~/")):
@@ -254,24 +294,26 @@ def _clean_path(raw: str) -> str | None:
 
 def _find_paths(text: str, limit: int) -> list[str]:
     found: dict[str, None] = {}
-    for m in _URL.finditer(text):
-        url = m.group(0).rstrip(".,;:!?)]}'\"`…")
-        found.setdefault(url, None)
-        if len(found) >= limit:
-            return list(found)
-    rest = _URL.sub(" ", text) if "://" in text else text
-    for m in _WIN_PATH.finditer(rest):
-        found.setdefault(m.group(0).rstrip(".,;:!?)]}'\"`…"), None)
-        if len(found) >= limit:
-            return list(found)
-    if "/" in rest or "." in rest:
-        for m in _PATH.finditer(rest):
+    # Scanning whitespace-separated tokens lets the path pattern skip the plain words
+    # that make up nearly all of a message, which is most of the cost on long output.
+    for token in text.split():
+        if "/" not in token and "." not in token and "\\" not in token and "file" not in token:
+            continue
+        if "://" in token:
+            for m in _URL.finditer(token):
+                found.setdefault(m.group(0).rstrip(_PATH_TRAILING), None)
+            token = _URL.sub(" ", token)
+        if ":\\" in token:
+            for m in _WIN_PATH.finditer(token):
+                found.setdefault(m.group(0).rstrip(_PATH_TRAILING), None)
+            token = _WIN_PATH.sub(" ", token)
+        for m in _PATH.finditer(token):
             path = _clean_path(m.group(0))
             if path:
                 found.setdefault(path, None)
-                if len(found) >= limit:
-                    break
-    return list(found)
+        if len(found) >= limit:
+            break
+    return list(found)[:limit]
 
 
 def _walk_strings(value: Any, key: str = "") -> Iterator[tuple[str, str]]:
@@ -353,10 +395,10 @@ class _Draft:
         self._seq = 0
 
     def _pinned(self, key: str) -> bool:
+        # Near-equal only: a file item "app.py" is not a copy of the pin "never edit app.py".
         for pin in self._pins:
-            if key == pin or key in pin:
-                return True
-            if pin in key and len(pin) >= 0.8 * len(key):
+            short, long = (key, pin) if len(key) <= len(pin) else (pin, key)
+            if short in long and len(short) >= 0.8 * len(long):
                 return True
         return False
 
@@ -520,20 +562,34 @@ class BuiltinSummarizer:
                 draft.add(name, item.text, item.sources, item.status)
 
     def _read_user(self, draft: _Draft, mid: int, text: str) -> None:
+        low = text.lower()
+        may_correct = _CORRECTION.gate(low)
+        may_constrain = _CONSTRAINT.gate(low)
+        may_open = _OPEN.gate(low)
+        may_fail = _ERROR_ANY.gate(low)
         goal: list[str] = []
         for sentence in _sentences(text):
-            is_correction = bool(_CORRECTION.search(sentence)) and not _ADDITIVE.search(sentence)
-            if is_correction or _CONSTRAINT.search(sentence):
+            slow = sentence.lower()
+            is_correction = (
+                may_correct
+                and _CORRECTION.search(sentence, slow)
+                and not _ADDITIVE.search(sentence)
+            )
+            if (
+                is_correction
+                or _IMPERATIVE.match(sentence)
+                or (may_constrain and _CONSTRAINT.search(sentence, slow))
+            ):
                 entry = draft.add(
                     "constraints", _trim(sentence, self.max_constraint_chars), [mid]
                 )
                 if entry is not None and is_correction:
                     draft.supersede(entry, mid)
                 continue
-            if _OPEN.search(sentence):
+            if may_open and _OPEN.search(sentence, slow):
                 draft.add("open_items", _trim(sentence, self.max_item_chars), [mid])
                 continue
-            if _is_error_text(sentence, anchored=False):
+            if may_fail and _is_error_text(sentence, anchored=False, low=slow):
                 draft.add("errors", _trim(sentence, self.max_item_chars), [mid])
             goal.append(sentence)
         request = " ".join(goal)
@@ -544,11 +600,15 @@ class BuiltinSummarizer:
     def _read_assistant(self, draft: _Draft, mid: int, text: str) -> None:
         if not text:
             return
+        low = text.lower()
+        may_open = _OPEN.gate(low)
+        may_decide = _DECISION.gate(low)
         decisions = 0
-        for sentence in _sentences(text):
-            if _OPEN.search(sentence):
+        for sentence in _sentences(text) if may_open or may_decide else ():
+            slow = sentence.lower()
+            if may_open and _OPEN.search(sentence, slow):
                 draft.add("open_items", _trim(sentence, self.max_item_chars), [mid])
-            elif decisions < 3 and _DECISION.search(sentence):
+            elif may_decide and decisions < 3 and _DECISION.search(sentence, slow):
                 decisions += 1
                 draft.add("decisions", _trim(sentence, self.max_item_chars), [mid])
         # The assistant talks about errors it fixed; only quoted error output counts.
