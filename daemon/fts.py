@@ -25,7 +25,8 @@ _WORDY = re.compile(r"\w")
 
 def index_text(text: str) -> str:
     """The text stored in the FTS table for a message."""
-    return _CJK.sub("\\1" + SEP, text)
+    # FTS5 reads a string only up to a NUL character
+    return _CJK.sub("\\1" + SEP, text.replace("\x00", " "))
 
 
 def clean_snippet(snippet: str) -> str:
