@@ -11,6 +11,7 @@ import base64
 import json
 import logging
 import os
+import select
 import socket
 import struct
 import subprocess
@@ -49,6 +50,8 @@ class EchoHandler:
         self.closed: list[Connection] = []
         self.notes: list[tuple[str, Any]] = []
         self.appends: list[int] = []
+        self.running = 0
+        self.max_running = 0
 
     async def handle(self, conn: Connection, method: str, params: Any) -> Any:
         if method == "echo":
@@ -56,7 +59,12 @@ class EchoHandler:
         if method == "whoami":
             return {"id": conn.id, "wire": conn.wire}
         if method == "sleep":
-            await asyncio.sleep(params["s"])
+            self.running += 1
+            self.max_running = max(self.max_running, self.running)
+            try:
+                await asyncio.sleep(params["s"])
+            finally:
+                self.running -= 1
             return {"slept": params["s"]}
         if method == "append":
             # synchronous part first, as the engine does: arrival order is append order
@@ -265,6 +273,19 @@ def test_tcp_slow_request_does_not_block_the_next_and_order_is_kept(env: Env) ->
     replies = sorted(c.recv()["result"] for _ in range(200))
     assert replies == list(range(200))
     assert env.handler.appends == list(range(200))
+
+
+def test_tcp_running_requests_per_connection_are_bounded(env: Env) -> None:
+    server = env.tcp(max_inflight=4)
+    c = TcpClient(server.port)
+    c.sock.sendall(
+        b"".join(
+            frame(dumps_json({"jsonrpc": "2.0", "id": i, "method": "sleep", "params": {"s": 0.05}}))
+            for i in range(12)
+        )
+    )
+    assert sorted(c.recv()["id"] for _ in range(12)) == list(range(12))
+    assert env.handler.max_running == 4  # reading paused at the bound, resumed below it
 
 
 def test_tcp_typed_and_internal_errors(env: Env, caplog: pytest.LogCaptureFixture) -> None:
@@ -754,15 +775,27 @@ def test_stdio_proxy_exits_nonzero_when_the_daemon_goes_away(env: Env, tmp_path:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    assert proc.stdin is not None
-    proc.stdin.write(frame(dumps_json({"jsonrpc": "2.0", "id": 1, "method": "echo", "params": {}})))
-    proc.stdin.flush()
-    assert wait_until(lambda: len(env.handler.opened) == 1)
-    env.run(server.close(grace=0.5))
-    env.servers.remove(server)
-    # stdin stays open: the proxy must notice on its own that the daemon is gone
-    assert proc.wait(timeout=20) == 1
-    assert proc.stderr is not None and proc.stdout is not None
-    assert b"daemon closed the connection" in proc.stderr.read()
-    assert _frames(proc.stdout.read()) == [{"jsonrpc": "2.0", "id": 1, "result": {}}]
-    proc.stdin.close()
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(
+            frame(dumps_json({"jsonrpc": "2.0", "id": 1, "method": "echo", "params": {}}))
+        )
+        proc.stdin.flush()
+        assert proc.stdout is not None and proc.stderr is not None
+        # the reply arrives through the proxy while the daemon is up
+        reader, got = FrameReader(), []
+        deadline = time.monotonic() + TIMEOUT
+        while not got and time.monotonic() < deadline:
+            if select.select([proc.stdout], [], [], 0.1)[0]:
+                got = reader.feed(os.read(proc.stdout.fileno(), 65536))
+        assert [json.loads(b) for b in got] == [{"jsonrpc": "2.0", "id": 1, "result": {}}]
+        env.run(server.close(grace=0.5))
+        env.servers.remove(server)
+        # stdin stays open: the proxy must notice on its own that the daemon is gone
+        assert proc.wait(timeout=20) == 1
+        assert b"daemon closed the connection" in proc.stderr.read()
+        proc.stdin.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

@@ -99,6 +99,7 @@ DEFAULT_MAX_QUEUE_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_MAX_INFLIGHT = 1024
 DEFAULT_CLOSE_GRACE = 5.0
+_CLOSE_FLUSH_TIMEOUT = 5.0
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
@@ -406,6 +407,8 @@ class TcpConnection(JsonRpcConnection, asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._reader = FrameReader(core.max_frame)
         self._eof = False
+        # frames already read while too many requests run: started once some finish
+        self._backlog: deque[bytes] = deque()
 
     # asyncio.Protocol
 
@@ -439,8 +442,13 @@ class TcpConnection(JsonRpcConnection, asyncio.Protocol):
             self._send_error(None, err)
             self.close()
             return
-        for body in bodies:
-            self.handle_message(body)
+        self._backlog.extend(bodies)
+        self._drain_backlog()
+
+    def _drain_backlog(self) -> None:
+        backlog = self._backlog
+        while backlog and not self._input_paused and not self.closed:
+            self.handle_message(backlog.popleft())
 
     def eof_received(self) -> bool:
         # the client half-closed: finish running requests and deliver their replies
@@ -474,6 +482,9 @@ class TcpConnection(JsonRpcConnection, asyncio.Protocol):
             self._transport.pause_reading()
 
     def _resume_input(self) -> None:
+        self._drain_backlog()
+        if self._input_paused:
+            return  # the backlog filled the running requests up again
         if self._transport is not None and not self._eof and not self._transport.is_closing():
             self._transport.resume_reading()
 
@@ -619,8 +630,13 @@ class WebSocketConnection(JsonRpcConnection):
         asyncio.get_running_loop().create_task(self._close_after_flush())
 
     async def _close_after_flush(self) -> None:
+        # a client that does not read gets a bounded wait, not a stuck close
+        deadline = asyncio.get_running_loop().time() + _CLOSE_FLUSH_TIMEOUT
         try:
             while self._out and self._writer_task is not None and not self._writer_task.done():
+                if asyncio.get_running_loop().time() > deadline:
+                    self._abort()
+                    return
                 await asyncio.sleep(0.01)
             await self._ws.close()
         except Exception:
@@ -692,8 +708,11 @@ class JsonRpcWebSocketServer:
             # handshakes racing past the check in _process_request
             log.warning("refusing %r: connection limit %d", conn, core.max_connections)
             err = _too_many_connections(core.max_connections)
-            await ws.send(dumps_json(error_response(None, err)), text=True)
-            await ws.close(1013, "too many connections")
+            try:
+                await ws.send(dumps_json(error_response(None, err)), text=True)
+                await ws.close(1013, "too many connections")
+            except ConnectionClosed:
+                pass
             return
         conn.start_writer()
         try:
