@@ -10,11 +10,12 @@ from __future__ import annotations
 import hmac
 import inspect
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from ctxd import __version__
-from ctxd.protocol.errors import Unauthorized
+from ctxd.protocol.errors import RunActive, Unauthorized
 from ctxd.protocol.methods import NOTIFICATIONS, PROTOCOL_VERSION, SERVER_NAME, validate_params
 
 from . import recall
@@ -37,6 +38,8 @@ class Dispatcher:
         self.scheduler = AutoCompactor(engine)
         self.on_shutdown = on_shutdown
         self.wires = wires or []
+        self.started_at = time.time()
+        self._live: set[Connection] = set()
         self._handlers: dict[str, Handler] = {
             "initialize": self.initialize,
             "shutdown": self.shutdown,
@@ -88,9 +91,10 @@ class Dispatcher:
             token.encode(), self.token.encode())
 
     def connection_opened(self, conn: Connection) -> None:
-        log.debug("connection opened: %r", conn)
+        self._live.add(conn)
 
     def connection_closed(self, conn: Connection) -> None:
+        self._live.discard(conn)
         if conn.open_runs:
             log.info("%r closed with open runs %s: marking them interrupted", conn,
                      sorted(conn.open_runs))
@@ -162,11 +166,27 @@ class Dispatcher:
         return result
 
     def run_start(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
-        run = self.engine.start_run(p["sessionId"])
+        try:
+            run = self.engine.start_run(p["sessionId"])
+        except RunActive as exc:
+            stale = exc.data["runId"]
+            if not self._orphaned(stale):
+                raise
+            # opened before this daemon started, by a client no longer connected: the
+            # client died with the old daemon and must not lock the session forever
+            log.info("run %s predates this daemon and has no client: interrupted", stale)
+            self.engine.finish_run(stale, "interrupted")
+            run = self.engine.start_run(p["sessionId"])
         # ZeroMQ has no disconnect signal: only stream connections interrupt their runs
         if conn.wire != "zmq":
             conn.open_runs.add(run["runId"])
         return {"runId": run["runId"], "run": run}
+
+    def _orphaned(self, run_id: str) -> bool:
+        run = self.engine.runs.get(run_id)
+        if run is None or run["startedAt"] >= self.started_at:
+            return False
+        return not any(run_id in c.open_runs for c in self._live)
 
     def run_finish(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
         result = self.engine.finish_run(p["runId"], p["outcome"])

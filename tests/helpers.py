@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,3 +39,80 @@ def agent_turn(i: int) -> list[dict[str, Any]]:
     return [{"role": "user", "content": f"step {i}: look at src/mod{i}.py"},
             *tool_turn(i, result=f"# mod{i}\n" + "def handler(x):\n    return x * 2\n" * 12),
             {"role": "assistant", "content": f"done with step {i}"}]
+
+
+class DaemonProcess:
+    """A real `ctxd serve` subprocess on a temp data dir, found through its connection file."""
+
+    def __init__(self, root: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+        self.root = root
+        self.data_dir = root / "data"
+        self.runtime_dir = root / "run"
+        self.connection_file = self.runtime_dir / "ctxd.json"
+        self.extra = list(extra)
+        self.env = {**os.environ, "CTXD_RUNTIME_DIR": str(self.runtime_dir),
+                    "CTXD_LOG_LEVEL": "WARNING", **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "ctxd.daemon", "serve", "--data-dir", str(self.data_dir),
+                "--connection-file", str(self.connection_file), *self.extra]
+
+    def start(self, timeout: float = 20.0) -> DaemonProcess:
+        self.connection_file.unlink(missing_ok=True)
+        self.proc = subprocess.Popen(self.command(), env=self.env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+        deadline = time.monotonic() + timeout
+        while not self.connection_file.exists():
+            if self.proc.poll() is not None:
+                out = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                raise RuntimeError(f"daemon exited with {self.proc.returncode}: {out}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("daemon did not write its connection file")
+            time.sleep(0.02)
+        return self
+
+    def info(self) -> dict[str, Any]:
+        return json.loads(self.connection_file.read_text())
+
+    def client(self, wire: str = "zmq", **kw: Any) -> Any:
+        from ctxd.clients.client import connect
+
+        return connect(connection_file=self.connection_file, wire=wire, **kw)  # type: ignore[arg-type]
+
+    def stop(self, timeout: float = 15.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._close_pipes()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        assert self.proc is not None
+        for f in (self.proc.stdout, self.proc.stderr):
+            if f:
+                f.close()
+
+
+def wait_for(stream: Any, method: str, timeout: float = 10.0,
+             where: Any = lambda p: True) -> dict[str, Any]:
+    """The params of the first notification `method` on a client's stream matching `where`."""
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        try:
+            m, params = next(stream)
+        except StopIteration:
+            continue
+        seen.append(m)
+        if m == method and where(params):
+            return params
+    raise AssertionError(f"no {method} within {timeout}s; saw {seen}")
