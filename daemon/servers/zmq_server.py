@@ -25,6 +25,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+
 from ctxd.protocol.codec import DEFAULT_MAX_FRAME, packb, unpackb
 from ctxd.protocol.errors import (
     CtxdError,
@@ -105,10 +106,6 @@ class ZmqServer:
         self._ctx: zmq.asyncio.Context | None = context
         self._router: zmq.asyncio.Socket | None = None
         self._pub: zmq.asyncio.Socket | None = None
-        # Plain (synchronous) views of the same sockets, for non-blocking sends that must
-        # not queue behind each other in the asyncio socket's FIFO of pending sends.
-        self._router_now: zmq.Socket[bytes] | None = None
-        self._pub_now: zmq.Socket[bytes] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._bg: list[asyncio.Task[None]] = []
@@ -160,8 +157,6 @@ class ZmqServer:
             pub.close(linger=0)
             raise
         self._router, self._pub = router, pub
-        self._router_now = zmq.Socket.shadow(router.underlying)
-        self._pub_now = zmq.Socket.shadow(pub.underlying)
         self.router_endpoint = _endpoint(router)
         self.pub_endpoint = _endpoint(pub)
         self._ipc_paths = [
@@ -203,7 +198,6 @@ class ZmqServer:
             if sock is not None:
                 sock.close(linger=0)
         self._router = self._pub = None
-        self._router_now = self._pub_now = None
         if self._own_context and self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -228,7 +222,7 @@ class ZmqServer:
 
     def publish(self, session_id: str, method: str, params: dict[str, Any]) -> None:
         """Send one event to the session's subscribers; never blocks (drops at the HWM)."""
-        if self._closed or self._pub_now is None:
+        if self._closed or self._pub is None:
             return
         if threading.get_ident() != self._loop_thread:
             # ZeroMQ sockets are not thread-safe: hop onto the loop that owns them.
@@ -242,7 +236,7 @@ class ZmqServer:
             self.stats["events_dropped"] += 1
             return
         try:
-            self._pub_now.send_multipart([session_topic(session_id), payload], flags=zmq.NOBLOCK)
+            _send_now(self._pub, [session_topic(session_id), payload])
         except zmq.Again:
             self.stats["events_dropped"] += 1
             log.warning("event queue full: dropped %s for session %s", method, session_id)
@@ -270,8 +264,7 @@ class ZmqServer:
             topic = msg[1:]
             payload = packb({"method": PROBE_METHOD, "params": {"topic": topic.decode("latin-1")}})
             with contextlib.suppress(zmq.ZMQError):
-                assert self._pub_now is not None
-                self._pub_now.send_multipart([topic, payload], flags=zmq.NOBLOCK)
+                _send_now(pub, [topic, payload])
 
     # requests
 
@@ -404,11 +397,11 @@ class ZmqServer:
 
     def _try_send(self, envelope: list[bytes], reply: bytes) -> bool:
         """Send now if possible. False: the peer's queue is full, try again later."""
-        sock = self._router_now
+        sock = self._router
         if sock is None:
             return True  # closing: nothing more to do
         try:
-            sock.send_multipart([*envelope, reply], flags=zmq.NOBLOCK)
+            _send_now(sock, [*envelope, reply])
             return True
         except zmq.Again:
             return False
@@ -484,6 +477,25 @@ def _split_envelope(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
         if not frames[i]:
             return frames[: i + 1], frames[i + 1 :]
     return frames[:1], frames[1:]
+
+
+def _send_now(sock: zmq.asyncio.Socket, frames: list[bytes]) -> None:
+    """Send without waiting; raises `zmq.Again` when the queue is full.
+
+    Goes through the asyncio socket rather than a plain shadow of it: ZeroMQ signals
+    readiness on an edge-triggered fd, and a send can consume the edge of a message that
+    arrived meanwhile. The asyncio socket re-checks for input after each send; a bare send
+    would leave the pending receive asleep until the next message came in.
+    A reply never waits for another in the socket's FIFO of blocked sends, because every
+    send here is non-blocking, so a slow peer cannot hold up replies to anyone else.
+    """
+    fut = sock.send_multipart(frames, flags=zmq.NOBLOCK)
+    if not fut.done():  # only if a blocking send were queued ahead of it
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return
+    exc = fut.exception()
+    if exc is not None:
+        raise exc
 
 
 def _error_payload(req_id: Any, err: CtxdError) -> bytes:
