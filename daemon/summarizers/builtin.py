@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import string
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,7 +120,8 @@ _ERROR_LINE = _Cue(
 _NAMED_EXCEPTION = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b:")
 
 _FAILURE_START = re.compile(
-    r"\W*(?:error|fail(?:ed|ure)?|exception|traceback|错误|失败|异常)", re.IGNORECASE
+    r"\W*(?:(?:error|exception)\s*[:\[(]|fail(?:ed|ure)\b|traceback\b|错误|失败|异常)",
+    re.IGNORECASE,
 )
 
 _NO_ERROR = re.compile(
@@ -181,8 +183,10 @@ _CJK_STOP = frozenset(
     "但是 而是 我要 你要 不对 改成 改为 换成 必须 不要 禁止 务必 一定 定要 不能 只能".split()
 )
 
-_ESTIMATE_ASCII = 3.6
-_ESTIMATE_OTHER = 1.3
+_PLAIN_COST = 1 / 5.2
+_DENSE_COST = 0.72
+_WIDE_COST = 1.15
+_DENSE_CHARS = str.maketrans("", "", string.digits + string.punctuation)
 _CALL_ID_NOTE = re.compile(r"\(call_id ([^\s()]+)\)\s*$")
 
 
@@ -316,15 +320,18 @@ def _find_paths(text: str, limit: int) -> list[str]:
     return list(found)[:limit]
 
 
-def _walk_strings(value: Any, key: str = "") -> Iterator[tuple[str, str]]:
+def _walk_strings(value: Any, key: str = "", depth: int = 0) -> Iterator[tuple[str, str]]:
+    # Tool arguments are model output; a pathological nesting must not cost a stack.
+    if depth > 16:
+        return
     if isinstance(value, str):
         yield key, value
     elif isinstance(value, dict):
         for k, v in value.items():
-            yield from _walk_strings(v, str(k).lower())
+            yield from _walk_strings(v, str(k).lower(), depth + 1)
     elif isinstance(value, list):
         for v in value:
-            yield from _walk_strings(v, key)
+            yield from _walk_strings(v, key, depth + 1)
 
 
 def _parse_args(raw: Any) -> Any:
@@ -334,7 +341,7 @@ def _parse_args(raw: Any) -> Any:
         return {}
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return raw
 
 
@@ -359,13 +366,17 @@ def _key_args(args: Any) -> str:
 
 
 def _estimate(text: str) -> float:
+    """Rough token count of one rendered line, newline included.
+
+    Prose runs at five to six characters a token, but digits and punctuation (paths,
+    source ids, arguments) at little more than one; a CJK character, three UTF-8 bytes,
+    is about one token. The caller calibrates against real counts, so this only has to
+    be proportionate.
+    """
     n = len(text)
-    extra = len(text.encode("utf-8")) - n
-    if not extra:
-        return n / _ESTIMATE_ASCII
-    # A CJK character is three UTF-8 bytes and roughly one token or a bit more.
-    wide = extra / 2
-    return (n - wide) / _ESTIMATE_ASCII + wide * _ESTIMATE_OTHER
+    wide = (len(text.encode("utf-8")) - n) / 2
+    dense = n - len(text.translate(_DENSE_CHARS))
+    return (n - dense - wide) * _PLAIN_COST + dense * _DENSE_COST + wide * _WIDE_COST + 1.3
 
 
 # ------------------------------------------------------------------------- draft
@@ -490,10 +501,15 @@ class BuiltinSummarizer:
 
     def summarize_sync(self, request: SummaryRequest) -> Summary:
         draft = _Draft(list(request.pins or []), self.max_sources)
-        messages = [m for m in request.messages if _message_id(m) is not None]
+        # A message without an archive id could not be cited, so it cannot be summarized.
+        messages: list[tuple[int, dict[str, Any]]] = []
+        for m in request.messages:
+            mid = _message_id(m)
+            if mid is not None:
+                messages.append((mid, m))
         answered = {
             str(m.get("tool_call_id"))
-            for m in messages
+            for _, m in messages
             if m.get("role") == "tool" and m.get("tool_call_id") is not None
         }
         self._load_previous(draft, request.previous, answered)
@@ -501,9 +517,7 @@ class BuiltinSummarizer:
         files: dict[str, list[int]] = {}
         calls: dict[str, _Call] = {}
         activity: list[_Call] = []
-        for msg in messages:
-            mid = _message_id(msg)
-            assert mid is not None
+        for mid, msg in messages:
             role = msg.get("role")
             text = _content_text(msg.get("content"))
             # Prose names the files it means; tool output (listings, tracebacks) names
@@ -530,13 +544,12 @@ class BuiltinSummarizer:
             draft.add("files", path, ids)
         self._add_activity(draft, activity)
 
-        ids = [_message_id(m) for m in messages]
-        new_ids = [i for i in ids if i is not None]
         prev = request.previous
         covers_from = prev.covers_from
         covers_to = prev.covers_to
-        if new_ids:
-            first, last = new_ids[0], max(new_ids)
+        if messages:
+            first = min(mid for mid, _ in messages)
+            last = max(mid for mid, _ in messages)
             covers_from = first if covers_from is None else min(covers_from, first)
             covers_to = last if covers_to is None else max(covers_to, last)
 
@@ -738,13 +751,13 @@ class BuiltinSummarizer:
         # chosen without counting tokens for every candidate.
         line_est: dict[int, float] = {}
         alive: dict[str, int] = {name: len(es) for name, es in entries.items()}
-        header_est = {name: _estimate(f"## {title}") + 1 for name, title in SECTIONS.items()}
+        header_est = {name: _estimate(f"## {title}") for name, title in SECTIONS.items()}
         total = 0.0
         for name, es in entries.items():
             if es:
                 total += header_est[name]
             for e in es:
-                est = _estimate(_line(e, e.text)) + 1
+                est = _estimate(_line(e, e.text))
                 line_est[id(e)] = est
                 total += est
         after = [total]
@@ -755,7 +768,7 @@ class BuiltinSummarizer:
                 if alive[e.section] == 0:
                     total -= header_est[e.section]
             else:
-                est = _estimate(_line(e, new_text)) + 1
+                est = _estimate(_line(e, new_text))
                 total += est - line_est[id(e)]
                 line_est[id(e)] = est
             after.append(max(total, 0.0))
