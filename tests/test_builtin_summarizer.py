@@ -249,6 +249,30 @@ def test_source_code_and_clean_test_runs_are_not_errors() -> None:
     ]
 
 
+def test_user_reported_errors_and_urls() -> None:
+    summary = run(
+        [
+            user(
+                1,
+                "I get this when I run it:\nTraceback (most recent call last):\n"
+                '  File "/app/main.py", line 3, in <module>\nKeyError: \'token\'',
+            ),
+            user(2, "The build fails on CI with a linker error. 测试失败了。"),
+            user(3, "The docs at https://docs.python.org/3/library/asyncio.html say so."),
+        ]
+    )
+    assert texts(summary, "errors") == [
+        "KeyError: 'token'",
+        "The build fails on CI with a linker error.",
+        "测试失败了。",
+    ]
+    files = {i.text: i.sources for i in summary.sections["files"]}
+    assert files == {
+        "/app/main.py": [1],
+        "https://docs.python.org/3/library/asyncio.html": [3],
+    }
+
+
 def test_repetitive_tool_calls_fold_per_tool_name() -> None:
     messages: list[dict[str, Any]] = []
     mid = 0

@@ -602,9 +602,18 @@ class BuiltinSummarizer:
             if may_open and _OPEN.search(sentence, slow):
                 draft.add("open_items", _trim(sentence, self.max_item_chars), [mid])
                 continue
-            if may_fail and _is_error_text(sentence, anchored=False, low=slow):
+            # Lines of pasted output are covered by the one excerpt below; a traceback
+            # would otherwise become an error item per line.
+            if (
+                may_fail
+                and _is_error_text(sentence, anchored=False, low=slow)
+                and not _ERROR_LINE.search(sentence, slow)
+            ):
                 draft.add("errors", _trim(sentence, self.max_item_chars), [mid])
             goal.append(sentence)
+        pasted = _error_excerpt(text) if may_fail else None
+        if pasted:
+            draft.add("errors", _trim(pasted, self.max_item_chars), [mid])
         request = " ".join(goal)
         # "ok", "thanks", "继续" carry no request worth keeping.
         if len(request) >= 12 or (len(request) >= 4 and _CJK_RUN.search(request)):
