@@ -802,7 +802,9 @@ class BuiltinSummarizer:
             return out
 
         count: Callable[[str], int] = request.count_tokens
-        lo, hi = -1, len(ops)  # lo: known too big; hi: known to fit (everything dropped)
+        # lo: a prefix known to be too big; hi: one known to fit (the whole plan leaves
+        # nothing, which always fits).
+        lo, hi = -1, len(ops)
         best: dict[str, list[SummaryItem]] | None = None
         ratio = 1.0
         target = budget * 0.97
@@ -824,11 +826,8 @@ class BuiltinSummarizer:
                 lo = k
             if after[k] > 0 and measured > 0:
                 ratio = measured / after[k]
-        if best is None:
-            best = build(hi)
-            if hi < len(ops) and count(Summary(sections=best).render()) > budget:
-                best = {}
-        return best
+        # Nothing measured fits: only the empty summary (the whole plan applied) is left.
+        return best if best is not None else {}
 
     def _drop_plan(
         self, entries: dict[str, list[_Entry]], instructions: str | None
