@@ -22,6 +22,26 @@ class CompactionPolicy:
     summary_budget_tokens: int = 2_000
     # rebuild summarizes the archive in chunks of this many messages
     rebuild_chunk_messages: int = 200
+    # drift bound: after this many incremental compactions the next one re-derives the
+    # summary from the archive (0 turns it off)
+    rederive_after: int = 8
+
+
+@dataclass
+class OpenAISummarizerConfig:
+    """An OpenAI-compatible chat completions endpoint (OpenAI, Ollama, llama.cpp, vLLM)."""
+
+    base_url: str = "http://127.0.0.1:11434/v1"
+    model: str = ""
+    # the name of the environment variable holding the API key, never the key itself
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_seconds: float = 60.0
+    max_output_tokens: int = 1500
+    temperature: float = 0.2
+    # the summarizer's own window: larger input is summarized in chunks
+    context_window_tokens: int = 8192
+    # "builtin": use the built-in summarizer when the endpoint fails; "": fail
+    fallback: str = ""
 
 
 @dataclass
@@ -38,7 +58,8 @@ class Config:
     max_connections: int = 256
     # "normal": survives a process crash; "full": also survives power loss (fsync per commit)
     durability: str = "normal"
-    summarizer: str = "builtin"
+    summarizer: str = "builtin"  # "builtin" or "openai"
+    openai: OpenAISummarizerConfig = field(default_factory=OpenAISummarizerConfig)
     compaction: CompactionPolicy = field(default_factory=CompactionPolicy)
 
     def to_dict(self) -> dict[str, Any]:
@@ -57,11 +78,12 @@ def _coerce(value: Any, current: Any, name: str) -> Any:
         if isinstance(value, str):
             return value.lower() in ("1", "true", "yes", "on")
         return bool(value)
-    if isinstance(current, int):
+    if isinstance(current, int | float):
         try:
-            return int(value)
+            return type(current)(value)
         except (TypeError, ValueError):
-            raise ValueError(f"config {name}: expected an integer, got {value!r}") from None
+            kind = "an integer" if isinstance(current, int) else "a number"
+            raise ValueError(f"config {name}: expected {kind}, got {value!r}") from None
     if isinstance(current, Path) or name in ("data_dir", "connection_file"):
         return Path(str(value)).expanduser()
     return value
@@ -74,7 +96,7 @@ def _apply(target: Any, values: dict[str, Any], prefix: str = "") -> None:
         if name not in known:
             raise ValueError(f"unknown config key {prefix}{key!r}")
         current = getattr(target, name)
-        if isinstance(current, CompactionPolicy):
+        if isinstance(current, CompactionPolicy | OpenAISummarizerConfig):
             if not isinstance(value, dict):
                 raise ValueError(f"config {prefix}{key} must be a table")
             _apply(current, value, prefix=f"{name}.")
@@ -98,8 +120,13 @@ def load_config(
     policy_names = {f.name for f in fields(CompactionPolicy)}
     for f in fields(Config):
         key = "CTXD_" + f.name.upper()
-        if key in env and f.name != "compaction":
+        if key in env and f.name not in ("compaction", "openai"):
             env_values[f.name] = env[key]
+    openai_values = {f.name: env[f"CTXD_OPENAI_{f.name.upper()}"]
+                     for f in fields(OpenAISummarizerConfig)
+                     if f"CTXD_OPENAI_{f.name.upper()}" in env}
+    if openai_values:
+        env_values["openai"] = openai_values
     for name in policy_names:
         key = "CTXD_" + name.upper()
         if key in env:
@@ -111,5 +138,9 @@ def load_config(
         _apply(cfg, {k: v for k, v in overrides.items() if v is not None})
     if cfg.durability not in ("normal", "full"):
         raise ValueError("durability must be 'normal' or 'full'")
+    if cfg.summarizer not in ("builtin", "openai"):
+        raise ValueError("summarizer must be 'builtin' or 'openai'")
+    if cfg.openai.fallback not in ("", "builtin"):
+        raise ValueError("openai.fallback must be 'builtin' or empty")
     cfg.data_dir = Path(cfg.data_dir).expanduser().resolve()
     return cfg

@@ -29,9 +29,14 @@ Handler = Callable[[Connection, dict[str, Any]], Any]
 
 
 class Dispatcher:
-    def __init__(self, engine: Engine, hub: EventHub, token: str,
-                 on_shutdown: Callable[[], None] | None = None,
-                 wires: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        hub: EventHub,
+        token: str,
+        on_shutdown: Callable[[], None] | None = None,
+        wires: list[str] | None = None,
+    ) -> None:
         self.engine = engine
         self.hub = hub
         self.token = token
@@ -44,16 +49,20 @@ class Dispatcher:
             "initialize": self.initialize,
             "shutdown": self.shutdown,
             "session/create": lambda c, p: engine.create_session(
-                p["sessionId"], p["title"], p["metadata"]),
+                p["sessionId"], p["title"], p["metadata"]
+            ),
             "session/list": lambda c, p: engine.list_sessions(p["limit"], p["cursor"]),
             "session/get": lambda c, p: engine.get_session(p["sessionId"]),
             "session/subscribe": self.subscribe,
             "session/unsubscribe": self.unsubscribe,
             "messages/append": self.append,
             "archive/read": lambda c, p: engine.read_archive(
-                p["sessionId"], p["afterId"], p["limit"]),
+                p["sessionId"], p["afterId"], p["limit"]
+            ),
             "archive/search": self.search,
-            "context/get": lambda c, p: engine.get_context(p["sessionId"]),
+            "context/get": lambda c, p: engine.get_context(
+                p["sessionId"], p["budgetTokens"], p["query"]
+            ),
             "context/status": lambda c, p: engine.status(p["sessionId"]),
             "context/compact": self.compact,
             "context/rebuild": self.rebuild,
@@ -65,12 +74,15 @@ class Dispatcher:
             "run/finish": self.run_finish,
             "approval/request": self.approval_request,
             "approval/resolve": lambda c, p: engine.resolve_approval(
-                p["approvalId"], p["decision"], p["reason"]),
+                p["approvalId"], p["decision"], p["reason"]
+            ),
             "approval/list": lambda c, p: {
-                "approvals": engine.list_approvals(p["sessionId"], p["status"])},
+                "approvals": engine.list_approvals(p["sessionId"], p["status"])
+            },
             "tools/list": lambda c, p: {"tools": [recall.SEARCH_TOOL_SCHEMA]},
             "tools/call": lambda c, p: recall.call_tool(
-                engine, p["sessionId"], p["name"], p["arguments"]),
+                engine, p["sessionId"], p["name"], p["arguments"]
+            ),
         }
 
     # the RequestHandler interface
@@ -78,8 +90,7 @@ class Dispatcher:
     async def handle(self, conn: Connection, method: str, params: Any) -> Any:
         if not conn.authenticated and method != "initialize":
             validate_params(method, params)  # unknown methods still say so
-            raise Unauthorized("send initialize with the token from the connection file "
-                               "first")
+            raise Unauthorized("send initialize with the token from the connection file first")
         p = validate_params(method, params)
         result = self._handlers[method](conn, p)
         if inspect.isawaitable(result):
@@ -87,8 +98,7 @@ class Dispatcher:
         return result
 
     def check_token(self, token: Any) -> bool:
-        return isinstance(token, str) and hmac.compare_digest(
-            token.encode(), self.token.encode())
+        return isinstance(token, str) and hmac.compare_digest(token.encode(), self.token.encode())
 
     def connection_opened(self, conn: Connection) -> None:
         self._live.add(conn)
@@ -96,8 +106,11 @@ class Dispatcher:
     def connection_closed(self, conn: Connection) -> None:
         self._live.discard(conn)
         if conn.open_runs:
-            log.info("%r closed with open runs %s: marking them interrupted", conn,
-                     sorted(conn.open_runs))
+            log.info(
+                "%r closed with open runs %s: marking them interrupted",
+                conn,
+                sorted(conn.open_runs),
+            )
             self.engine.interrupt_runs(set(conn.open_runs))
             conn.open_runs.clear()
 
@@ -139,31 +152,34 @@ class Dispatcher:
 
     def append(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
         sid = p["sessionId"]
-        result = self.engine.append(sid, p["messages"], run_id=p["runId"],
-                                    client_batch_id=p["clientBatchId"])
+        result = self.engine.append(
+            sid, p["messages"], run_id=p["runId"], client_batch_id=p["clientBatchId"]
+        )
         if p["runId"] is None:  # appends outside a run are checked here, runs at run/finish
             self.scheduler.maybe_schedule(sid)
         return result
 
     def search(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
         hits = self.engine.search(
-            p["query"], session_id=p["sessionId"], role=p["role"], limit=p["limit"],
-            offset=p["offset"], newest_first=p["newestFirst"], advanced=p["advanced"],
-            since=p["since"], until=p["until"])
+            p["query"],
+            session_id=p["sessionId"],
+            role=p["role"],
+            limit=p["limit"],
+            offset=p["offset"],
+            newest_first=p["newestFirst"],
+            advanced=p["advanced"],
+            since=p["since"],
+            until=p["until"],
+        )
         return {"hits": hits}
 
     async def compact(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
-        result = await self.engine.compact(p["sessionId"], force=bool(p["force"]),
-                                           instructions=p["instructions"])
-        if result["effective"]:
-            self.scheduler.manual_succeeded(p["sessionId"])
-        return result
+        return await self.engine.compact(
+            p["sessionId"], force=bool(p["force"]), instructions=p["instructions"]
+        )
 
     async def rebuild(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
-        result = await self.engine.rebuild(p["sessionId"])
-        if result["compactionId"]:
-            self.scheduler.manual_succeeded(p["sessionId"])
-        return result
+        return await self.engine.rebuild(p["sessionId"], dry_run=bool(p["dryRun"]))
 
     def run_start(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -193,10 +209,12 @@ class Dispatcher:
         conn.open_runs.discard(p["runId"])
         if result["autoCompactionScheduled"]:
             result["autoCompactionScheduled"] = self.scheduler.maybe_schedule(
-                result["run"]["sessionId"])
+                result["run"]["sessionId"]
+            )
         return result
 
     def approval_request(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
-        approval = self.engine.request_approval(p["sessionId"], p["runId"], p["toolCallId"],
-                                                p["toolName"], p["arguments"])
+        approval = self.engine.request_approval(
+            p["sessionId"], p["runId"], p["toolCallId"], p["toolName"], p["arguments"]
+        )
         return {"approvalId": approval["approvalId"], "approval": approval}

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
@@ -19,28 +18,27 @@ from typing import Any
 
 from ctxd.protocol.errors import (
     ApprovalPending,
-    CompactionInProgress,
     Conflict,
-    CtxdError,
     InvalidMessage,
     InvalidParams,
     NotFound,
     PayloadTooLarge,
     RunActive,
     SessionNotFound,
-    SummarizerFailed,
 )
 
 from . import context_store as cs
 from .archive import ArchiveStore
-from .compaction import check_summary, render_summary_message, tail_boundary
+from .compaction import render_summary_message
+from .compactor import Compactor, strip_archive_fields
 from .config import Config
 from .context_store import ContextState
-from .messages import for_model, normalize_message
+from .messages import normalize_message
+from .projection import project
 from .runs import RUN_OUTCOMES, RunStore
 from .schema import open_database
 from .summarizers.builtin import BuiltinSummarizer
-from .summary import Summarizer, Summary, SummaryRequest
+from .summary import Summarizer, Summary
 from .tokens import TokenCounter
 
 log = logging.getLogger("ctxd.engine")
@@ -68,10 +66,14 @@ class Engine:
         self.summarizer: Summarizer = summarizer or BuiltinSummarizer()
         self.policy = self.config.compaction
         self._contexts: dict[str, ContextState] = {}
-        self._compacting: set[str] = set()
-        # auto-compaction that did not shrink the context waits for this many messages
-        self._auto_retry_at: dict[str, int] = {}
         self._listeners: list[EventListener] = []
+        self.compactor = Compactor(self)
+
+    new_id = staticmethod(new_id)
+
+    def set_context_state(self, st: ContextState) -> None:
+        """After a committed replacement of the stored context."""
+        self._contexts[st.session_id] = st
 
     def close(self) -> None:
         self.conn.close()
@@ -81,7 +83,7 @@ class Engine:
     def add_listener(self, listener: EventListener) -> None:
         self._listeners.append(listener)
 
-    def _emit(self, session_id: str, method: str, params: dict[str, Any]) -> None:
+    def emit(self, session_id: str, method: str, params: dict[str, Any]) -> None:
         for listener in self._listeners:
             try:
                 listener(session_id, method, params)
@@ -110,7 +112,7 @@ class Engine:
         return self.get_session(sid)["session"]
 
     def get_session(self, session_id: str) -> dict[str, Any]:
-        session = self._require_session(session_id)
+        session = self.require_session(session_id)
         return {"session": session, "status": self.status(session_id)}
 
     def list_sessions(self, limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
@@ -131,7 +133,7 @@ class Engine:
         )
         return {"sessions": sessions, "nextCursor": next_cursor}
 
-    def _require_session(self, session_id: str) -> dict[str, Any]:
+    def require_session(self, session_id: str) -> dict[str, Any]:
         session = self.archive.get_session(session_id)
         if session is None:
             raise SessionNotFound(
@@ -147,7 +149,7 @@ class Engine:
             return st
         st = cs.load_context(self.conn, session_id)
         if st is None:
-            self._require_session(session_id)
+            self.require_session(session_id)
             st = self._backfill(session_id)
         self._contexts[session_id] = st
         return st
@@ -163,7 +165,7 @@ class Engine:
                 st.tail_start_id = m["id"]
         st.active_messages = len(msgs)
         st.active_tokens = sum(m["tokens"] for m in msgs)
-        st.summary_tokens = self._summary_tokens(session_id, st.summary)
+        st.summary_tokens = self.summary_tokens(session_id, st.summary)
         with self.conn:
             if cs.load_context(self.conn, session_id) is None:
                 cs.save_context(self.conn, st)
@@ -182,7 +184,7 @@ class Engine:
         run_id: str | None = None,
         client_batch_id: str | None = None,
     ) -> dict[str, Any]:
-        self._require_session(session_id)
+        self.require_session(session_id)
         if not isinstance(messages, list) or not messages:
             raise InvalidParams("messages must be a non-empty list of chat messages")
         if len(messages) > self.config.max_batch_messages:
@@ -229,7 +231,7 @@ class Engine:
             cs.bump_counts(self.conn, new)
         self._contexts[session_id] = new
         status = self.status(session_id)
-        self._emit(
+        self.emit(
             session_id,
             "session/didAppend",
             {
@@ -303,7 +305,7 @@ class Engine:
     # reading
 
     def read_archive(self, session_id: str, after_id: int = 0, limit: int = 200) -> dict[str, Any]:
-        self._require_session(session_id)
+        self.require_session(session_id)
         msgs = self.archive.read(session_id, after_id, limit)
         next_after = msgs[-1]["id"] if len(msgs) == limit else None
         return {"messages": msgs, "nextAfterId": next_after}
@@ -320,38 +322,59 @@ class Engine:
             "lastCompactedAt": st.last_compacted_at,
             "pendingApprovals": self.runs.pending_count(session_id),
             "activeRunId": run["runId"] if run else None,
-            "compacting": session_id in self._compacting,
+            "compacting": session_id in self.compactor.running,
+            "autoCompactionPaused": self.compactor.auto_paused(session_id),
             "version": st.version,
         }
 
     def pins(self, session_id: str) -> list[dict[str, Any]]:
-        self._require_session(session_id)
+        self.require_session(session_id)
         return cs.list_pins(self.conn, session_id)
 
     def context_messages(self, session_id: str) -> list[dict[str, Any]]:
         """The model input: leading system messages, pins + summary, the exact tail."""
-        st = self.context_state(session_id)
-        out: list[dict[str, Any]] = []
-        if st.system_ids:
-            by_id = self.archive.get_many(st.system_ids)
-            out.extend(_strip(by_id[i]) for i in st.system_ids if i in by_id)
-        text = render_summary_message(
-            [p["text"] for p in cs.list_pins(self.conn, session_id)], st.summary
-        )
+        return self.render(session_id, self.context_state(session_id))
+
+    def render(self, session_id: str, st: ContextState) -> list[dict[str, Any]]:
+        out = self.system_messages(st)
+        text = render_summary_message(self.pin_texts(session_id), st.summary)
         if text:
             out.append({"role": "system", "content": text})
-        if st.tail_start_id is not None:
-            out.extend(_strip(m) for m in self.archive.read_from(session_id, st.tail_start_id))
+        out.extend(strip_archive_fields(m) for m in self.tail_messages(session_id, st))
         return out
 
-    def get_context(self, session_id: str) -> dict[str, Any]:
-        return {"messages": self.context_messages(session_id), "status": self.status(session_id)}
+    def system_messages(self, st: ContextState) -> list[dict[str, Any]]:
+        by_id = self.archive.get_many(st.system_ids) if st.system_ids else {}
+        return [strip_archive_fields(by_id[i]) for i in st.system_ids if i in by_id]
+
+    def tail_messages(self, session_id: str, st: ContextState) -> list[dict[str, Any]]:
+        """The exact tail, as archived (with ids and token counts)."""
+        if st.tail_start_id is None:
+            return []
+        return self.archive.read_from(session_id, st.tail_start_id)
+
+    def pin_texts(self, session_id: str) -> list[str]:
+        return [p["text"] for p in cs.list_pins(self.conn, session_id)]
+
+    def get_context(
+        self, session_id: str, budget_tokens: int | None = None, query: str | None = None
+    ) -> dict[str, Any]:
+        if budget_tokens is None and not query:
+            return {
+                "messages": self.context_messages(session_id),
+                "status": self.status(session_id),
+            }
+        # a step projection: the stored context is never changed by it
+        return {
+            **project(self, session_id, budget_tokens, query),
+            "status": self.status(session_id),
+        }
 
     def search(
         self, query: str, *, session_id: str | None = None, **kw: Any
     ) -> list[dict[str, Any]]:
         if session_id is not None:
-            self._require_session(session_id)
+            self.require_session(session_id)
         hits = self.archive.search(query, session_id=session_id, **kw)
         for hit in hits:
             st = self.context_state(hit["sessionId"])
@@ -361,7 +384,7 @@ class Engine:
     # pins
 
     def add_pin(self, session_id: str, text: str) -> dict[str, Any]:
-        self._require_session(session_id)
+        self.require_session(session_id)
         if not isinstance(text, str) or not text.strip():
             raise InvalidParams("a pin needs non-empty text")
         with self.conn:
@@ -370,7 +393,7 @@ class Engine:
         return pin
 
     def remove_pin(self, session_id: str, pin_id: str) -> dict[str, Any]:
-        self._require_session(session_id)
+        self.require_session(session_id)
         with self.conn:
             if not cs.remove_pin(self.conn, session_id, pin_id):
                 raise NotFound(
@@ -381,21 +404,20 @@ class Engine:
             self._refresh_summary_tokens(session_id)
         return {"pinId": pin_id, "removed": True}
 
-    def _summary_tokens(self, session_id: str, summary: Summary) -> int:
-        pins = [p["text"] for p in cs.list_pins(self.conn, session_id)]
-        text = render_summary_message(pins, summary)
+    def summary_tokens(self, session_id: str, summary: Summary) -> int:
+        text = render_summary_message(self.pin_texts(session_id), summary)
         return self.tokens.count_message({"role": "system", "content": text}) if text else 0
 
     def _refresh_summary_tokens(self, session_id: str) -> None:
         st = self.context_state(session_id)
-        tokens = self._summary_tokens(session_id, st.summary)
+        tokens = self.summary_tokens(session_id, st.summary)
         cs.set_summary_tokens(self.conn, session_id, tokens)
         self._contexts[session_id] = replace(st, summary_tokens=tokens)
 
     # runs and approvals
 
     def start_run(self, session_id: str) -> dict[str, Any]:
-        self._require_session(session_id)
+        self.require_session(session_id)
         with self.conn:
             current = self.runs.open_run(session_id)
             if current is not None:
@@ -405,7 +427,7 @@ class Engine:
                     {"runId": current["runId"]},
                 )
             run = self.runs.start(new_id("run"), session_id)
-        self._emit(session_id, "run/didStart", {"sessionId": session_id, "run": run})
+        self.emit(session_id, "run/didStart", {"sessionId": session_id, "run": run})
         return run
 
     def finish_run(self, run_id: str, outcome: str) -> dict[str, Any]:
@@ -426,7 +448,7 @@ class Engine:
             run = self.runs.finish(run_id, outcome)
         sid = run["sessionId"]
         due = outcome == "completed" and self.auto_compaction_due(sid)
-        self._emit(
+        self.emit(
             sid, "run/didFinish", {"sessionId": sid, "run": run, "autoCompactionScheduled": due}
         )
         return {"run": run, "autoCompactionScheduled": due}
@@ -439,7 +461,7 @@ class Engine:
         tool_name: str | None = None,
         arguments: Any = None,
     ) -> dict[str, Any]:
-        self._require_session(session_id)
+        self.require_session(session_id)
         run = self.runs.get(run_id)
         if run is None or run["sessionId"] != session_id:
             raise NotFound(f"no run {run_id!r} in session {session_id!r}", {"runId": run_id})
@@ -463,7 +485,7 @@ class Engine:
             approval = self.runs.request_approval(
                 new_id("apr"), session_id, run_id, tool_call_id, tool_name, arguments
             )
-        self._emit(
+        self.emit(
             session_id, "approval/didRequest", {"sessionId": session_id, "approval": approval}
         )
         return approval
@@ -488,11 +510,11 @@ class Engine:
                 )
             approval = self.runs.resolve_approval(approval_id, decision, reason)
         sid = approval["sessionId"]
-        self._emit(sid, "approval/didResolve", {"sessionId": sid, "approval": approval})
+        self.emit(sid, "approval/didResolve", {"sessionId": sid, "approval": approval})
         return approval
 
     def list_approvals(self, session_id: str, status: str | None = None) -> list[dict[str, Any]]:
-        self._require_session(session_id)
+        self.require_session(session_id)
         return self.runs.list_approvals(session_id, status)
 
     def interrupt_runs(self, run_ids: set[str]) -> None:
@@ -502,22 +524,13 @@ class Engine:
             if run and run["status"] == "open":
                 self.finish_run(rid, "interrupted")
 
-    # compaction
+    # compaction (the Compactor does the work)
 
     def over_limits(self, session_id: str) -> bool:
-        st = self.context_state(session_id)
-        return (
-            st.rendered_messages > self.policy.max_active_messages
-            or st.rendered_tokens > self.policy.max_active_tokens
-        )
+        return self.compactor.over_limits(self.context_state(session_id))
 
     def auto_compaction_due(self, session_id: str) -> bool:
-        if session_id in self._compacting or not self.over_limits(session_id):
-            return False
-        if self.runs.pending_count(session_id) or self.runs.open_run(session_id):
-            return False
-        retry_at = self._auto_retry_at.get(session_id)
-        return retry_at is None or self.context_state(session_id).rendered_messages >= retry_at
+        return self.compactor.auto_due(session_id)
 
     async def compact(
         self,
@@ -527,417 +540,16 @@ class Engine:
         instructions: str | None = None,
         trigger: str = "manual",
     ) -> dict[str, Any]:
-        self._require_session(session_id)
-        if self.runs.pending_count(session_id):
-            raise ApprovalPending(
-                "a tool call awaits approval in this session; compaction "
-                "waits until approval/resolve decides it"
-            )
-        if session_id in self._compacting:
-            raise CompactionInProgress(
-                "a compaction of this session is running; wait for context/didCompact"
-            )
-        self._compacting.add(session_id)
-        try:
-            return await self._compact(session_id, force, instructions, trigger)
-        finally:
-            self._compacting.discard(session_id)
+        return await self.compactor.compact(
+            session_id, force=force, instructions=instructions, trigger=trigger
+        )
 
-    async def rebuild(self, session_id: str) -> dict[str, Any]:
-        self._require_session(session_id)
-        if self.runs.pending_count(session_id):
-            raise ApprovalPending(
-                "a tool call awaits approval in this session; rebuild "
-                "waits until approval/resolve decides it"
-            )
-        if session_id in self._compacting:
-            raise CompactionInProgress(
-                "a compaction of this session is running; wait for context/didCompact"
-            )
-        self._compacting.add(session_id)
-        try:
-            return await self._compact(session_id, False, None, "rebuild")
-        finally:
-            self._compacting.discard(session_id)
+    async def rebuild(self, session_id: str, *, dry_run: bool = False) -> dict[str, Any]:
+        return await self.compactor.compact(session_id, trigger="rebuild", dry_run=dry_run)
 
     def compact_sync(self, session_id: str, **kw: Any) -> dict[str, Any]:
         """For library users without an event loop."""
         return asyncio.run(self.compact(session_id, **kw))
 
-    async def _compact(
-        self, session_id: str, force: bool, instructions: str | None, trigger: str
-    ) -> dict[str, Any]:
-        started = time.time()
-        cid = new_id("cmp")
-        st = self.context_state(session_id)
-        before = {"messages": st.rendered_messages, "tokens": st.rendered_tokens}
-        self._emit(
-            session_id,
-            "$/progress",
-            {
-                "sessionId": session_id,
-                "token": cid,
-                "value": {
-                    "kind": "begin",
-                    "title": "Rebuilding context" if trigger == "rebuild" else "Compacting context",
-                    "percentage": 0,
-                },
-            },
-        )
-        if trigger == "rebuild":
-            region = self._non_system_messages(session_id, st)
-            previous = Summary()
-        else:
-            region = (
-                []
-                if st.tail_start_id is None
-                else self.archive.read_from(session_id, st.tail_start_id)
-            )
-            previous = st.summary
-        boundary = tail_boundary(
-            region,
-            keep=self.policy.keep_messages,
-            keep_tokens=self.policy.max_active_tokens // 2,
-            force=force,
-        )
-        if trigger == "rebuild" and boundary is None and region:
-            boundary = 0  # rebuild with nothing to summarize: the whole region is the tail
-        if boundary is None:
-            return self._not_effective(
-                cid,
-                session_id,
-                trigger,
-                started,
-                before,
-                "nothing can leave the context without splitting a "
-                "tool call from its result or dropping the latest "
-                "user message",
-                instructions,
-            )
-        leaving = region[:boundary]
-        pins = [p["text"] for p in cs.list_pins(self.conn, session_id)]
-        try:
-            summary = await self._summarize(session_id, previous, leaving, pins, instructions, cid)
-        except CtxdError:
-            raise
-        except Exception as exc:
-            self._log_attempt(
-                cid,
-                session_id,
-                trigger,
-                started,
-                before,
-                None,
-                False,
-                False,
-                leaving,
-                instructions,
-                f"{type(exc).__name__}: {exc}",
-            )
-            self._emit(
-                session_id,
-                "context/compactionFailed",
-                {
-                    "sessionId": session_id,
-                    "trigger": trigger,
-                    "compactionId": cid,
-                    "error": {"code": int(SummarizerFailed.code), "message": str(exc)},
-                },
-            )
-            raise SummarizerFailed(
-                f"the summarizer failed: {exc}; the context is unchanged", {"compactionId": cid}
-            ) from None
-        if leaving:
-            summary.covers_to = max(summary.covers_to or 0, leaving[-1]["id"])
-            if summary.covers_from is None:
-                summary.covers_from = leaving[0]["id"]
-        summary.compaction_ids = [*previous.compaction_ids, cid][-50:]
-        return self._commit(
-            cid, session_id, trigger, started, st.version, summary, region, boundary, instructions
-        )
-
-    def _non_system_messages(self, session_id: str, st: ContextState) -> list[dict[str, Any]]:
-        system = set(st.system_ids)
-        return [m for m in self.archive.read_from(session_id, 0) if m["id"] not in system]
-
-    async def _summarize(
-        self,
-        session_id: str,
-        previous: Summary,
-        leaving: list[dict[str, Any]],
-        pins: list[str],
-        instructions: str | None,
-        cid: str,
-    ) -> Summary:
-        chunk = max(1, self.policy.rebuild_chunk_messages)
-        summary = previous
-        allowed = previous.all_sources()
-        for start in range(0, max(len(leaving), 1), chunk):
-            part = leaving[start : start + chunk]
-            if not part:
-                break
-            allowed |= {m["id"] for m in part}
-            request = SummaryRequest(
-                session_id=session_id,
-                previous=summary,
-                messages=[{**for_model(_strip(m)), "id": m["id"]} for m in part],
-                pins=pins,
-                instructions=instructions,
-                budget_tokens=self.policy.summary_budget_tokens,
-                count_tokens=self.tokens.count_text,
-            )
-            summary = await self.summarizer.summarize(request)
-            problems = check_summary(summary, allowed)
-            if problems:
-                raise ValueError("summary rejected: " + "; ".join(problems[:3]))
-            if len(leaving) > chunk:
-                self._emit(
-                    session_id,
-                    "$/progress",
-                    {
-                        "sessionId": session_id,
-                        "token": cid,
-                        "value": {
-                            "kind": "report",
-                            "percentage": min(99, (start + chunk) * 100 // len(leaving)),
-                        },
-                    },
-                )
-        return summary
-
-    def _commit(
-        self,
-        cid: str,
-        session_id: str,
-        trigger: str,
-        started: float,
-        version: int,
-        summary: Summary,
-        region: list[dict[str, Any]],
-        boundary: int,
-        instructions: str | None,
-    ) -> dict[str, Any]:
-        leaving = region[:boundary]
-        with self.conn:
-            now_st = cs.load_context(self.conn, session_id)
-            assert now_st is not None
-            if now_st.version != version:
-                raise CompactionInProgress(
-                    "the context was replaced while this compaction "
-                    "ran; nothing was changed, try again"
-                )
-            before = {"messages": now_st.rendered_messages, "tokens": now_st.rendered_tokens}
-            new = replace(now_st, summary=summary, version=now_st.version + 1)
-            if trigger == "rebuild":
-                system = set(now_st.system_ids)
-                # everything after the region's end was appended meanwhile and stays
-                new.tail_start_id = region[boundary]["id"]
-                count, tokens = self.archive.sums_from(session_id, new.tail_start_id)
-                sys_msgs = self.archive.get_many(now_st.system_ids)
-                new.active_messages = len(system) + count
-                new.active_tokens = sum(m["tokens"] for m in sys_msgs.values()) + tokens
-            else:
-                new.tail_start_id = region[boundary]["id"]
-                new.active_messages = now_st.active_messages - len(leaving)
-                new.active_tokens = now_st.active_tokens - sum(m["tokens"] for m in leaving)
-            new.summary_tokens = self._summary_tokens(session_id, summary)
-            after = {"messages": new.rendered_messages, "tokens": new.rendered_tokens}
-            effective = (
-                after["messages"] < before["messages"] and after["tokens"] < before["tokens"]
-            )
-            commit = effective or trigger == "rebuild"
-            if commit:
-                if effective:
-                    new.compaction_count += 1
-                    new.last_compacted_at = time.time()
-                cs.save_context(self.conn, new)
-            self._log_attempt(
-                cid,
-                session_id,
-                trigger,
-                started,
-                before,
-                after,
-                effective,
-                commit,
-                leaving,
-                instructions,
-                None,
-            )
-        if commit:
-            self._contexts[session_id] = new
-        if effective:
-            self._auto_retry_at.pop(session_id, None)
-        elif trigger == "auto":
-            self._auto_retry_at[session_id] = before["messages"] + max(
-                4, self.policy.keep_messages // 3
-            )
-        result = {
-            "effective": effective,
-            "compactionId": cid if commit else None,
-            "before": before,
-            "after": after if commit else before,
-            "summarizedFrom": leaving[0]["id"] if leaving else None,
-            "summarizedTo": leaving[-1]["id"] if leaving else None,
-            "trigger": trigger,
-        }
-        if not effective:
-            result["reason"] = (
-                f"the new context would have {after['messages']} messages and "
-                f"{after['tokens']} tokens against {before['messages']} and "
-                f"{before['tokens']} now: it must shrink both"
-            )
-            result["proposed"] = after
-        self._emit(
-            session_id,
-            "$/progress",
-            {
-                "sessionId": session_id,
-                "token": cid,
-                "value": {"kind": "end", "message": "effective" if effective else "not effective"},
-            },
-        )
-        self._emit(
-            session_id,
-            "context/didCompact",
-            {"sessionId": session_id, **result, "status": self.status(session_id)},
-        )
-        return result
-
-    def _not_effective(
-        self,
-        cid: str,
-        session_id: str,
-        trigger: str,
-        started: float,
-        before: dict[str, int],
-        reason: str,
-        instructions: str | None,
-    ) -> dict[str, Any]:
-        with self.conn:
-            self._log_attempt(
-                cid,
-                session_id,
-                trigger,
-                started,
-                before,
-                before,
-                False,
-                False,
-                [],
-                instructions,
-                None,
-            )
-        if trigger == "auto":
-            self._auto_retry_at[session_id] = before["messages"] + max(
-                4, self.policy.keep_messages // 3
-            )
-        self._emit(
-            session_id,
-            "$/progress",
-            {
-                "sessionId": session_id,
-                "token": cid,
-                "value": {"kind": "end", "message": "not effective"},
-            },
-        )
-        return {
-            "effective": False,
-            "compactionId": None,
-            "before": before,
-            "after": before,
-            "summarizedFrom": None,
-            "summarizedTo": None,
-            "trigger": trigger,
-            "reason": reason,
-        }
-
-    def _log_attempt(
-        self,
-        cid: str,
-        session_id: str,
-        trigger: str,
-        started: float,
-        before: dict[str, int],
-        after: dict[str, int] | None,
-        effective: bool,
-        committed: bool,
-        leaving: list[dict[str, Any]],
-        instructions: str | None,
-        error: str | None,
-    ) -> None:
-        self.conn.execute(
-            "INSERT INTO compactions(id, session_id, trigger, started_at, duration_ms, "
-            "before_messages, before_tokens, after_messages, after_tokens, effective, "
-            "committed, summarized_from, summarized_to, summarizer, instructions, error) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                cid,
-                session_id,
-                trigger,
-                started,
-                (time.time() - started) * 1000,
-                before["messages"],
-                before["tokens"],
-                after["messages"] if after else None,
-                after["tokens"] if after else None,
-                int(effective),
-                int(committed),
-                leaving[0]["id"] if leaving else None,
-                leaving[-1]["id"] if leaving else None,
-                getattr(self.summarizer, "name", type(self.summarizer).__name__),
-                instructions,
-                error,
-            ),
-        )
-        log.info(
-            "compaction %s of %s (%s): effective=%s before=%s after=%s error=%s",
-            cid,
-            session_id,
-            trigger,
-            effective,
-            before,
-            after,
-            error,
-        )
-
     def compaction_log(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
-        cols = (
-            "id, trigger, started_at, duration_ms, before_messages, before_tokens, "
-            "after_messages, after_tokens, effective, committed, summarized_from, "
-            "summarized_to, summarizer, error"
-        )
-        rows = self.conn.execute(
-            f"SELECT {cols} FROM compactions WHERE session_id = ? ORDER BY started_at DESC LIMIT ?",
-            (session_id, limit),
-        )
-        keys = [
-            "compactionId",
-            "trigger",
-            "startedAt",
-            "durationMs",
-            "beforeMessages",
-            "beforeTokens",
-            "afterMessages",
-            "afterTokens",
-            "effective",
-            "committed",
-            "summarizedFrom",
-            "summarizedTo",
-            "summarizer",
-            "error",
-        ]
-        out = [dict(zip(keys, r, strict=True)) for r in rows]
-        for row in out:
-            row["effective"] = bool(row["effective"])
-            row["committed"] = bool(row["committed"])
-        return out
-
-
-def _strip(msg: dict[str, Any]) -> dict[str, Any]:
-    """An archived message as the model takes it: no archive bookkeeping, no metadata."""
-    return {
-        k: v
-        for k, v in msg.items()
-        if k not in ("id", "batchId", "tokens", "createdAt", "metadata")
-    }
+        return self.compactor.history(session_id, limit)

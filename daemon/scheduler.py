@@ -1,7 +1,8 @@
 """AutoCompactor: background auto-compaction, one at a time per session.
 
 It never blocks request handling: a compaction runs as its own task, and its progress
-and result reach subscribers as notifications from the engine.
+and result reach subscribers as notifications from the engine. Failures are counted by
+the engine's Compactor, which pauses auto-compaction on a session after three in a row.
 """
 
 from __future__ import annotations
@@ -15,47 +16,29 @@ from .engine import Engine
 
 log = logging.getLogger("ctxd.scheduler")
 
-# after this many consecutive failures auto-compaction pauses on a session until a
-# manual compaction or a rebuild succeeds there
-MAX_CONSECUTIVE_FAILURES = 3
-
 
 class AutoCompactor:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self.failures: dict[str, int] = {}
-
-    def paused(self, session_id: str) -> bool:
-        return self.failures.get(session_id, 0) >= MAX_CONSECUTIVE_FAILURES
 
     def maybe_schedule(self, session_id: str) -> bool:
         """Schedule auto-compaction if it is due; True when it was scheduled."""
-        if session_id in self._tasks or self.paused(session_id):
-            return False
-        if not self.engine.auto_compaction_due(session_id):
+        if session_id in self._tasks or not self.engine.auto_compaction_due(session_id):
             return False
         self._tasks[session_id] = asyncio.get_running_loop().create_task(
-            self._run(session_id), name=f"auto-compact {session_id}")
+            self._run(session_id), name=f"auto-compact {session_id}"
+        )
         return True
-
-    def manual_succeeded(self, session_id: str) -> None:
-        self.failures.pop(session_id, None)
 
     async def _run(self, session_id: str) -> None:
         try:
             await asyncio.sleep(0)  # let the reply that scheduled us go out first
-            if not self.engine.auto_compaction_due(session_id):
-                return
-            await self.engine.compact(session_id, trigger="auto")
-            self.failures.pop(session_id, None)
+            if self.engine.auto_compaction_due(session_id):
+                await self.engine.compact(session_id, trigger="auto")
         except CtxdError as exc:
-            n = self.failures.get(session_id, 0) + 1
-            self.failures[session_id] = n
-            log.warning("auto-compaction of %s failed (%d in a row): %s", session_id, n,
-                        exc.message)
+            log.warning("auto-compaction of %s failed: %s", session_id, exc.message)
         except Exception:
-            self.failures[session_id] = self.failures.get(session_id, 0) + 1
             log.exception("auto-compaction of %s failed", session_id)
         finally:
             self._tasks.pop(session_id, None)
@@ -64,7 +47,8 @@ class AutoCompactor:
         return list(self._tasks.values())
 
     async def drain(self, timeout: float) -> None:
-        """Let running compactions finish (at shutdown); cancel what is left."""
+        """Let running compactions finish (at shutdown); cancel what is left: a cancelled
+        compaction has committed nothing."""
         tasks = self.running()
         if not tasks:
             return

@@ -55,6 +55,8 @@ class Summary:
     compaction_ids: list[str] = field(default_factory=list)
     # which summarizer produced the latest version
     summarizer: str = ""
+    # incremental compactions since the summary was last derived from the archive
+    depth: int = 0
 
     def items(self) -> list[tuple[str, SummaryItem]]:
         return [(name, item) for name in SECTIONS for item in self.sections.get(name, [])]
@@ -96,6 +98,7 @@ class Summary:
             "coversTo": self.covers_to,
             "compactionIds": list(self.compaction_ids),
             "summarizer": self.summarizer,
+            "depth": self.depth,
         }
 
     @classmethod
@@ -113,6 +116,7 @@ class Summary:
             covers_to=d.get("coversTo"),
             compaction_ids=list(d.get("compactionIds") or []),
             summarizer=str(d.get("summarizer") or ""),
+            depth=int(d.get("depth") or 0),
         )
 
 

@@ -201,9 +201,12 @@ def _limit(default: int, maximum: int = LIMIT_MAX, doc: str = "Most items to ret
 
 _E = ErrorCode
 _COMPACT_RESULT = (
-    "`effective` (boolean: false when there was nothing to compact), `compactionId` "
-    "(string, absent when not effective), `before` and `after`: `{messages, tokens}` of "
-    "the active context."
+    "`effective` (boolean: true only when both messages and tokens shrank; otherwise "
+    "nothing is committed and `reason` and `proposed` say why), `compactionId` (null "
+    "when nothing was committed), `before` and `after`: `{messages, tokens}` of the "
+    "active context, `summarizedFrom`/`summarizedTo` (archive ids), `trigger`, "
+    "`rederived` (true when the summary was derived again from the archive: the drift "
+    "bound)."
 )
 _SESSION_ONLY = (_session_id(),)
 
@@ -368,10 +371,33 @@ _METHOD_LIST: tuple[Method, ...] = (
                 default="openai",
                 choices=("openai",),
             ),
+            Param(
+                "budgetTokens",
+                "integer",
+                False,
+                "Fit the messages to this many tokens (a step projection): pins and summary, "
+                "then the longest tail suffix that fits without splitting a tool call from "
+                "its result.",
+                min=1,
+                max=10_000_000,
+            ),
+            Param(
+                "query",
+                "string",
+                False,
+                "Add one marked system message recalling the archived messages most "
+                "relevant to this text that are no longer in the active context.",
+                min=1,
+                max=QUERY_MAX,
+            ),
         ),
-        "`messages` ready to send to the model (summary and pins first, then the active "
-        "messages), `status` (as from `context/status`).",
-        "The model context: what to send as the next request's messages.",
+        "`messages` ready to send to the model (the session's leading system messages, "
+        "one system message with pins and summary, then the exact tail), `status` (as "
+        "from `context/status`). With `budgetTokens` or `query` also `estimatedTokens`, "
+        "`budgetTokens`, `overBudget`, `truncated` (null, or `{messages, tokens, fromId, "
+        "toId}` of the tail left out) and `recalledIds`.",
+        "The model context: what to send as the next request's messages. A projection "
+        "never changes the stored context.",
         (_E.SESSION_NOT_FOUND,),
         True,
     ),
@@ -380,7 +406,9 @@ _METHOD_LIST: tuple[Method, ...] = (
         _SESSION_ONLY,
         "`activeMessages`, `estimatedTokens`, `archiveMessages`, `compactionCount`, "
         "`lastCompactedAt` (unix seconds or null), `pendingApprovals`, `activeRunId` (or "
-        "null), `compacting` (boolean).",
+        "null), `compacting` (boolean), `autoCompactionPaused` (boolean: three automatic "
+        "compactions failed in a row; a manual compaction or rebuild that succeeds resumes "
+        "it), `version` (bumped whenever the context is replaced), `sessionId`.",
         "Counters of the session's context and archive.",
         (_E.SESSION_NOT_FOUND,),
         True,
@@ -416,9 +444,21 @@ _METHOD_LIST: tuple[Method, ...] = (
     ),
     Method(
         "context/rebuild",
-        _SESSION_ONLY,
-        _COMPACT_RESULT,
-        "Rebuilds the summary from the archive from scratch. Reports progress with `$/progress`.",
+        (
+            _session_id(),
+            Param(
+                "dryRun",
+                "boolean",
+                False,
+                "Preview only: return the context it would produce (`messages`) and the "
+                "difference (`diff`: items, messages, tokens) without committing.",
+                default=False,
+            ),
+        ),
+        _COMPACT_RESULT + " With `dryRun`: `dryRun`, `messages` and `diff` too.",
+        "Rebuilds the summary from the archive from scratch with the current strategy, "
+        "keeping pins; committed even when it does not shrink the context. Reports "
+        "progress with `$/progress`.",
         (
             _E.SESSION_NOT_FOUND,
             _E.COMPACTION_IN_PROGRESS,
@@ -429,8 +469,10 @@ _METHOD_LIST: tuple[Method, ...] = (
     Method(
         "context/explain",
         _SESSION_ONLY,
-        "`items`: each summary item (`section`, `text`, `status`, `sources`) with "
-        "`messages`, the archived messages its sources resolve to; `pins`.",
+        "`items`: each summary item (`section`, `text`, `status`, `sources`: each "
+        "`{id, role, createdAt, snippet}` resolved from the archive, or `{id, broken: "
+        "true}`); `brokenPointers` (count); `pins`; `provenance` (`compactionIds`, "
+        "`coversFrom`, `coversTo`, `summarizer`).",
         "Shows where every line of the summary came from.",
         (_E.SESSION_NOT_FOUND,),
         True,

@@ -6,6 +6,9 @@ import timeit
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from ctxd.protocol import gen_docs
 from ctxd.protocol.errors import ErrorCode, InvalidParams, MethodNotFound
 from ctxd.protocol.methods import (
@@ -18,8 +21,6 @@ from ctxd.protocol.methods import (
     TYPES,
     validate_params,
 )
-from hypothesis import given
-from hypothesis import strategies as st
 
 # The contract other clients are written against: method -> param names, in order.
 EXPECTED: dict[str, tuple[str, ...]] = {
@@ -42,10 +43,10 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "since",
         "until",
     ),
-    "context/get": ("sessionId", "format"),
+    "context/get": ("sessionId", "format", "budgetTokens", "query"),
     "context/status": ("sessionId",),
     "context/compact": ("sessionId", "force", "instructions"),
-    "context/rebuild": ("sessionId",),
+    "context/rebuild": ("sessionId", "dryRun"),
     "context/explain": ("sessionId",),
     "context/pins/add": ("sessionId", "text"),
     "context/pins/list": ("sessionId",),
@@ -111,10 +112,10 @@ GOOD: dict[str, dict[str, Any]] = {
         "since": 1_700_000_000,
         "until": 1_800_000_000.5,
     },
-    "context/get": {"sessionId": "s1", "format": "openai"},
+    "context/get": {"sessionId": "s1", "format": "openai", "budgetTokens": 500, "query": "q"},
     "context/status": {"sessionId": "s1"},
     "context/compact": {"sessionId": "s1", "force": True, "instructions": "keep paths"},
-    "context/rebuild": {"sessionId": "s1"},
+    "context/rebuild": {"sessionId": "s1", "dryRun": True},
     "context/explain": {"sessionId": "s1"},
     "context/pins/add": {"sessionId": "s1", "text": "x" * 65536},
     "context/pins/list": {"sessionId": "s1"},

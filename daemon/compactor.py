@@ -1,0 +1,522 @@
+"""Compactor: moves the oldest active messages into the summary, safely.
+
+One attempt: snapshot the context, choose the tail boundary, summarize what leaves
+(without holding the write lock: appends go on meanwhile), then commit atomically if
+the context version is unchanged and the result really shrank the context. Messages
+appended during the summary stay in the tail, so the committed context is exactly
+summary(summarized prefix) + every later message.
+
+Drift control: each incremental summary builds on the last one, so errors compound.
+After `rederive_after` incremental compactions, the next one re-derives the summary
+from the archive (in chunks) instead of from the previous summary.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ctxd.protocol.errors import (
+    ApprovalPending,
+    CompactionInProgress,
+    CtxdError,
+    SummarizerFailed,
+)
+
+from . import context_store as cs
+from .compaction import check_summary, tail_boundary
+from .context_store import ContextState
+from .messages import for_model
+from .summary import Summary, SummaryRequest
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+log = logging.getLogger("ctxd.compactor")
+
+# auto-compaction pauses on a session after this many failures in a row, until a
+# manual compaction or a rebuild succeeds there
+MAX_AUTO_FAILURES = 3
+
+
+def strip_archive_fields(msg: dict[str, Any]) -> dict[str, Any]:
+    """An archived message as the model takes it: no archive bookkeeping, no metadata."""
+    return {
+        k: v
+        for k, v in msg.items()
+        if k not in ("id", "batchId", "tokens", "createdAt", "metadata")
+    }
+
+
+class Compactor:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.policy = engine.policy
+        self.running: set[str] = set()
+        # an auto-compaction that did not shrink the context waits for this many messages
+        self._auto_retry_at: dict[str, int] = {}
+        self.auto_failures: dict[str, int] = {}
+
+    # when
+
+    def over_limits(self, st: ContextState) -> bool:
+        return (
+            st.rendered_messages > self.policy.max_active_messages
+            or st.rendered_tokens > self.policy.max_active_tokens
+        )
+
+    def auto_paused(self, session_id: str) -> bool:
+        return self.auto_failures.get(session_id, 0) >= MAX_AUTO_FAILURES
+
+    def auto_due(self, session_id: str) -> bool:
+        e = self.engine
+        st = e.context_state(session_id)
+        if session_id in self.running or not self.over_limits(st):
+            return False
+        if self.auto_paused(session_id):
+            return False
+        if e.runs.pending_count(session_id) or e.runs.open_run(session_id):
+            return False
+        retry_at = self._auto_retry_at.get(session_id)
+        return retry_at is None or st.rendered_messages >= retry_at
+
+    # entry points
+
+    async def compact(
+        self,
+        session_id: str,
+        *,
+        force: bool = False,
+        instructions: str | None = None,
+        trigger: str = "manual",
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
+        e = self.engine
+        e.require_session(session_id)
+        if e.runs.pending_count(session_id):
+            raise ApprovalPending(
+                "a tool call awaits approval in this session; compaction waits until "
+                "approval/resolve decides it"
+            )
+        if session_id in self.running:
+            raise CompactionInProgress(
+                "a compaction of this session is running; wait for context/didCompact"
+            )
+        self.running.add(session_id)
+        try:
+            result = await self._attempt(session_id, force, instructions, trigger, dry_run)
+        except CtxdError:
+            if trigger == "auto":
+                self.auto_failures[session_id] = self.auto_failures.get(session_id, 0) + 1
+            raise
+        finally:
+            self.running.discard(session_id)
+        if result.get("compactionId") and not dry_run:
+            self.auto_failures.pop(session_id, None)
+        return result
+
+    # one attempt
+
+    async def _attempt(
+        self,
+        session_id: str,
+        force: bool,
+        instructions: str | None,
+        trigger: str,
+        dry_run: bool,
+    ) -> dict[str, Any]:
+        e = self.engine
+        started = time.time()
+        cid = e.new_id("cmp")
+        st = e.context_state(session_id)
+        before = {"messages": st.rendered_messages, "tokens": st.rendered_tokens}
+        title = "Rebuilding context" if trigger == "rebuild" else "Compacting context"
+        self._progress(session_id, cid, {"kind": "begin", "title": title, "percentage": 0})
+        rederive = trigger == "rebuild" or (
+            self.policy.rederive_after > 0 and st.summary.depth >= self.policy.rederive_after
+        )
+        tail_region = (
+            [] if st.tail_start_id is None else e.archive.read_from(session_id, st.tail_start_id)
+        )
+        region = self._non_system_messages(session_id, st) if trigger == "rebuild" else tail_region
+        boundary = tail_boundary(
+            region,
+            keep=self.policy.keep_messages,
+            keep_tokens=self.policy.max_active_tokens // 2,
+            force=force,
+        )
+        if trigger == "rebuild" and boundary is None and region:
+            boundary = 0  # nothing to summarize: the whole region is the tail
+        if boundary is None:
+            return self._not_effective(
+                cid,
+                session_id,
+                trigger,
+                started,
+                before,
+                instructions,
+                "nothing can leave the context without splitting a tool call from its "
+                "result, or dropping the latest user message (force mode)",
+            )
+        if rederive and trigger != "rebuild":
+            # summarize everything before the new tail again, from the archive
+            cut = region[boundary]["id"]
+            leaving = [m for m in self._non_system_messages(session_id, st) if m["id"] < cut]
+            log.info(
+                "compaction %s of %s re-derives the summary from the archive after %d "
+                "incremental compactions",
+                cid,
+                session_id,
+                st.summary.depth,
+            )
+        else:
+            leaving = region[:boundary]
+        previous = Summary() if rederive else st.summary
+        pins = [p["text"] for p in cs.list_pins(e.conn, session_id)]
+        try:
+            summary = await self._summarize(session_id, previous, leaving, pins, instructions, cid)
+        except CtxdError:
+            raise
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            with e.conn:
+                self._log(
+                    cid,
+                    session_id,
+                    trigger,
+                    started,
+                    before,
+                    None,
+                    False,
+                    False,
+                    leaving,
+                    instructions,
+                    reason,
+                )
+            e.emit(
+                session_id,
+                "context/compactionFailed",
+                {
+                    "sessionId": session_id,
+                    "trigger": trigger,
+                    "compactionId": cid,
+                    "error": {"code": int(SummarizerFailed.code), "message": str(exc)},
+                },
+            )
+            self._progress(session_id, cid, {"kind": "end", "message": "failed"})
+            raise SummarizerFailed(
+                f"the summarizer failed: {exc}; the context is unchanged",
+                {"compactionId": cid},
+            ) from None
+        if leaving:
+            summary.covers_to = max(summary.covers_to or 0, leaving[-1]["id"])
+            if summary.covers_from is None or rederive:
+                summary.covers_from = leaving[0]["id"]
+        summary.compaction_ids = [*previous.compaction_ids, cid][-50:]
+        summary.depth = 0 if rederive else previous.depth + 1
+        return self._commit(
+            cid,
+            session_id,
+            trigger,
+            started,
+            st,
+            summary,
+            region,
+            boundary,
+            leaving,
+            instructions,
+            dry_run,
+            rederive,
+        )
+
+    def _non_system_messages(self, session_id: str, st: ContextState) -> list[dict[str, Any]]:
+        system = set(st.system_ids)
+        return [m for m in self.engine.archive.read_from(session_id, 0) if m["id"] not in system]
+
+    async def _summarize(
+        self,
+        session_id: str,
+        previous: Summary,
+        leaving: list[dict[str, Any]],
+        pins: list[str],
+        instructions: str | None,
+        cid: str,
+    ) -> Summary:
+        e = self.engine
+        chunk = max(1, self.policy.rebuild_chunk_messages)
+        summary = previous
+        allowed = previous.all_sources()
+        for start in range(0, len(leaving), chunk):
+            part = leaving[start : start + chunk]
+            allowed |= {m["id"] for m in part}
+            request = SummaryRequest(
+                session_id=session_id,
+                previous=summary,
+                messages=[{**for_model(strip_archive_fields(m)), "id": m["id"]} for m in part],
+                pins=pins,
+                instructions=instructions,
+                budget_tokens=self.policy.summary_budget_tokens,
+                count_tokens=e.tokens.count_text,
+            )
+            summary = await e.summarizer.summarize(request)
+            problems = check_summary(summary, allowed)
+            if problems:
+                raise ValueError("summary rejected: " + "; ".join(problems[:3]))
+            if len(leaving) > chunk:
+                done = min(99, (start + chunk) * 100 // len(leaving))
+                self._progress(session_id, cid, {"kind": "report", "percentage": done})
+        return summary
+
+    def _commit(
+        self,
+        cid: str,
+        session_id: str,
+        trigger: str,
+        started: float,
+        snapshot: ContextState,
+        summary: Summary,
+        region: list[dict[str, Any]],
+        boundary: int,
+        leaving: list[dict[str, Any]],
+        instructions: str | None,
+        dry_run: bool,
+        rederived: bool,
+    ) -> dict[str, Any]:
+        e = self.engine
+        with e.conn:
+            now_st = cs.load_context(e.conn, session_id)
+            assert now_st is not None
+            if now_st.version != snapshot.version:
+                raise CompactionInProgress(
+                    "the context was replaced while this compaction ran; nothing was "
+                    "changed, try again"
+                )
+            before = {"messages": now_st.rendered_messages, "tokens": now_st.rendered_tokens}
+            new = replace(now_st, summary=summary, version=now_st.version + 1)
+            new.tail_start_id = region[boundary]["id"]
+            # appends made meanwhile only added to the counters: subtract what left
+            count, tokens = e.archive.sums_from(session_id, new.tail_start_id)
+            system_tokens = sum(m["tokens"] for m in e.archive.get_many(now_st.system_ids).values())
+            new.active_messages = len(now_st.system_ids) + count
+            new.active_tokens = system_tokens + tokens
+            new.summary_tokens = e.summary_tokens(session_id, summary)
+            after = {"messages": new.rendered_messages, "tokens": new.rendered_tokens}
+            effective = (
+                after["messages"] < before["messages"] and after["tokens"] < before["tokens"]
+            )
+            commit = (effective or trigger == "rebuild") and not dry_run
+            if commit:
+                if effective:
+                    new.compaction_count += 1
+                    new.last_compacted_at = time.time()
+                cs.save_context(e.conn, new)
+            if not dry_run:
+                self._log(
+                    cid,
+                    session_id,
+                    trigger,
+                    started,
+                    before,
+                    after,
+                    effective,
+                    commit,
+                    leaving,
+                    instructions,
+                    None,
+                )
+        if dry_run:
+            self._progress(session_id, cid, {"kind": "end", "message": "dry run"})
+            return self._preview(session_id, snapshot, new, before, after, effective, leaving)
+        if commit:
+            e.set_context_state(new)
+        if effective:
+            self._auto_retry_at.pop(session_id, None)
+        elif trigger == "auto":
+            self._auto_retry_at[session_id] = before["messages"] + max(
+                4, self.policy.keep_messages // 3
+            )
+        result: dict[str, Any] = {
+            "effective": effective,
+            "compactionId": cid if commit else None,
+            "before": before,
+            "after": after if commit else before,
+            "summarizedFrom": leaving[0]["id"] if leaving else None,
+            "summarizedTo": leaving[-1]["id"] if leaving else None,
+            "trigger": trigger,
+            "rederived": rederived,
+        }
+        if not effective:
+            result["reason"] = (
+                f"the new context would have {after['messages']} messages and "
+                f"{after['tokens']} tokens against {before['messages']} and "
+                f"{before['tokens']} now: a compaction must shrink both"
+            )
+            result["proposed"] = after
+        self._progress(
+            session_id,
+            cid,
+            {"kind": "end", "message": "effective" if effective else "not effective"},
+        )
+        e.emit(
+            session_id,
+            "context/didCompact",
+            {"sessionId": session_id, **result, "status": e.status(session_id)},
+        )
+        return result
+
+    def _preview(
+        self,
+        session_id: str,
+        old: ContextState,
+        new: ContextState,
+        before: dict[str, int],
+        after: dict[str, int],
+        effective: bool,
+        leaving: list[dict[str, Any]],
+    ) -> dict[str, Any]:
+        e = self.engine
+        return {
+            "dryRun": True,
+            "effective": effective,
+            "compactionId": None,
+            "before": before,
+            "after": after,
+            "summarizedFrom": leaving[0]["id"] if leaving else None,
+            "summarizedTo": leaving[-1]["id"] if leaving else None,
+            "messages": e.render(session_id, new),
+            "diff": {
+                "items": new.summary.item_count() - old.summary.item_count(),
+                "messages": after["messages"] - before["messages"],
+                "tokens": after["tokens"] - before["tokens"],
+            },
+        }
+
+    def _not_effective(
+        self,
+        cid: str,
+        session_id: str,
+        trigger: str,
+        started: float,
+        before: dict[str, int],
+        instructions: str | None,
+        reason: str,
+    ) -> dict[str, Any]:
+        with self.engine.conn:
+            self._log(
+                cid,
+                session_id,
+                trigger,
+                started,
+                before,
+                before,
+                False,
+                False,
+                [],
+                instructions,
+                None,
+            )
+        if trigger == "auto":
+            self._auto_retry_at[session_id] = before["messages"] + max(
+                4, self.policy.keep_messages // 3
+            )
+        self._progress(session_id, cid, {"kind": "end", "message": "not effective"})
+        return {
+            "effective": False,
+            "compactionId": None,
+            "before": before,
+            "after": before,
+            "summarizedFrom": None,
+            "summarizedTo": None,
+            "trigger": trigger,
+            "rederived": False,
+            "reason": reason,
+        }
+
+    def _progress(self, session_id: str, token: str, value: dict[str, Any]) -> None:
+        self.engine.emit(
+            session_id, "$/progress", {"sessionId": session_id, "token": token, "value": value}
+        )
+
+    def _log(
+        self,
+        cid: str,
+        session_id: str,
+        trigger: str,
+        started: float,
+        before: dict[str, int],
+        after: dict[str, int] | None,
+        effective: bool,
+        committed: bool,
+        leaving: list[dict[str, Any]],
+        instructions: str | None,
+        error: str | None,
+    ) -> None:
+        e = self.engine
+        e.conn.execute(
+            "INSERT INTO compactions(id, session_id, trigger, started_at, duration_ms, "
+            "before_messages, before_tokens, after_messages, after_tokens, effective, "
+            "committed, summarized_from, summarized_to, summarizer, instructions, error) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                cid,
+                session_id,
+                trigger,
+                started,
+                (time.time() - started) * 1000,
+                before["messages"],
+                before["tokens"],
+                after["messages"] if after else None,
+                after["tokens"] if after else None,
+                int(effective),
+                int(committed),
+                leaving[0]["id"] if leaving else None,
+                leaving[-1]["id"] if leaving else None,
+                getattr(e.summarizer, "name", type(e.summarizer).__name__),
+                instructions,
+                error,
+            ),
+        )
+        log.info(
+            "compaction %s of %s (%s): effective=%s before=%s after=%s error=%s",
+            cid,
+            session_id,
+            trigger,
+            effective,
+            before,
+            after,
+            error,
+        )
+
+    def history(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
+        cols = (
+            "id, trigger, started_at, duration_ms, before_messages, before_tokens, "
+            "after_messages, after_tokens, effective, committed, summarized_from, "
+            "summarized_to, summarizer, error"
+        )
+        rows = self.engine.conn.execute(
+            f"SELECT {cols} FROM compactions WHERE session_id = ? ORDER BY started_at DESC LIMIT ?",
+            (session_id, limit),
+        )
+        keys = [
+            "compactionId",
+            "trigger",
+            "startedAt",
+            "durationMs",
+            "beforeMessages",
+            "beforeTokens",
+            "afterMessages",
+            "afterTokens",
+            "effective",
+            "committed",
+            "summarizedFrom",
+            "summarizedTo",
+            "summarizer",
+            "error",
+        ]
+        out = [dict(zip(keys, r, strict=True)) for r in rows]
+        for row in out:
+            row["effective"] = bool(row["effective"])
+            row["committed"] = bool(row["committed"])
+        return out

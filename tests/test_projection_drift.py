@@ -1,0 +1,141 @@
+"""Step projection, drift control, rebuild previews and the auto-compaction pause."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from helpers import agent_turn, make_config, tool_turn
+
+from ctxd.daemon.engine import Engine
+from ctxd.daemon.projection import RECALL_HEADER
+from ctxd.daemon.summary import Summary, SummaryRequest
+from ctxd.protocol.errors import SummarizerFailed
+
+
+def _session(engine: Engine, turns: int) -> str:
+    sid = engine.create_session()["sessionId"]
+    engine.append(sid, [{"role": "system", "content": "You are an agent."}])
+    engine.append(sid, [{"role": "user", "content": "The deploy password rotates on "
+                                                    "Fridays; remember the walrus."}])
+    for i in range(turns):
+        engine.append(sid, agent_turn(i))
+    return sid
+
+
+def test_budget_projection_keeps_pairs_and_says_what_it_left_out(engine: Engine) -> None:
+    sid = _session(engine, 8)
+    stored = engine.context_messages(sid)
+    version = engine.status(sid)["version"]
+    full = sum(engine.tokens.count_message(m) for m in stored)
+    out = engine.get_context(sid, budget_tokens=full // 2)
+    msgs = out["messages"]
+    assert msgs[0]["content"] == "You are an agent."
+    assert out["estimatedTokens"] <= full // 2
+    assert out["estimatedTokens"] == sum(engine.tokens.count_message(m) for m in msgs)
+    tail = msgs[1:]
+    assert tail and tail[0]["role"] != "tool"
+    calls = {c["id"] for m in tail for c in m.get("tool_calls") or ()}
+    assert all(m["tool_call_id"] in calls for m in tail if m["role"] == "tool")
+    # the kept tail is a suffix of the stored context, and the rest is reported
+    assert stored[-len(tail):] == tail
+    assert out["truncated"]["messages"] == len(stored) - len(msgs)
+    # the stored context is untouched
+    assert engine.context_messages(sid) == stored
+    assert engine.status(sid)["version"] == version
+    roomy = engine.get_context(sid, budget_tokens=full * 2)
+    assert roomy["truncated"] is None and roomy["messages"] == stored
+
+
+def test_query_recalls_what_left_the_context(engine: Engine) -> None:
+    sid = _session(engine, 25)
+    asyncio.run(engine.compact(sid))
+    assert not engine.search("walrus", session_id=sid)[0]["inActiveContext"]
+    out = engine.get_context(sid, budget_tokens=4000, query="walrus")
+    recall = [m for m in out["messages"] if m["content"] and RECALL_HEADER in m["content"]]
+    assert len(recall) == 1 and "remember the walrus" in recall[0]["content"]
+    assert out["recalledIds"] == [2]
+    assert out["estimatedTokens"] <= 4000
+    # nothing relevant outside the context: no recall message
+    out = engine.get_context(sid, query="zzzunmatched")
+    assert out["recalledIds"] == [] and not any(
+        RECALL_HEADER in (m["content"] or "") for m in out["messages"])
+
+
+def test_drift_bound_rederives_from_the_archive(tmp_path: Path) -> None:
+    engine = Engine(make_config(tmp_path, rederive_after=2))
+    sid = _session(engine, 4)
+    results = []
+    for round_ in range(4):
+        for i in range(6):
+            engine.append(sid, agent_turn(100 * (round_ + 1) + i))
+        results.append(asyncio.run(engine.compact(sid, force=True)))
+    assert all(r["effective"] for r in results)
+    assert [r["rederived"] for r in results] == [False, False, True, False]
+    summary = engine.context_state(sid).summary
+    # the re-derived summary starts again from the first archived message after the
+    # system prompt, and its provenance restarts at that compaction
+    assert summary.covers_from == 2
+    assert summary.compaction_ids == [results[2]["compactionId"], results[3]["compactionId"]]
+    assert summary.depth == 1
+    engine.close()
+
+
+def test_rebuild_dry_run_previews_without_committing(engine: Engine) -> None:
+    sid = _session(engine, 25)
+    asyncio.run(engine.compact(sid))
+    engine.append(sid, agent_turn(99))
+    before_ctx = engine.context_messages(sid)
+    before = engine.status(sid)
+    preview = asyncio.run(engine.rebuild(sid, dry_run=True))
+    assert preview["dryRun"] is True and preview["compactionId"] is None
+    assert engine.context_messages(sid) == before_ctx
+    assert engine.status(sid)["version"] == before["version"]
+    assert preview["diff"]["messages"] == preview["after"]["messages"] - before["activeMessages"]
+    assert preview["diff"]["tokens"] == preview["after"]["tokens"] - before["estimatedTokens"]
+    assert len(preview["messages"]) == preview["after"]["messages"]
+    committed = asyncio.run(engine.rebuild(sid))
+    assert engine.context_messages(sid) == preview["messages"]
+    assert committed["after"] == preview["after"]
+
+
+class FailingSummarizer:
+    name = "failing"
+
+    def __init__(self) -> None:
+        self.fail = True
+
+    async def summarize(self, request: SummaryRequest) -> Summary:
+        if self.fail:
+            raise RuntimeError("model endpoint returned HTTP 500")
+        from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
+
+        return await BuiltinSummarizer().summarize(request)
+
+
+def test_three_auto_failures_pause_until_a_manual_success(tmp_path: Path) -> None:
+    summarizer = FailingSummarizer()
+    engine = Engine(make_config(tmp_path), summarizer=summarizer)
+    sid = _session(engine, 21)
+    for _ in range(3):
+        assert engine.auto_compaction_due(sid)
+        with pytest.raises(SummarizerFailed):
+            asyncio.run(engine.compact(sid, trigger="auto"))
+    assert engine.status(sid)["autoCompactionPaused"] is True
+    assert not engine.auto_compaction_due(sid)
+    log = engine.compaction_log(sid)
+    assert len(log) == 3 and all("HTTP 500" in row["error"] for row in log)
+    summarizer.fail = False
+    assert asyncio.run(engine.compact(sid))["effective"]
+    assert engine.status(sid)["autoCompactionPaused"] is False
+    engine.close()
+
+
+def test_pending_tool_call_at_the_end_is_never_summarized(engine: Engine) -> None:
+    sid = _session(engine, 21)
+    call, _ = tool_turn(777)
+    engine.append(sid, [call])
+    assert asyncio.run(engine.compact(sid, force=True))["effective"]
+    ctx = engine.context_messages(sid)
+    assert any(c["id"] == "call_777" for m in ctx for c in m.get("tool_calls") or ())
