@@ -658,6 +658,8 @@ class _IoThread:
         try:
             return fut.result(timeout)
         except concurrent.futures.TimeoutError:
+            if fut.done():
+                raise  # the call's own TimeoutError (the same class since Python 3.11)
             fut.cancel()
             raise TimeoutError(
                 f"the client's I/O thread did not answer within {timeout}s"
@@ -794,6 +796,7 @@ class Client(_Methods[Any]):
             io, client = self._io, self._async
             if io is None or client is None:
                 return
+            self._io = None
             try:
                 io.run(client.close(), 10.0)
             except Exception:
@@ -823,6 +826,8 @@ class Client(_Methods[Any]):
             coro.close()
             if client is not None and client._lost is not None:
                 raise ConnectionError(str(client._lost))
+            if client is not None:
+                raise ConnectionError("the client was closed")
             raise ConnectionError("the client is not open; use connect() or open()")
         if threading.get_ident() == io.ident:
             coro.close()
