@@ -66,6 +66,8 @@ class Engine:
         self.summarizer: Summarizer = summarizer or BuiltinSummarizer()
         self.policy = self.config.compaction
         self._contexts: dict[str, ContextState] = {}
+        # archived messages per session: counted once, then kept current by appends
+        self._archive_counts: dict[str, int] = {}
         self._listeners: list[EventListener] = []
         self.compactor = Compactor(self)
 
@@ -230,6 +232,8 @@ class Engine:
                         new.tail_start_id = mid
             cs.bump_counts(self.conn, new)
         self._contexts[session_id] = new
+        if session_id in self._archive_counts:
+            self._archive_counts[session_id] += len(ids)
         status = self.status(session_id)
         self.emit(
             session_id,
@@ -310,6 +314,12 @@ class Engine:
         next_after = msgs[-1]["id"] if len(msgs) == limit else None
         return {"messages": msgs, "nextAfterId": next_after}
 
+    def archive_count(self, session_id: str) -> int:
+        n = self._archive_counts.get(session_id)
+        if n is None:
+            n = self._archive_counts[session_id] = self.archive.message_count(session_id)
+        return n
+
     def status(self, session_id: str) -> dict[str, Any]:
         st = self.context_state(session_id)
         run = self.runs.open_run(session_id)
@@ -317,7 +327,7 @@ class Engine:
             "sessionId": session_id,
             "activeMessages": st.rendered_messages,
             "estimatedTokens": st.rendered_tokens,
-            "archiveMessages": self.archive.message_count(session_id),
+            "archiveMessages": self.archive_count(session_id),
             "compactionCount": st.compaction_count,
             "lastCompactedAt": st.last_compacted_at,
             "pendingApprovals": self.runs.pending_count(session_id),
