@@ -100,12 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=cmd_config)
 
-    try:
-        from ctxd.clients import commands
-    except ImportError:
-        commands = None  # type: ignore[assignment]
-    if commands is not None:
-        commands.register(sub, _common)
+    from ctxd.clients import commands
+
+    commands.register(sub, _common)
     return parser
 
 
