@@ -1,0 +1,63 @@
+"""Summarizers, and the one the configuration asks for."""
+
+from __future__ import annotations
+
+import logging
+
+from ctxd.daemon.config import Config
+from ctxd.daemon.summary import Summarizer, Summary, SummaryRequest
+
+from .builtin import BuiltinSummarizer
+from .openai import OpenAISummarizer, SummarizerError
+
+__all__ = [
+    "BuiltinSummarizer",
+    "FallbackSummarizer",
+    "OpenAISummarizer",
+    "SummarizerError",
+    "make_summarizer",
+]
+
+log = logging.getLogger("ctxd.summarizer")
+
+
+class FallbackSummarizer:
+    """`primary`, and `fallback` when it fails.
+
+    A compaction that falls back still shrinks the context; the summary says which
+    summarizer wrote it and why, e.g. "builtin (fallback: <reason>)".
+    """
+
+    def __init__(self, primary: Summarizer, fallback: Summarizer) -> None:
+        self.primary = primary
+        self.fallback = fallback
+        self.name = f"{primary.name} (fallback {fallback.name})"
+
+    async def summarize(self, request: SummaryRequest) -> Summary:
+        try:
+            return await self.primary.summarize(request)
+        except Exception as exc:  # any failure of the primary, not only SummarizerError
+            reason = str(exc) or type(exc).__name__
+            if not isinstance(exc, SummarizerError):
+                reason = f"{type(exc).__name__}: {reason}"
+            log.warning("summarizer %s failed, using %s: %s",
+                        self.primary.name, self.fallback.name, reason)
+        summary = await self.fallback.summarize(request)
+        summary.summarizer = f"{self.fallback.name} (fallback: {reason[:300]})"
+        return summary
+
+
+def make_summarizer(config: Config) -> Summarizer:
+    """The summarizer `config.summarizer` names, with its fallback if one is set."""
+    if config.summarizer == "builtin":
+        return BuiltinSummarizer()
+    if config.summarizer == "openai":
+        primary = OpenAISummarizer(config.openai)
+        if config.openai.fallback == "builtin":
+            return FallbackSummarizer(primary, BuiltinSummarizer())
+        if config.openai.fallback:
+            raise ValueError(
+                f"openai.fallback must be 'builtin' or empty, not {config.openai.fallback!r}"
+            )
+        return primary
+    raise ValueError(f"summarizer must be 'builtin' or 'openai', not {config.summarizer!r}")

@@ -1,0 +1,262 @@
+"""A scriptable OpenAI-compatible chat completions server on 127.0.0.1, for tests.
+
+It is a real HTTP server in a background thread, so the summarizer under test goes
+through its actual client code over a socket. Each request takes the next behaviour
+from the script (then the default): a good summary built from the prompt (every
+`[id N]` line cited, the previous summary's items kept), or one of the ways real
+servers and models fail. Every request is recorded for assertions on the prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+_ID_LINE = re.compile(r"^\[id (\d+)\] (\w+)", re.MULTILINE)
+_ANCHOR = re.compile(r"<previous_summary>\n(.*?)\n</previous_summary>", re.DOTALL)
+
+BEHAVIOURS = (
+    "good",  # a valid summary of the prompt
+    "fenced",  # the good summary in a ```json fence, with prose around it
+    "malformed",  # text that is not JSON at all
+    "truncated",  # JSON cut off mid-way, finish_reason "length"
+    "wrong_ids",  # the good summary plus an item citing an id that was never given
+    "huge",  # the good summary with every new item padded far past any budget
+    "drop_anchor",  # only the new items: the previous summary's items are lost
+    "slow",  # sleeps `slow_seconds`, then the good summary
+    "http500",  # HTTP 500 with an OpenAI-style error body
+    "http401",  # HTTP 401 whose message echoes the key, as some servers do
+    "reject_response_format",  # HTTP 400 while the request has response_format
+    "chunked",  # the good summary with Transfer-Encoding: chunked
+)
+
+
+@dataclass
+class Recorded:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return list(self.body.get("messages") or [])
+
+    @property
+    def prompt(self) -> str:
+        """The first user message: the summary request proper."""
+        return next((m["content"] for m in self.messages if m.get("role") == "user"), "")
+
+    @property
+    def system(self) -> str:
+        return next((m["content"] for m in self.messages if m.get("role") == "system"), "")
+
+    def ids(self) -> list[int]:
+        """The archive ids of the messages shown in the prompt."""
+        return [int(m.group(1)) for m in _ID_LINE.finditer(self.prompt)]
+
+    def anchor(self) -> dict[str, Any] | None:
+        """The previous summary the prompt carried, or None when it had none."""
+        m = _ANCHOR.search(self.prompt)
+        if not m:
+            return None
+        try:
+            data = json.loads(m.group(1))
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
+
+
+Behaviour = str | Callable[[Recorded], str]
+
+_SECTION_BY_ROLE = {"user": "goals", "assistant": "decisions", "tool": "tool_activity"}
+
+
+def good_summary(rec: Recorded, *, keep_anchor: bool = True) -> dict[str, Any]:
+    """The anchor's items, plus one item per message shown, citing it."""
+    sections: dict[str, list[dict[str, Any]]] = {}
+    anchor = rec.anchor() if keep_anchor else None
+    if anchor:
+        for name, items in (anchor.get("sections") or {}).items():
+            sections.setdefault(name, []).extend(items)
+    for m in _ID_LINE.finditer(rec.prompt):
+        mid, role = int(m.group(1)), m.group(2)
+        section = _SECTION_BY_ROLE.get(role, "open_items")
+        sections.setdefault(section, []).append({"text": f"{role} message {mid}", "sources": [mid]})
+    return {"sections": sections}
+
+
+class FakeLLM:
+    """`with FakeLLM() as llm:` serves on `llm.base_url` until the block ends."""
+
+    def __init__(
+        self,
+        default: Behaviour = "good",
+        *,
+        slow_seconds: float = 5.0,
+        tls: ssl.SSLContext | None = None,
+        model: str = "fake-model",
+    ) -> None:
+        self.default = default
+        self.slow_seconds = slow_seconds
+        self.model = model
+        self.requests: list[Recorded] = []
+        self._script: list[Behaviour] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._server.daemon_threads = True
+        self._server.fake = self  # type: ignore[attr-defined]
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
+        self.port = self._server.server_address[1]
+        self.base_url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}/v1"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+
+    def script(self, *behaviours: Behaviour) -> None:
+        """Behaviours for the next requests, in order; then the default again."""
+        with self._lock:
+            self._script.extend(behaviours)
+
+    def close(self) -> None:
+        self._stop.set()  # wakes slow handlers
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeLLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _next(self, rec: Recorded) -> Behaviour:
+        with self._lock:
+            self.requests.append(rec)
+            return self._script.pop(0) if self._script else self.default
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass  # keep test output clean
+
+    def do_POST(self) -> None:  # noqa: N802
+        fake: FakeLLM = self.server.fake  # type: ignore[attr-defined]
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            self._send(400, {"error": {"message": "request body is not JSON"}})
+            return
+        rec = Recorded(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+        behaviour = fake._next(rec)
+        if self.path != "/v1/chat/completions":
+            self._send(404, {"error": {"message": f"no route {self.path}"}})
+            return
+        try:
+            self._answer(fake, rec, behaviour)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (a timeout test)
+
+    def _answer(self, fake: FakeLLM, rec: Recorded, behaviour: Behaviour) -> None:
+        if callable(behaviour):
+            self._completion(fake, behaviour(rec))
+            return
+        good = json.dumps(good_summary(rec))
+        if behaviour == "good":
+            self._completion(fake, good)
+        elif behaviour == "fenced":
+            self._completion(
+                fake, f"Sure! Here is the summary:\n\n```json\n{good}\n```\n\nLet me know."
+            )
+        elif behaviour == "malformed":
+            self._completion(fake, "The summary: goals were {to fix the thing, sources: 1")
+        elif behaviour == "truncated":
+            self._completion(fake, good[: len(good) // 2], finish_reason="length")
+        elif behaviour == "wrong_ids":
+            data = good_summary(rec)
+            data["sections"].setdefault("errors", []).append(
+                {"text": "an invented error", "sources": [99999]}
+            )
+            self._completion(fake, json.dumps(data))
+        elif behaviour == "huge":
+            data = good_summary(rec)
+            shown = set(rec.ids())
+            for items in data["sections"].values():
+                for item in items:
+                    if set(item["sources"]) <= shown:  # the new items, not the anchor's
+                        item["text"] += " padding" * 400
+            self._completion(fake, json.dumps(data))
+        elif behaviour == "drop_anchor":
+            self._completion(fake, json.dumps(good_summary(rec, keep_anchor=False)))
+        elif behaviour == "slow":
+            if fake._stop.wait(fake.slow_seconds):
+                return
+            self._completion(fake, good)
+        elif behaviour == "http500":
+            self._send(500, {"error": {"message": "model crashed", "type": "server_error"}})
+        elif behaviour == "http401":
+            key = rec.headers.get("authorization", "").removeprefix("Bearer ")
+            self._send(401, {"error": {"message": f"Incorrect API key provided: {key}"}})
+        elif behaviour == "reject_response_format":
+            if "response_format" in rec.body:
+                self._send(
+                    400,
+                    {"error": {"message": "Invalid parameter: 'response_format' of type "
+                               "'json_object' is not supported with this model."}},
+                )
+            else:
+                self._completion(fake, good)
+        elif behaviour == "chunked":
+            self._completion(fake, good, chunked=True)
+        else:
+            raise ValueError(f"unknown behaviour {behaviour!r}")
+
+    def _completion(
+        self, fake: FakeLLM, content: str, finish_reason: str = "stop", chunked: bool = False
+    ) -> None:
+        body = {
+            "id": f"chatcmpl-{len(fake.requests)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": fake.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content},
+                    "finish_reason": finish_reason,
+                }
+            ],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        }
+        self._send(200, body, chunked=chunked)
+
+    def _send(self, status: int, body: dict[str, Any], chunked: bool = False) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Connection", "close")
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(0, len(data), 700):
+                piece = data[i : i + 700]
+                self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            self.wfile.write(b"0\r\n\r\n")
+        else:
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        self.close_connection = True
