@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import queue
 import re
@@ -171,6 +172,10 @@ def clock(ts: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts))
 
 
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def id_ranges(ids: list[int]) -> str:
     """`[1, 4, 5, 6]` → `#1, #4–#6`."""
     parts: list[str] = []
@@ -274,10 +279,22 @@ def _find(args: argparse.Namespace) -> tuple[Path, dict[str, Any], Path]:
     return found, info, data_dir
 
 
+def _client_log_to_stderr() -> None:
+    """Show the client's warnings (a lost connection and why) the way the CLI reports."""
+    root, client_log = logging.getLogger(), logging.getLogger("ctxd.client")
+    if root.handlers or client_log.handlers:
+        return  # an embedding program configured logging: leave it alone
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("ctxd: %(message)s"))
+    handler.setLevel(logging.WARNING)
+    client_log.addHandler(handler)
+
+
 def _run(handler: Handler) -> Callable[[argparse.Namespace], int]:
     """Connect, run `handler`, and turn every failure into a message and an exit code."""
 
     def run(args: argparse.Namespace) -> int:
+        _client_log_to_stderr()
         out = Output(sys.stdout, bool(args.json))
         client: Client | None = None
         try:
@@ -508,9 +525,9 @@ def cmd_show(ctx: Context) -> int:
                 "did not line up; try again)"))
     out.line()
 
-    left_head = [f"ARCHIVE  {count} messages, {tokens} tokens",
+    left_head = [f"ARCHIVE  {plural(count, 'message')}, {plural(tokens, 'token')}",
                  f"last {len(shown)} (* = in context):"]
-    right_head = [f"ACTIVE CONTEXT  {len(ctx_msgs)} messages, "
+    right_head = [f"ACTIVE CONTEXT  {plural(len(ctx_msgs), 'message')}, "
                   f"~{status.get('estimatedTokens', '?')} tokens", ""]
     width = out.width
     side = out.tty and width >= SIDE_BY_SIDE_MIN_WIDTH
@@ -696,7 +713,7 @@ def event_text(method: str, p: dict[str, Any]) -> str:
         ids = p.get("messageIds") or []
         span = id_ranges(ids) if ids else "no messages"
         run = f" (run {p['runId']})" if p.get("runId") else ""
-        return f"append     batch {p.get('batchId')}: {len(ids)} messages {span}{run}"
+        return f"append     batch {p.get('batchId')}: {plural(len(ids), 'message')} {span}{run}"
     if method == "context/didCompact":
         b, a = p.get("before") or {}, p.get("after") or {}
         return (f"compact    {p.get('trigger', '?')}: {b.get('messages')} → {a.get('messages')}"
