@@ -77,6 +77,7 @@ class ZmqTransport:
         self._tasks: list[asyncio.Task[None]] = []
         self._topics: set[bytes] = set()
         self._probes: dict[bytes, asyncio.Future[None]] = {}
+        self._waiting_sends = 0
 
     async def open(self) -> None:
         for endpoint in (self.router_endpoint, self.pub_endpoint):
@@ -122,7 +123,27 @@ class ZmqTransport:
                 f"request of {len(payload)} bytes exceeds the limit of "
                 f"{self.max_message_size}; send smaller batches"
             )
-        await dealer.send_multipart([b"", payload])
+        frames = [b"", payload]
+        if not self._waiting_sends:
+            # With no send queued ahead, a non-blocking send completes on the spot.
+            fut = dealer.send_multipart(frames, flags=zmq.NOBLOCK)
+            exc = fut.exception() if fut.done() else None
+            if exc is None:
+                return
+            if not isinstance(exc, zmq.Again):
+                raise ConnectionError(f"cannot send to {self.router_endpoint}: {exc}")
+        # Not connected (IMMEDIATE), or the queue is full: wait, but not for long.
+        self._waiting_sends += 1
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                await dealer.send_multipart(frames)
+        except TimeoutError:
+            raise ConnectionError(
+                f"no connection to the daemon at {self.router_endpoint} for "
+                f"{self.connect_timeout:g}s; is it running?"
+            ) from None
+        finally:
+            self._waiting_sends -= 1
 
     async def subscribe(self, session_id: str, timeout: float) -> bool:
         """Subscribe to the session's events; True once the subscription is in effect."""

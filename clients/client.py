@@ -492,7 +492,9 @@ class AsyncClient(_Methods[Awaitable[Any]]):
                 sent = True
                 return await fut
         except TimeoutError:
-            if not sent:
+            # Only ZeroMQ can hold a request back unsent (no connection to hand it to); a
+            # stream wire has written it and merely waits for the socket to drain.
+            if not sent and transport.wire == "zmq":
                 raise ConnectionError(
                     f"cannot reach the ctxd daemon at {transport.endpoint} to send {method} "
                     f"(waited {limit:g}s); is it running?"
@@ -754,6 +756,8 @@ class Client(_Methods[Any]):
         self._io: _IoThread | None = None
         self._async: AsyncClient | None = None
         self._lock = threading.Lock()
+        # replaced, never mutated: the I/O thread iterates snapshots without locking
+        self._callbacks: list[NotificationCallback] = []
         self._streams: list[SyncNotificationStream] = []
 
     @classmethod
@@ -786,7 +790,7 @@ class Client(_Methods[Any]):
 
     async def _make_async(self) -> AsyncClient:
         client = AsyncClient(self._info, self.wire, **self._options)
-        client.on_notification(self._deliver_to_streams)
+        client.on_notification(self._deliver)
         client._end_hooks.append(self._end_streams)
         await client.open()
         return client
@@ -862,11 +866,16 @@ class Client(_Methods[Any]):
         return self._run(client.unsubscribe(session_id), self.timeout)
 
     def on_notification(self, callback: NotificationCallback) -> Callable[[], None]:
-        """Call `callback(method, params)` on the I/O thread for every notification."""
-        client = self._async
-        if client is None:
-            raise ConnectionError("the client is not open; use connect() or open()")
-        return client.on_notification(callback)
+        """Call `callback(method, params)` on the I/O thread for every notification.
+
+        May be registered before `open()`; returns a function that removes it.
+        """
+        self._callbacks = [*self._callbacks, callback]
+
+        def remove() -> None:
+            self._callbacks = [cb for cb in self._callbacks if cb is not callback]
+
+        return remove
 
     def notifications(
         self, timeout: float | None = None, maxsize: int = 10_000
@@ -876,7 +885,7 @@ class Client(_Methods[Any]):
 
     def _add_stream(self, stream: SyncNotificationStream) -> Callable[[], None]:
         self._streams = [*self._streams, stream]
-        if self.closed:
+        if self._async is not None and self._async.closed:
             stream._put(_END)
 
         def remove() -> None:
@@ -884,7 +893,12 @@ class Client(_Methods[Any]):
 
         return remove
 
-    def _deliver_to_streams(self, method: str, params: dict[str, Any]) -> None:
+    def _deliver(self, method: str, params: dict[str, Any]) -> None:
+        for callback in self._callbacks:
+            try:
+                callback(method, params)
+            except Exception:
+                log.exception("notification callback %r failed on %s", callback, method)
         for stream in self._streams:
             stream._put((method, params))
 

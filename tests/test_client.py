@@ -394,6 +394,21 @@ def test_connection_lost_fails_pending_calls() -> None:
         daemon.stop()
 
 
+def test_zmq_daemon_gone_fails_fast() -> None:
+    daemon = Daemon()
+    try:
+        with Client(daemon.info, "zmq", timeout=30, connect_timeout=0.5) as c:
+            assert c.call("echo", {"up": True}) == {"up": True}
+            daemon.run(daemon.zmq.close(grace=0))
+            time.sleep(0.2)  # let the connection drop
+            start = time.monotonic()
+            with pytest.raises(ConnectionError, match="is it running"):
+                c.call("echo")
+            assert time.monotonic() - start < 3, "should not wait out the 30 s call timeout"
+    finally:
+        daemon.stop()
+
+
 # notifications
 
 
@@ -416,6 +431,18 @@ def test_notifications_to_callback_and_iterator(client: Client, wire: str) -> No
     assert next(stream) == ("test/event", {"sessionId": f"{wire}-s0", "i": 99})
     assert len(got) == 15
     stream.close()
+
+
+def test_callback_registered_before_open(daemon: Daemon, wire: str) -> None:
+    c = Client(daemon.info, wire)  # type: ignore[arg-type]
+    got: list[str] = []
+    c.on_notification(lambda m, p: got.append(p["sessionId"]))
+    stream = c.notifications(timeout=3)
+    with c:
+        c.subscribe("early")
+        c.call("emit", {"sessionId": "early"})
+        assert next(stream)[1] == {"sessionId": "early"}
+        _eventually(lambda: got == ["early"])
 
 
 def test_unsubscribe_stops_events(client: Client, wire: str) -> None:

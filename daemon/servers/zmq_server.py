@@ -227,7 +227,10 @@ class ZmqServer:
         if threading.get_ident() != self._loop_thread:
             # ZeroMQ sockets are not thread-safe: hop onto the loop that owns them.
             assert self._loop is not None
-            self._loop.call_soon_threadsafe(self.publish, session_id, method, params)
+            try:
+                self._loop.call_soon_threadsafe(self.publish, session_id, method, params)
+            except RuntimeError:  # the loop is already closed: the server is gone
+                self.stats["events_dropped"] += 1
             return
         try:
             payload = packb({"method": method, "params": params})
