@@ -113,8 +113,15 @@ class Compactor:
             raise
         finally:
             self.running.discard(session_id)
-        if result.get("compactionId") and not dry_run:
-            self.auto_failures.pop(session_id, None)
+        if not dry_run:
+            if result.get("compactionId"):
+                self.auto_failures.pop(session_id, None)
+            # sent once the attempt is over, so the status it carries is final
+            self.engine.emit(
+                session_id,
+                "context/didCompact",
+                {"sessionId": session_id, **result, "status": self.engine.status(session_id)},
+            )
         return result
 
     # one attempt
@@ -347,22 +354,22 @@ class Compactor:
             "trigger": trigger,
             "rederived": rederived,
         }
-        if not effective:
+        if not effective and commit:
+            result["note"] = (
+                "a rebuild is kept even when it does not shrink the context: it re-derives "
+                "the context with the current strategy"
+            )
+        elif not effective:
             result["reason"] = (
                 f"the new context would have {after['messages']} messages and "
                 f"{after['tokens']} tokens against {before['messages']} and "
-                f"{before['tokens']} now: a compaction must shrink both"
+                f"{before['tokens']} now: a compaction must shrink both; nothing was changed"
             )
             result["proposed"] = after
         self._progress(
             session_id,
             cid,
             {"kind": "end", "message": "effective" if effective else "not effective"},
-        )
-        e.emit(
-            session_id,
-            "context/didCompact",
-            {"sessionId": session_id, **result, "status": e.status(session_id)},
         )
         return result
 

@@ -151,6 +151,13 @@ def add_pin(conn: apsw.Connection, pin_id: str, session_id: str, text: str) -> d
     return {"pinId": pin_id, "text": text, "createdAt": now}
 
 
-def remove_pin(conn: apsw.Connection, session_id: str, pin_id: str) -> bool:
+def remove_pin(conn: apsw.Connection, session_id: str, pin_id: str) -> dict[str, Any] | None:
+    """Delete a pin; returns it as it was, or None when there is no such pin."""
+    row = conn.execute(
+        "SELECT id, text, created_at FROM pins WHERE id = ? AND session_id = ?",
+        (pin_id, session_id),
+    ).fetchone()
+    if row is None:
+        return None
     conn.execute("DELETE FROM pins WHERE id = ? AND session_id = ?", (pin_id, session_id))
-    return conn.changes() > 0
+    return {"pinId": row[0], "text": row[1], "createdAt": row[2]}

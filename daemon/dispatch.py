@@ -67,9 +67,11 @@ class Dispatcher:
             "context/compact": self.compact,
             "context/rebuild": self.rebuild,
             "context/explain": lambda c, p: recall.explain(engine, p["sessionId"]),
-            "context/pins/add": lambda c, p: engine.add_pin(p["sessionId"], p["text"]),
+            "context/pins/add": lambda c, p: {"pin": engine.add_pin(p["sessionId"], p["text"])},
             "context/pins/list": lambda c, p: {"pins": engine.pins(p["sessionId"])},
-            "context/pins/remove": lambda c, p: engine.remove_pin(p["sessionId"], p["pinId"]),
+            "context/pins/remove": lambda c, p: {
+                "pin": engine.remove_pin(p["sessionId"], p["pinId"])
+            },
             "run/start": self.run_start,
             "run/finish": self.run_finish,
             "approval/request": self.approval_request,

@@ -346,12 +346,22 @@ class Engine:
         return self.render(session_id, self.context_state(session_id))
 
     def render(self, session_id: str, st: ContextState) -> list[dict[str, Any]]:
+        return self.render_with_ids(session_id, st)[0]
+
+    def render_with_ids(
+        self, session_id: str, st: ContextState
+    ) -> tuple[list[dict[str, Any]], list[int | None]]:
+        """The model input and, for each message, its archive id (None for the summary)."""
         out = self.system_messages(st)
+        ids: list[int | None] = list(st.system_ids[: len(out)])
         text = render_summary_message(self.pin_texts(session_id), st.summary)
         if text:
             out.append({"role": "system", "content": text})
-        out.extend(strip_archive_fields(m) for m in self.tail_messages(session_id, st))
-        return out
+            ids.append(None)
+        for m in self.tail_messages(session_id, st):
+            out.append(strip_archive_fields(m))
+            ids.append(m["id"])
+        return out, ids
 
     def system_messages(self, st: ContextState) -> list[dict[str, Any]]:
         by_id = self.archive.get_many(st.system_ids) if st.system_ids else {}
@@ -370,10 +380,8 @@ class Engine:
         self, session_id: str, budget_tokens: int | None = None, query: str | None = None
     ) -> dict[str, Any]:
         if budget_tokens is None and not query:
-            return {
-                "messages": self.context_messages(session_id),
-                "status": self.status(session_id),
-            }
+            messages, ids = self.render_with_ids(session_id, self.context_state(session_id))
+            return {"messages": messages, "messageIds": ids, "status": self.status(session_id)}
         # a step projection: the stored context is never changed by it
         return {
             **project(self, session_id, budget_tokens, query),
@@ -405,14 +413,15 @@ class Engine:
     def remove_pin(self, session_id: str, pin_id: str) -> dict[str, Any]:
         self.require_session(session_id)
         with self.conn:
-            if not cs.remove_pin(self.conn, session_id, pin_id):
+            pin = cs.remove_pin(self.conn, session_id, pin_id)
+            if pin is None:
                 raise NotFound(
                     f"no pin {pin_id!r} in session {session_id!r}; "
                     "context/pins/list shows the pins",
                     {"pinId": pin_id},
                 )
             self._refresh_summary_tokens(session_id)
-        return {"pinId": pin_id, "removed": True}
+        return pin
 
     def summary_tokens(self, session_id: str, summary: Summary) -> int:
         text = render_summary_message(self.pin_texts(session_id), summary)
@@ -437,7 +446,9 @@ class Engine:
                     {"runId": current["runId"]},
                 )
             run = self.runs.start(new_id("run"), session_id)
-        self.emit(session_id, "run/didStart", {"sessionId": session_id, "run": run})
+        self.emit(
+            session_id, "run/didStart", {"sessionId": session_id, "runId": run["runId"], "run": run}
+        )
         return run
 
     def finish_run(self, run_id: str, outcome: str) -> dict[str, Any]:

@@ -33,9 +33,11 @@ def project(
     st = engine.context_state(session_id)
     count = engine.tokens.count_message
     head = engine.system_messages(st)
+    ids: list[int | None] = list(st.system_ids[: len(head)])
     summary_text = render_summary_message(engine.pin_texts(session_id), st.summary)
     if summary_text:
         head.append({"role": "system", "content": summary_text})
+        ids.append(None)
     used = sum(count(m) for m in head)
     budget = budget_tokens if budget_tokens is not None else 1 << 62
 
@@ -65,6 +67,7 @@ def project(
         }
     return {
         "messages": messages,
+        "messageIds": ids,
         "estimatedTokens": used,
         "budgetTokens": budget_tokens,
         "overBudget": budget_tokens is not None and used > budget_tokens,

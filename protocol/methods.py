@@ -392,8 +392,9 @@ _METHOD_LIST: tuple[Method, ...] = (
             ),
         ),
         "`messages` ready to send to the model (the session's leading system messages, "
-        "one system message with pins and summary, then the exact tail), `status` (as "
-        "from `context/status`). With `budgetTokens` or `query` also `estimatedTokens`, "
+        "one system message with pins and summary, then the exact tail), `messageIds` (the "
+        "archive id of each message, null for the pins/summary and recall messages), "
+        "`status` (as from `context/status`). With `budgetTokens` or `query` also `estimatedTokens`, "
         "`budgetTokens`, `overBudget`, `truncated` (null, or `{messages, tokens, fromId, "
         "toId}` of the tail left out) and `recalledIds`.",
         "The model context: what to send as the next request's messages. A projection "
@@ -656,7 +657,7 @@ _NOTIFICATION_LIST: tuple[Notification, ...] = (
     ),
     Notification(
         "run/didStart",
-        "`sessionId`, `runId`.",
+        "`sessionId`, `runId`, `run` (the run object).",
         "A run started.",
     ),
     Notification(

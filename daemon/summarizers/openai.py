@@ -190,12 +190,20 @@ def format_messages(
 
 
 def _summary_json(summary: Summary) -> str:
-    sections = {
-        name: [i.to_dict() for i in summary.sections.get(name) or []]
-        for name in SECTIONS
-        if summary.sections.get(name)
-    }
-    return json.dumps({"sections": sections}, ensure_ascii=False, indent=1)
+    """The summary as the JSON the model answers with, one item a line.
+
+    Indenting every level would spend a good part of the window on whitespace; one
+    line per item stays readable for the model.
+    """
+    blocks: list[str] = []
+    for name in SECTIONS:
+        items = summary.sections.get(name) or []
+        if items:
+            rows = ",\n".join(
+                "  " + json.dumps(item.to_dict(), ensure_ascii=False) for item in items
+            )
+            blocks.append(f" {json.dumps(name)}: [\n{rows}\n ]")
+    return '{"sections": {\n' + ",\n".join(blocks) + "\n}}"
 
 
 def build_prompt(
@@ -657,14 +665,19 @@ class OpenAISummarizer:
                     self.endpoint,
                     "; ".join(verdict.problems[:3]),
                 )
-                shown = trim_middle(content, 6000) if content.strip() else "(an empty answer)"
+                # Trimmed to what _room reserved for a retry, so it fits the window too.
+                shown = (
+                    _fit_text(content, _RETRY_RESERVE // 2, request.count_tokens)
+                    if content.strip()
+                    else "(an empty answer)"
+                )
                 messages = [
                     *messages,
                     {"role": "assistant", "content": shown},
                     {
                         "role": "user",
                         "content": "That answer cannot be used:\n"
-                        + "\n".join(f"- {p}" for p in verdict.problems[:12])
+                        + "\n".join(f"- {p}" for p in verdict.problems[:8])
                         + "\nAnswer again with the complete corrected JSON object only.",
                     },
                 ]
@@ -790,7 +803,10 @@ class OpenAISummarizer:
                 log.info("%s: HTTP %d (%s); retrying without that option",
                          self.endpoint, response.status, detail[:120])
                 continue
-            raise SummarizerError(f"{self.endpoint}: HTTP {response.status}: {detail}")
+            hint = ""
+            if response.status == 404:
+                hint = " (check openai.base_url: it usually ends in /v1)"
+            raise SummarizerError(f"{self.endpoint}: HTTP {response.status}: {detail}{hint}")
         raise SummarizerError(f"{self.endpoint}: the server rejected every request option")
 
 
