@@ -10,7 +10,8 @@ Rows:
   ZmqServer + Async   the same server and `AsyncClient`.
 
 p50/p99 are sequential round trips (one request in flight). "pipelined" keeps `--window`
-requests in flight (the sync client: one thread per slot) and reports requests per second.
+requests in flight (the sync client: one thread per slot) and reports requests per second
+and the CPU time each side spent per request during that run.
 """
 
 from __future__ import annotations
@@ -98,6 +99,42 @@ def _start(target: Callable[..., None], *args: Any) -> tuple[mp.process.BaseProc
 # measurements
 
 
+class Meter:
+    """Wall time and CPU time of this process and of the server process over a run.
+
+    CPU per request says which side is the bottleneck, and unlike wall-clock rates it
+    barely moves when other work shares the machine.
+    """
+
+    def __init__(self, server_pid: int) -> None:
+        self.server_pid = server_pid
+
+    def _server_cpu(self) -> float:
+        with open(f"/proc/{self.server_pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def __enter__(self) -> Meter:
+        self.t0 = time.perf_counter()
+        self.c0 = time.process_time()
+        self.s0 = self._server_cpu()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.perf_counter() - self.t0
+        self.client_cpu = time.process_time() - self.c0
+        self.server_cpu = self._server_cpu() - self.s0
+
+    def result(self, n: int, p50: float, p99: float) -> dict[str, float]:
+        return {
+            "p50": p50,
+            "p99": p99,
+            "rate": n / self.wall,
+            "client_us": self.client_cpu / n * 1e6,
+            "server_us": self.server_cpu / n * 1e6,
+        }
+
+
 def _pcts(samples_ns: list[int]) -> tuple[float, float]:
     samples_ns.sort()
     p50 = statistics.median(samples_ns) / 1000
@@ -105,7 +142,7 @@ def _pcts(samples_ns: list[int]) -> tuple[float, float]:
     return p50, p99
 
 
-def bench_raw(router: str, n_seq: int, n_pipe: int, window: int) -> dict[str, float]:
+def bench_raw(router: str, pid: int, n_seq: int, n_pipe: int, window: int) -> dict[str, float]:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -125,21 +162,20 @@ def bench_raw(router: str, n_seq: int, n_pipe: int, window: int) -> dict[str, fl
         samples.append(time.perf_counter_ns() - t0)
         assert reply["id"] == i
     p50, p99 = _pcts(samples)
-    t0 = time.perf_counter()
-    sent = received = 0
-    while sent < min(window, n_pipe):
-        sock.send_multipart([b"", request(sent)])
-        sent += 1
-    while received < n_pipe:
-        unpackb(sock.recv_multipart()[-1])
-        received += 1
-        if sent < n_pipe:
+    with Meter(pid) as meter:
+        sent = received = 0
+        while sent < min(window, n_pipe):
             sock.send_multipart([b"", request(sent)])
             sent += 1
-    rate = n_pipe / (time.perf_counter() - t0)
+        while received < n_pipe:
+            unpackb(sock.recv_multipart()[-1])
+            received += 1
+            if sent < n_pipe:
+                sock.send_multipart([b"", request(sent)])
+                sent += 1
     sock.close(0)
     ctx.term()
-    return {"p50": p50, "p99": p99, "rate": rate}
+    return meter.result(n_pipe, p50, p99)
 
 
 def bench_sync_client(
@@ -161,13 +197,12 @@ def bench_sync_client(
                 client.call("echo", PARAMS)
 
         threads = [threading.Thread(target=worker) for _ in range(window)]
-        t0 = time.perf_counter()
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        rate = per_thread * window / (time.perf_counter() - t0)
-    return {"p50": p50, "p99": p99, "rate": rate}
+        with Meter(int(info["pid"])) as meter:
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+    return meter.result(per_thread * window, p50, p99)
 
 
 def bench_async_client(
@@ -189,10 +224,9 @@ def bench_async_client(
                 for _ in range(per_worker):
                     await client.call("echo", PARAMS)
 
-            t0 = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(window)))
-            rate = per_worker * window / (time.perf_counter() - t0)
-        return {"p50": p50, "p99": p99, "rate": rate}
+            with Meter(int(info["pid"])) as meter:
+                await asyncio.gather(*(worker() for _ in range(window)))
+        return meter.result(per_worker * window, p50, p99)
 
     return asyncio.run(main())
 
@@ -207,7 +241,11 @@ def run(
     proc, router, _ = _start(_serve_raw, endpoint("raw"))
     try:
         rows.append(
-            ("raw pyzmq echo", transport, bench_raw(router, args.seq, args.pipelined, args.window))
+            (
+                "raw pyzmq echo",
+                transport,
+                bench_raw(router, proc.pid, args.seq, args.pipelined, args.window),
+            )
         )
     finally:
         proc.terminate()
@@ -257,9 +295,15 @@ def main() -> None:
         f"{zmq.zmq_version()}, {os.cpu_count()} CPUs; {args.seq} sequential, "
         f"{args.pipelined} pipelined with {args.window} in flight"
     )
-    print(f"{'setup':<26}{'wire':<6}{'p50 us':>9}{'p99 us':>9}{'pipelined req/s':>17}")
+    print(
+        f"{'setup':<25}{'wire':<5}{'p50 us':>8}{'p99 us':>8}{'pipelined req/s':>17}"
+        f"{'client CPU us/req':>19}{'server CPU us/req':>19}"
+    )
     for name, transport, r in rows:
-        print(f"{name:<26}{transport:<6}{r['p50']:>9.0f}{r['p99']:>9.0f}{r['rate']:>17,.0f}")
+        print(
+            f"{name:<25}{transport:<5}{r['p50']:>8.0f}{r['p99']:>8.0f}{r['rate']:>17,.0f}"
+            f"{r['client_us']:>19.0f}{r['server_us']:>19.0f}"
+        )
     sys.stdout.flush()
 
 

@@ -23,6 +23,9 @@ error reply (`SessionNotFound`, `InvalidParams`, ...), `ConnectionError` when th
 cannot be reached or the connection is lost (`DaemonNotRunning` when it is not there at
 all), and `TimeoutError` when no reply comes in time.
 
+On ZeroMQ, `subscribe()` returns only once the SUB socket's subscription is in effect at
+the daemon (a subscription probe, see `_zmq`), so no event sent afterwards is missed.
+
 `AsyncClient` matches replies to concurrent awaits by request id. `Client` runs an
 `AsyncClient` on its own I/O thread, so any number of threads may call it at once;
 notification callbacks of a `Client` run on that I/O thread.

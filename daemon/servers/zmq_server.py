@@ -75,6 +75,13 @@ class ZmqServer:
     `router_endpoint` / `pub_endpoint` are what to bind (`ipc://...` in the runtime dir
     by default, `tcp://127.0.0.1:0` for an ephemeral port); after `start()` the same
     attributes hold the endpoints actually bound (`LAST_ENDPOINT`).
+
+    Bounds: `hwm` messages queued per peer each way on the ROUTER, `pub_hwm` events per
+    subscriber, `max_message_size` bytes per request (larger ones get -32015; far larger
+    ones make libzmq drop the peer's connection), `max_inflight` requests running at once
+    (then reading pauses and the peers' queues fill). A reply a peer does not take within
+    `send_timeout` seconds is dropped; a peer silent for `idle_timeout` seconds with
+    nothing running is forgotten (`connection_closed`). `stats` counts what was dropped.
     """
 
     def __init__(
