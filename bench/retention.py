@@ -998,11 +998,14 @@ def llm_summarizer(data_dir: Path) -> tuple[Any, Config] | str:
     if not (os.environ.get("CTXD_OPENAI_BASE_URL") and os.environ.get("CTXD_OPENAI_MODEL")):
         return "not measured: set CTXD_OPENAI_BASE_URL and CTXD_OPENAI_MODEL to an endpoint"
     try:
-        from ctxd.daemon.summarizers import make_summarizer  # type: ignore[attr-defined]
+        from ctxd.daemon.summarizers import make_summarizer
     except ImportError:
         return "not measured: this version has no ctxd.daemon.summarizers.make_summarizer"
-    cfg = load_config(overrides={"data_dir": str(data_dir), "summarizer": "openai"})
-    return make_summarizer(cfg), cfg
+    try:
+        cfg = load_config(overrides={"data_dir": str(data_dir), "summarizer": "openai"})
+        return make_summarizer(cfg), cfg
+    except ValueError as exc:
+        return f"not measured: its configuration is refused: {exc}"
 
 
 async def measure(
@@ -1087,6 +1090,9 @@ def report(blocks: Sequence[Block], notes: Sequence[str], sizes: Sizes, seed: in
         "in the context on a line without `[superseded]`.",
         "- **Current marked superseded**: a current fact appears only on lines marked "
         "`[superseded]` (an unrelated correction took it along).",
+        "",
+        "Matching is by exact string, which suits an extractive summary; a model that "
+        "keeps a fact in other words counts as having lost it.",
         "",
     ]
     parts += [b.render() for b in blocks]
