@@ -1,0 +1,41 @@
+"""Every benchmark in one command.
+
+    python -m bench            # small sizes: the core engine, then ctxd and its peers
+    python -m bench --full     # full sizes
+    python -m bench --only peers
+
+Results go to bench/results/ (markdown and PNG plots); see docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from bench import bench_core, bench_peers
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="full sizes instead of small ones")
+    parser.add_argument("--tmp", help="directory for the scratch files (default: /tmp)")
+    parser.add_argument(
+        "--only",
+        choices=("core", "peers"),
+        help="run one benchmark: core (engine in-process) or peers (ctxd beside its peers)",
+    )
+    args = parser.parse_args(argv)
+    common = (["--full"] if args.full else []) + (["--tmp", args.tmp] if args.tmp else [])
+    started = time.perf_counter()
+    status = 0
+    if args.only in (None, "core"):
+        status |= bench_core.main(common)
+    if args.only in (None, "peers"):
+        status |= bench_peers.main(common)
+    print(f"all benchmarks done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
