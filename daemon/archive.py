@@ -174,6 +174,30 @@ class ArchiveStore:
                 found.add(cid)
         return found
 
+    def call_message_ids(self, session_id: str, call_ids: Iterable[str]) -> dict[str, int]:
+        """The archive id of the assistant message that made each tool call."""
+        out: dict[str, int] = {}
+        for cid in set(call_ids):
+            row = self.conn.execute(
+                "SELECT call_message_id FROM tool_calls WHERE session_id = ? AND tool_call_id = ?",
+                (session_id, cid),
+            ).fetchone()
+            if row:
+                out[cid] = row[0]
+        return out
+
+    def batches_of_closed_runs(self, batch_ids: set[int]) -> set[int]:
+        """Which of these batches belong to a run that is no longer open."""
+        closed: set[int] = set()
+        for bid in batch_ids:
+            row = self.conn.execute(
+                "SELECT r.status FROM batches b JOIN runs r ON r.id = b.run_id WHERE b.id = ?",
+                (bid,),
+            ).fetchone()
+            if row and row[0] != "open":
+                closed.add(bid)
+        return closed
+
     # reading
 
     def read(self, session_id: str, after_id: int, limit: int) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ never summarizes a call whose result is still to come.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from .summary import Summary
@@ -15,33 +15,34 @@ from .summary import Summary
 _PENDING = 1 << 62  # "the result is still to come": blocks every boundary after the call
 
 
-def _reach(msgs: Sequence[dict[str, Any]]) -> list[int]:
+def _reach(msgs: Sequence[dict[str, Any]], abandoned: Collection[str]) -> list[int]:
     """reach[i]: the index of the last result answering a call made at i (or -1).
 
-    A call without a result counts as pending (blocking) unless a later non-tool
-    message shows it was abandoned: providers reject such a history anyway, and one
-    abandoned call must not block compaction forever.
+    A call without a result is pending (it blocks every boundary after it: its result
+    may still come, and a result must never stay in the context without its call)
+    unless it was abandoned: its run has closed (`abandoned`), or the user has spoken
+    since. One abandoned call must not block compaction forever.
     """
     result_at: dict[str, int] = {}
     for i, m in enumerate(msgs):
         if m["role"] == "tool":
             result_at[m["tool_call_id"]] = i
-    last_non_tool = max((i for i, m in enumerate(msgs) if m["role"] != "tool"), default=-1)
+    last_user = max((i for i, m in enumerate(msgs) if m["role"] == "user"), default=-1)
     reach = [-1] * len(msgs)
     for i, m in enumerate(msgs):
         for call in m.get("tool_calls") or ():
             r = result_at.get(call["id"])
             if r is None:
-                r = _PENDING if last_non_tool <= i else -1
+                r = -1 if (call["id"] in abandoned or last_user > i) else _PENDING
             reach[i] = max(reach[i], r)
     return reach
 
 
-def valid_boundaries(msgs: Sequence[dict[str, Any]]) -> list[int]:
+def valid_boundaries(msgs: Sequence[dict[str, Any]], abandoned: Collection[str] = ()) -> list[int]:
     """Every i in 1..len-1 where msgs[:i] may leave the context and msgs[i:] stays."""
     out: list[int] = []
     furthest = -1
-    reach = _reach(msgs)
+    reach = _reach(msgs, abandoned)
     for i in range(1, len(msgs)):
         furthest = max(furthest, reach[i - 1])
         if furthest < i and msgs[i]["role"] != "tool":
@@ -55,6 +56,7 @@ def tail_boundary(
     keep: int,
     keep_tokens: int | None = None,
     force: bool = False,
+    abandoned: Collection[str] = (),
 ) -> int | None:
     """The index where the kept tail starts, or None when nothing can leave.
 
@@ -63,7 +65,7 @@ def tail_boundary(
     user message. With `keep_tokens`, a tail heavier than that moves forward.
     """
     n = len(msgs)
-    candidates = valid_boundaries(msgs)
+    candidates = valid_boundaries(msgs, abandoned)
     if force:
         last_user = max((i for i, m in enumerate(msgs) if m["role"] == "user"), default=None)
         if last_user is not None:

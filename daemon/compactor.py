@@ -153,6 +153,7 @@ class Compactor:
             keep=self.policy.keep_messages,
             keep_tokens=self.policy.max_active_tokens // 2,
             force=force,
+            abandoned=self._abandoned_calls(region),
         )
         if trigger == "rebuild" and boundary is None and region:
             boundary = 0  # nothing to summarize: the whole region is the tail
@@ -237,6 +238,20 @@ class Compactor:
             dry_run,
             rederive,
         )
+
+    def _abandoned_calls(self, region: list[dict[str, Any]]) -> set[str]:
+        """Unanswered tool calls whose run has closed: their results will not come."""
+        answered = {m["tool_call_id"] for m in region if m["role"] == "tool"}
+        unanswered = {
+            c["id"]: m["batchId"]
+            for m in region
+            for c in m.get("tool_calls") or ()
+            if c["id"] not in answered
+        }
+        if not unanswered:
+            return set()
+        closed = self.engine.archive.batches_of_closed_runs(set(unanswered.values()))
+        return {cid for cid, batch in unanswered.items() if batch in closed}
 
     def _non_system_messages(self, session_id: str, st: ContextState) -> list[dict[str, Any]]:
         system = set(st.system_ids)

@@ -100,7 +100,9 @@ class Dispatcher:
         return result
 
     def check_token(self, token: Any) -> bool:
-        return isinstance(token, str) and hmac.compare_digest(token.encode(), self.token.encode())
+        return isinstance(token, str) and hmac.compare_digest(
+            token.encode("utf-8", "surrogatepass"), self.token.encode()
+        )
 
     def connection_opened(self, conn: Connection) -> None:
         self._live.add(conn)

@@ -264,7 +264,8 @@ class Engine:
     def _check_tool_pairs(self, session_id: str, msgs: list[dict[str, Any]]) -> None:
         call_ids = [c["id"] for m in msgs for c in m.get("tool_calls") or ()]
         result_ids = [m["tool_call_id"] for m in msgs if m["role"] == "tool"]
-        existing = self.archive.existing_tool_calls(session_id, call_ids + result_ids)
+        existing = self.archive.call_message_ids(session_id, call_ids + result_ids)
+        tail_start = self.context_state(session_id).tail_start_id
         answered = self.archive.answered_tool_calls(session_id, result_ids)
         pending = {a["toolCallId"]: a for a in self.runs.list_approvals(session_id, "pending")}
         seen_calls: set[str] = set()
@@ -296,6 +297,14 @@ class Engine:
                 if cid in seen_results or cid in answered:
                     raise InvalidMessage(
                         f"message {i}: tool call {cid!r} already has a result",
+                        {"index": i, "toolCallId": cid},
+                    )
+                if cid not in seen_calls and tail_start is not None and existing[cid] < tail_start:
+                    # the context would hold a result without its call, which providers
+                    # reject; this only happens to calls abandoned when their run closed
+                    raise InvalidMessage(
+                        f"message {i}: tool call {cid!r} was abandoned when its run closed "
+                        "and has left the active context; its result can no longer be added",
                         {"index": i, "toolCallId": cid},
                     )
                 if cid in pending:

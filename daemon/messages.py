@@ -100,10 +100,15 @@ def normalize_message(raw: Any, index: int, max_bytes: int) -> tuple[dict[str, A
         if key not in msg and key not in ("tool_calls", "tool_call_id", "name", "metadata"):
             msg[key] = value
     try:
-        body = json.dumps(msg, ensure_ascii=False, separators=(",", ":"))
+        # allow_nan=False: NaN and Infinity are not JSON, and browsers refuse them
+        body = json.dumps(msg, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        size = len(body.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise _bad(index, "contains a lone surrogate; send valid Unicode text") from None
     except (TypeError, ValueError) as exc:
         raise _bad(index, f"not JSON-serializable: {exc}") from None
-    size = len(body.encode("utf-8"))
+    except RecursionError:
+        raise _bad(index, "nested too deeply; flatten metadata and content") from None
     if size > max_bytes:
         raise PayloadTooLarge(
             f"message {index} is {size} bytes, over the limit of {max_bytes}; "

@@ -26,6 +26,8 @@ def loads_json(data: bytes | str) -> Any:
         return json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ParseError(f"invalid JSON: {exc}; send one JSON-RPC object per frame") from None
+    except RecursionError:
+        raise ParseError("JSON nested too deeply; flatten the request") from None
 
 
 def frame(body: bytes) -> bytes:

@@ -394,9 +394,9 @@ _METHOD_LIST: tuple[Method, ...] = (
         "`messages` ready to send to the model (the session's leading system messages, "
         "one system message with pins and summary, then the exact tail), `messageIds` (the "
         "archive id of each message, null for the pins/summary and recall messages), "
-        "`status` (as from `context/status`). With `budgetTokens` or `query` also `estimatedTokens`, "
-        "`budgetTokens`, `overBudget`, `truncated` (null, or `{messages, tokens, fromId, "
-        "toId}` of the tail left out) and `recalledIds`.",
+        "`status` (as from `context/status`). With `budgetTokens` or `query` also "
+        "`estimatedTokens`, `budgetTokens`, `overBudget`, `truncated` (null, or "
+        "`{messages, tokens, fromId, toId}` of the tail left out) and `recalledIds`.",
         "The model context: what to send as the next request's messages. A projection "
         "never changes the stored context.",
         (_E.SESSION_NOT_FOUND,),
@@ -759,6 +759,15 @@ def _make_checker(method: str, p: Param) -> _Checker:
             if type(value) is not str:
                 raise _fail(method, name, "a string", value)
             bounded(value, len(value), unit)
+            if not value.isascii():
+                try:  # a lone surrogate (JSON "\ud800") is not text SQLite can store
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise InvalidParams(
+                        f"{method}: parameter {name!r} contains a lone surrogate; "
+                        "send valid Unicode text",
+                        {"param": name},
+                    ) from None
             return among(value)
 
     elif p.type == "integer":
