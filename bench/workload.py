@@ -11,7 +11,7 @@ word lists, so a message costs a handful of random choices: producing 100k messa
 takes a small fraction of the time needed to archive them.
 
 Marker words let search benchmarks ask queries with known selectivity:
-`RARE_WORD` appears in about one message in 5,000, `COMMON_WORD` in a large share,
+`RARE_WORD` appears a handful of times per 20,000 messages, `COMMON_WORD` in a large share,
 `ZH_WORD` is a common 2-character Chinese word and `ZH_PHRASE` a 7-character phrase
 that occurs only as a fixed collocation.
 """
