@@ -506,6 +506,13 @@ class AsyncClient(_Methods[Awaitable[Any]]):
                 f"no reply to {method} from {transport.endpoint} within {limit:g}s; "
                 "the daemon may be overloaded or gone"
             ) from None
+        except asyncio.CancelledError:
+            # Closing the client closes its sockets, which cancels a send still waiting
+            # on them; that is the client going away, not the caller cancelling.
+            task = asyncio.current_task()
+            if self.closed and task is not None and not task.cancelling():
+                raise ConnectionError(f"the client was closed before {method} completed") from None
+            raise
         finally:
             self._pending.pop(req_id, None)
 
@@ -658,8 +665,16 @@ class _IoThread:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    def run(self, coro: Coroutine[Any, Any, R], timeout: float | None) -> R:
+    def run(
+        self,
+        coro: Coroutine[Any, Any, R],
+        timeout: float | None,
+        track: set[concurrent.futures.Future[Any]] | None = None,
+    ) -> R:
         fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        if track is not None:
+            track.add(fut)
+            fut.add_done_callback(track.discard)
         try:
             return fut.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -759,6 +774,8 @@ class Client(_Methods[Any]):
         self._io: _IoThread | None = None
         self._async: AsyncClient | None = None
         self._lock = threading.Lock()
+        # calls handed to the I/O thread and not finished yet
+        self._inflight: set[concurrent.futures.Future[Any]] = set()
         # replaced, never mutated: the I/O thread iterates snapshots without locking
         self._callbacks: list[NotificationCallback] = []
         self._streams: list[SyncNotificationStream] = []
@@ -806,6 +823,9 @@ class Client(_Methods[Any]):
             self._io = None
             try:
                 io.run(client.close(), 10.0)
+                # Closing failed every waiting call; let them hand their ConnectionError to
+                # their threads before the loop stops, or those threads would wait forever.
+                concurrent.futures.wait(set(self._inflight), timeout=5.0)
             except Exception:
                 log.debug("error while closing the client", exc_info=True)
             finally:
@@ -843,7 +863,7 @@ class Client(_Methods[Any]):
                 "client's I/O thread); hand the work to another thread"
             )
         # the call has its own deadline; this one only guards against a stuck I/O thread
-        return io.run(coro, None if timeout is None else timeout + 5.0)
+        return io.run(coro, None if timeout is None else timeout + 5.0, self._inflight)
 
     def call(
         self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None

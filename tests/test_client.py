@@ -409,6 +409,37 @@ def test_zmq_daemon_gone_fails_fast() -> None:
         daemon.stop()
 
 
+@pytest.mark.parametrize("waiting_for", ["reply", "send"])
+def test_close_fails_waiting_calls_with_connection_error(waiting_for: str) -> None:
+    daemon = Daemon()
+    try:
+        c = Client(daemon.info, "zmq", timeout=30, connect_timeout=30)
+        c.open()
+        if waiting_for == "send":
+            # daemon gone: the request waits for a connection to hand it to
+            daemon.run(daemon.zmq.close(grace=0))
+            time.sleep(0.2)
+        raised: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                c.call("slow", {"seconds": 5})
+            except BaseException as exc:
+                raised.append(exc)
+
+        threads = [threading.Thread(target=call) for _ in range(3)]
+        for th in threads:
+            th.start()
+        time.sleep(0.3)
+        c.close()
+        for th in threads:
+            th.join(5)
+        assert len(raised) == 3
+        assert all(type(exc) is ConnectionError for exc in raised), raised
+    finally:
+        daemon.stop()
+
+
 # notifications
 
 
