@@ -5,7 +5,7 @@ SQLite files in a temporary directory on the local disk, which is removed afterw
 Usage:
 
     python bench/bench_core.py            # small sizes (20k-message archive), 1-3 minutes
-    python bench/bench_core.py --full     # 100k-message archive, several minutes
+    python bench/bench_core.py --full     # 100k-message archive, 5-10 minutes
 
 The report (markdown) is printed and written to bench/results/ (see --out).
 """
