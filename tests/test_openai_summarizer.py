@@ -259,6 +259,14 @@ def test_http_500_is_an_error_naming_endpoint_and_cause(llm: FakeLLM) -> None:
     assert len(llm.requests) == 1
 
 
+def test_wrong_base_url_gets_a_hint(llm: FakeLLM) -> None:
+    root = llm.base_url.removesuffix("/v1")
+    with pytest.raises(SummarizerError) as err:
+        summarize(OpenAISummarizer(settings(root)), request())
+    assert f"{root}/chat/completions: HTTP 404" in str(err.value)
+    assert "ends in /v1" in str(err.value)
+
+
 def test_connection_refused_is_an_error() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -389,7 +397,7 @@ def _long_history(n: int, start: int = 100) -> list[dict[str, Any]]:
 
 
 def test_input_larger_than_the_window_is_summarized_in_anchored_chunks(llm: FakeLLM) -> None:
-    window = 3000
+    window = 4000
     cfg = settings(llm.base_url, context_window_tokens=window, max_output_tokens=400)
     msgs = _long_history(60)
     req = request(msgs, budget=4000)
@@ -414,6 +422,22 @@ def test_input_larger_than_the_window_is_summarized_in_anchored_chunks(llm: Fake
     assert seen == [m["id"] for m in msgs]  # oldest first, each once
     assert summary.all_sources() == given_ids(req)
     assert (summary.covers_from, summary.covers_to) == (1, msgs[-1]["id"])
+
+
+def test_a_retry_in_a_chunk_still_fits_the_window(llm: FakeLLM) -> None:
+    window = 6000
+    cfg = settings(llm.base_url, context_window_tokens=window, max_output_tokens=1500)
+    llm.script("huge")
+    req = request(_long_history(60), budget=1000)
+    summary = summarize(OpenAISummarizer(cfg), req)
+    assert summary.all_sources() == given_ids(req)
+    retry = llm.requests[1]
+    assert [m["role"] for m in retry.messages] == ["system", "user", "assistant", "user"]
+    assert retry.ids() == llm.requests[0].ids()
+    assert "chars omitted" in retry.messages[2]["content"]  # the bad answer, trimmed
+    assert len(llm.requests) > 2
+    for rec in llm.requests:
+        assert sum(count_tokens(m["content"]) for m in rec.messages) + 1500 <= window
 
 
 def test_a_single_message_larger_than_the_window_is_trimmed_not_fatal(llm: FakeLLM) -> None:

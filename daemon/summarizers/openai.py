@@ -359,8 +359,9 @@ def read_sections(
                 )
             )
     if unknown_ids:
-        problems.append(
-            "cite only ids shown as [id N] in <messages> or cited in <previous_summary>"
+        # First, so it survives when a long list of problems is cut short.
+        problems.insert(
+            0, "cite only ids shown as [id N] in <messages> or cited in <previous_summary>"
         )
     return out, problems
 
