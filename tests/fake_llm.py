@@ -35,6 +35,7 @@ BEHAVIOURS = (
     "http401",  # HTTP 401 whose message echoes the key, as some servers do
     "reject_response_format",  # HTTP 400 while the request has response_format
     "chunked",  # the good summary with Transfer-Encoding: chunked
+    "newer_openai_model",  # 400 on max_tokens and on a non-default temperature
 )
 
 
@@ -217,6 +218,17 @@ class _Handler(BaseHTTPRequestHandler):
                     {"error": {"message": "Invalid parameter: 'response_format' of type "
                                "'json_object' is not supported with this model."}},
                 )
+            else:
+                self._completion(fake, good)
+        elif behaviour == "newer_openai_model":
+            if "max_tokens" in rec.body:
+                self._send(400, {"error": {"message": "Unsupported parameter: 'max_tokens' is "
+                                           "not supported with this model. Use "
+                                           "'max_completion_tokens' instead."}})
+            elif rec.body.get("temperature", 1) != 1:
+                self._send(400, {"error": {"message": "Unsupported value: 'temperature' does "
+                                           "not support 0.2 with this model. Only the default "
+                                           "(1) value is supported."}})
             else:
                 self._completion(fake, good)
         elif behaviour == "chunked":

@@ -293,6 +293,18 @@ def test_400_on_response_format_is_retried_without_it(llm: FakeLLM) -> None:
     assert "response_format" not in llm.requests[2].body
 
 
+def test_options_newer_openai_models_reject_are_adapted(llm: FakeLLM) -> None:
+    llm.default = "newer_openai_model"
+    req = request()
+    summary = summarize(OpenAISummarizer(settings(llm.base_url)), req)
+    assert summary.all_sources() == given_ids(req)
+    assert len(llm.requests) == 3
+    last = llm.requests[-1].body
+    assert "max_tokens" not in last and last["max_completion_tokens"] == 1500
+    assert "temperature" not in last
+    assert last["response_format"] == {"type": "json_object"}
+
+
 def test_api_key_from_the_named_variable_reaches_the_server(
     llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
