@@ -347,6 +347,7 @@ class Compactor:
                     leaving,
                     instructions,
                     None,
+                    summary.summarizer or None,
                 )
         if dry_run:
             self._progress(session_id, cid, {"kind": "end", "message": "dry run"})
@@ -474,6 +475,7 @@ class Compactor:
         leaving: list[dict[str, Any]],
         instructions: str | None,
         error: str | None,
+        summarizer: str | None = None,
     ) -> None:
         e = self.engine
         e.conn.execute(
@@ -495,7 +497,8 @@ class Compactor:
                 int(committed),
                 leaving[0]["id"] if leaving else None,
                 leaving[-1]["id"] if leaving else None,
-                getattr(e.summarizer, "name", type(e.summarizer).__name__),
+                # the summary's own word wins: it says when a fallback wrote it
+                summarizer or getattr(e.summarizer, "name", type(e.summarizer).__name__),
                 instructions,
                 error,
             ),

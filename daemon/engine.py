@@ -37,7 +37,7 @@ from .messages import normalize_message
 from .projection import project
 from .runs import RUN_OUTCOMES, RunStore
 from .schema import open_database
-from .summarizers.builtin import BuiltinSummarizer
+from .summarizers import make_summarizer
 from .summary import Summarizer, Summary
 from .tokens import TokenCounter
 
@@ -63,7 +63,7 @@ class Engine:
         self.archive = ArchiveStore(self.conn)
         self.runs = RunStore(self.conn)
         self.tokens = TokenCounter(self.config.encoding)
-        self.summarizer: Summarizer = summarizer or BuiltinSummarizer()
+        self.summarizer: Summarizer = summarizer or make_summarizer(self.config)
         self.policy = self.config.compaction
         self._contexts: dict[str, ContextState] = {}
         # archived messages per session: counted once, then kept current by appends
