@@ -13,6 +13,7 @@ from the archive (in chunks) instead of from the previous summary.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import replace
@@ -39,6 +40,8 @@ log = logging.getLogger("ctxd.compactor")
 # auto-compaction pauses on a session after this many failures in a row, until a
 # manual compaction or a rebuild succeeds there
 MAX_AUTO_FAILURES = 3
+# messages read per page when a compaction reads the archive from the start
+ARCHIVE_PAGE = 2000
 
 
 def strip_archive_fields(msg: dict[str, Any]) -> dict[str, Any]:
@@ -141,13 +144,20 @@ class Compactor:
         before = {"messages": st.rendered_messages, "tokens": st.rendered_tokens}
         title = "Rebuilding context" if trigger == "rebuild" else "Compacting context"
         self._progress(session_id, cid, {"kind": "begin", "title": title, "percentage": 0})
+        # The drift bound is for summarizers whose errors compound (models); the built-in
+        # one is extractive and deterministic, so re-deriving would only cost time.
+        drifts = getattr(e.summarizer, "drifts", True)
         rederive = trigger == "rebuild" or (
-            self.policy.rederive_after > 0 and st.summary.depth >= self.policy.rederive_after
+            drifts
+            and self.policy.rederive_after > 0
+            and st.summary.depth >= self.policy.rederive_after
         )
         tail_region = (
             [] if st.tail_start_id is None else e.archive.read_from(session_id, st.tail_start_id)
         )
-        region = self._non_system_messages(session_id, st) if trigger == "rebuild" else tail_region
+        region = (
+            await self._non_system_messages(session_id, st) if trigger == "rebuild" else tail_region
+        )
         boundary = tail_boundary(
             region,
             keep=self.policy.keep_messages,
@@ -171,7 +181,7 @@ class Compactor:
         if rederive and trigger != "rebuild":
             # summarize everything before the new tail again, from the archive
             cut = region[boundary]["id"]
-            leaving = [m for m in self._non_system_messages(session_id, st) if m["id"] < cut]
+            leaving = await self._non_system_messages(session_id, st, before_id=cut)
             log.info(
                 "compaction %s of %s re-derives the summary from the archive after %d "
                 "incremental compactions",
@@ -253,9 +263,25 @@ class Compactor:
         closed = self.engine.archive.batches_of_closed_runs(set(unanswered.values()))
         return {cid for cid, batch in unanswered.items() if batch in closed}
 
-    def _non_system_messages(self, session_id: str, st: ContextState) -> list[dict[str, Any]]:
+    async def _non_system_messages(
+        self, session_id: str, st: ContextState, before_id: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The session's archive but its leading system messages, read page by page so
+        the daemon keeps serving other requests while a long history loads."""
         system = set(st.system_ids)
-        return [m for m in self.engine.archive.read_from(session_id, 0) if m["id"] not in system]
+        out: list[dict[str, Any]] = []
+        after = 0
+        while True:
+            page = self.engine.archive.read(session_id, after, ARCHIVE_PAGE)
+            for m in page:
+                if before_id is not None and m["id"] >= before_id:
+                    return out
+                if m["id"] not in system:
+                    out.append(m)
+            if len(page) < ARCHIVE_PAGE:
+                return out
+            after = page[-1]["id"]
+            await asyncio.sleep(0)
 
     async def _summarize(
         self,
@@ -282,7 +308,7 @@ class Compactor:
                 budget_tokens=self.policy.summary_budget_tokens,
                 count_tokens=e.tokens.count_text,
             )
-            summary = await e.summarizer.summarize(request)
+            summary = await self._run_summarizer(request)
             problems = check_summary(summary, allowed)
             if problems:
                 raise ValueError("summary rejected: " + "; ".join(problems[:3]))
@@ -290,6 +316,14 @@ class Compactor:
                 done = min(99, (start + chunk) * 100 // len(leaving))
                 self._progress(session_id, cid, {"kind": "report", "percentage": done})
         return summary
+
+    async def _run_summarizer(self, request: SummaryRequest) -> Summary:
+        """CPU-bound summarizers run in a worker thread so the event loop stays free."""
+        summarizer = self.engine.summarizer
+        summarize_sync = getattr(summarizer, "summarize_sync", None)
+        if summarize_sync is not None:
+            return await asyncio.to_thread(summarize_sync, request)  # type: ignore[no-any-return]
+        return await summarizer.summarize(request)
 
     def _commit(
         self,

@@ -139,6 +139,10 @@ class SummaryRequest:
 
 
 class Summarizer(Protocol):
+    """Optional attributes: `drifts` (default True: errors can compound over incremental
+    summaries, so the compactor re-derives from the archive now and then) and
+    `summarize_sync(request)` (CPU-bound work the compactor runs in a worker thread)."""
+
     name: str
 
     async def summarize(self, request: SummaryRequest) -> Summary:

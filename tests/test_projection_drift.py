@@ -10,6 +10,7 @@ from helpers import agent_turn, make_config, tool_turn
 
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.projection import RECALL_HEADER
+from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
 from ctxd.daemon.summary import Summary, SummaryRequest
 from ctxd.protocol.errors import SummarizerFailed
 
@@ -63,15 +64,27 @@ def test_query_recalls_what_left_the_context(engine: Engine) -> None:
         RECALL_HEADER in (m["content"] or "") for m in out["messages"])
 
 
-def test_drift_bound_rederives_from_the_archive(tmp_path: Path) -> None:
-    engine = Engine(make_config(tmp_path, rederive_after=2))
-    sid = _session(engine, 4)
+class ModelLikeSummarizer(BuiltinSummarizer):
+    """A summarizer whose errors could compound, as a model's can."""
+
+    name = "model-like"
+    drifts = True
+
+
+def _compact_rounds(engine: Engine, sid: str, rounds: int) -> list[dict]:
     results = []
-    for round_ in range(4):
+    for round_ in range(rounds):
         for i in range(6):
             engine.append(sid, agent_turn(100 * (round_ + 1) + i))
         results.append(asyncio.run(engine.compact(sid, force=True)))
     assert all(r["effective"] for r in results)
+    return results
+
+
+def test_drift_bound_rederives_from_the_archive(tmp_path: Path) -> None:
+    engine = Engine(make_config(tmp_path, rederive_after=2), summarizer=ModelLikeSummarizer())
+    sid = _session(engine, 4)
+    results = _compact_rounds(engine, sid, 4)
     assert [r["rederived"] for r in results] == [False, False, True, False]
     summary = engine.context_state(sid).summary
     # the re-derived summary starts again from the first archived message after the
@@ -79,6 +92,15 @@ def test_drift_bound_rederives_from_the_archive(tmp_path: Path) -> None:
     assert summary.covers_from == 2
     assert summary.compaction_ids == [results[2]["compactionId"], results[3]["compactionId"]]
     assert summary.depth == 1
+    engine.close()
+
+
+def test_the_extractive_builtin_summarizer_is_never_rederived(tmp_path: Path) -> None:
+    engine = Engine(make_config(tmp_path, rederive_after=2))
+    sid = _session(engine, 4)
+    results = _compact_rounds(engine, sid, 4)
+    assert [r["rederived"] for r in results] == [False] * 4
+    assert engine.context_state(sid).summary.depth == 4
     engine.close()
 
 

@@ -478,6 +478,9 @@ class BuiltinSummarizer:
     """
 
     name = "builtin"
+    # extractive and deterministic: incremental summaries do not compound errors, so the
+    # drift bound (periodic re-derivation from the archive) does not apply
+    drifts = False
 
     def __init__(
         self,
