@@ -88,6 +88,11 @@ class Store:
     def disk_bytes(self) -> int:
         return dir_bytes(self.root)
 
+    def cpu_seconds(self) -> float:
+        """CPU time spent so far by every process doing this system's work. On a shared
+        machine it is steadier than wall time (it leaves out waiting for a core)."""
+        return time.process_time()
+
     def close(self) -> None:
         pass
 
@@ -208,6 +213,13 @@ class Daemon:
 
         return connect(connection_file=self.connection_file, wire=wire)  # type: ignore[arg-type]
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the daemon process so far."""
+        with open(f"/proc/{self.pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        # fields[11] and [12] are utime and stime (fields 14 and 15 of proc(5))
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def memory(self) -> dict[str, int]:
         """VmHWM (peak) and VmRSS of the daemon, in bytes."""
         out: dict[str, int] = {}
@@ -266,6 +278,9 @@ class CtxdWire(Store):
 
     def disk_bytes(self) -> int:
         return dir_bytes(self.daemon.data_dir)
+
+    def cpu_seconds(self) -> float:
+        return time.process_time() + self.daemon.cpu_seconds()
 
     def close(self) -> None:
         self.client.close()
