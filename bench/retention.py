@@ -3,9 +3,9 @@
 Long synthetic agent sessions (seeded; English or Chinese; tool calls, parallel calls,
 approvals) carry planted facts: user constraints, corrections of earlier constraints,
 file paths, decisions and numbers. Each session is driven chunk by chunk (append a
-chunk of turns, compact, repeat), so every fact goes through many compactions,
-including the drift-bound re-derivation from the archive. At the end it measures, per
-summarizer and language:
+chunk of turns, compact, repeat), so every fact goes through many compactions (and,
+for a summarizer subject to the drift bound, re-derivations from the archive). At the
+end it measures, per summarizer and language:
 
 - kept in context: the fact's key string is in the model input (`context_messages`:
   system messages, pins + summary, exact tail), for facts that are still current;
@@ -35,6 +35,7 @@ import json
 import os
 import platform
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -104,6 +105,7 @@ class Fact:
     kind: str
     key: str  # exact text looked for in the context
     query: str  # key words given to search_past_messages
+    topic: str  # the same without the value (port, number, region...) the agent looks for
     chunk: int = -1
     message_id: int | None = None
 
@@ -117,8 +119,15 @@ class Template:
     query: str
 
     def make(self, slots: dict[str, Any]) -> tuple[Fact, str]:
-        fact = Fact(self.kind, self.key.format(**slots), self.query.format(**slots))
+        query = self.query.format(**slots)
+        topic = " ".join(_VALUE_SLOT.sub("", self.query).split()).format(**slots)
+        fact = Fact(self.kind, self.key.format(**slots), query, topic or query)
         return fact, self.text.format(**slots)
+
+
+# An agent searching its past knows what it is looking for ("the billing port"), not the
+# value it lost; these slots hold such values.
+_VALUE_SLOT = re.compile(r"\{(?:a|b|t1|t2|r1|r2|n|region|region2|ver|choice|tool|lib)\}")
 
 
 T = Template
@@ -702,15 +711,16 @@ def plan_session(
     ]
     used: set[str] = set()
 
-    def fresh(templates: Sequence[Template]) -> dict[str, Any]:
-        # distinct keys, so a hit or a match is this fact's and no other's
-        for _ in range(200):
+    def fresh(templates: Sequence[Template]) -> dict[str, Any] | None:
+        # distinct keys, so a hit or a match is this fact's and no other's; None when
+        # this template's values are used up (long sessions), to pick another
+        for _ in range(50):
             slots = fact_slots(rng, lang)
             keys = [t.key.format(**slots) for t in templates]
             if not any(k in used or any(k in u or u in k for u in used) for k in keys):
                 used.update(keys)
                 return slots
-        raise RuntimeError("cannot find distinct fact values; widen the pools")
+        return None
 
     def place(chunk: int, template: Template, slots: dict[str, Any], after: int = -1) -> int:
         turn = rng.randint(after + 1, sizes.turns_per_chunk - 1)
@@ -720,9 +730,16 @@ def plan_session(
     last_turn = sizes.turns_per_chunk - 1
     for chunk in range(last_fact_chunk + 1):
         for _ in range(sizes.facts_per_chunk):
-            if rng.random() < 0.3 and chunk < last_fact_chunk:
-                old, new = rng.choice(pairs)
-                slots = fresh((old, new))
+            pair = rng.random() < 0.3 and chunk < last_fact_chunk
+            for _ in range(100):
+                chosen = rng.choice(pairs) if pair else (rng.choice(singles),)
+                slots = fresh(chosen)
+                if slots is not None:
+                    break
+            else:
+                raise RuntimeError("cannot find distinct fact values; widen the pools")
+            if len(chosen) == 2:
+                old, new = chosen
                 turn = place(chunk, old, slots)
                 # the correction comes in a later turn of the same chunk or up to three
                 # chunks later
@@ -731,8 +748,7 @@ def plan_session(
                     later += 1
                 place(later, new, slots, turn if later == chunk else -1)
             else:
-                template = rng.choice(singles)
-                place(chunk, template, fresh((template,)))
+                place(chunk, chosen[0], slots)
     return plan
 
 
@@ -745,6 +761,7 @@ class SessionResult:
     eligible: list[Fact]  # facts that left the verbatim tail
     kept: dict[int, bool]
     recovered: dict[int, bool]
+    recovered_by_topic: dict[int, bool]
     wrongly_current: dict[int, bool]
     marked_superseded: dict[int, bool]
     compactions: int
@@ -837,6 +854,12 @@ def context_text(engine: Engine, sid: str) -> str:
     return "\n".join(parts)
 
 
+def found(engine: Engine, sid: str, query: str, message_id: int | None) -> bool:
+    """Whether `search_past_messages` lists the message among its top 5 for `query`."""
+    hits = call_tool(engine, sid, "search_past_messages", {"query": query, "limit": 5})
+    return any(h["messageId"] == message_id for h in hits["data"]["hits"])
+
+
 async def run_session(
     engine: Engine, lang: str, sizes: Sizes, rng: random.Random, title: str
 ) -> SessionResult:
@@ -871,6 +894,7 @@ async def run_session(
     lines = text.splitlines()
     kept: dict[int, bool] = {}
     recovered: dict[int, bool] = {}
+    by_topic: dict[int, bool] = {}
     wrongly: dict[int, bool] = {}
     marked: dict[int, bool] = {}
     for f in eligible:
@@ -882,13 +906,14 @@ async def run_session(
             wrongly[k] = bool(current_lines)
         else:
             marked[k] = bool(holding) and not current_lines
-        hits = call_tool(engine, sid, "search_past_messages", {"query": f.query, "limit": 5})
-        recovered[k] = any(h["messageId"] == f.message_id for h in hits["data"]["hits"])
+        recovered[k] = found(engine, sid, f.query, f.message_id)
+        by_topic[k] = found(engine, sid, f.topic, f.message_id)
     return SessionResult(
         facts=facts,
         eligible=eligible,
         kept=kept,
         recovered=recovered,
+        recovered_by_topic=by_topic,
         wrongly_current=wrongly,
         marked_superseded=marked,
         compactions=compactions,
@@ -932,6 +957,7 @@ class Block:
             str(len(chosen)),
             pct(sum(r.kept[id(f)] for r, f in current), len(current)),
             pct(sum(r.recovered[id(f)] for r, f in chosen), len(chosen)),
+            pct(sum(r.recovered_by_topic[id(f)] for r, f in chosen), len(chosen)),
             pct(sum(r.wrongly_current[id(f)] for r, f in old), len(old)),
             pct(sum(r.marked_superseded[id(f)] for r, f in current), len(current)),
         ]
@@ -942,6 +968,7 @@ class Block:
             "Planted",
             "Kept in context",
             "Recoverable (top 5)",
+            "Recoverable, topic words only",
             "Superseded wrongly current",
             "Current marked superseded",
         ]
@@ -1078,14 +1105,18 @@ def report(blocks: Sequence[Block], notes: Sequence[str], sizes: Sizes, seed: in
         "parallel tool calls, a quarter of turns with an approved or denied gated command, "
         f"a final answer), about {sizes.facts_per_chunk} planted facts per chunk except the "
         f"last {sizes.quiet_chunks}, and a compaction (default policy: keep about 24 "
-        "messages, summary budget 2,000 tokens, re-derivation from the archive after 8 "
-        "incremental compactions) after every chunk. Measured after the last compaction.",
+        "messages, summary budget 2,000 tokens; a summarizer that can drift re-derives "
+        "from the archive after 8 incremental compactions) after every chunk. Measured "
+        "after the last compaction.",
         "",
         "- **Kept in context**: the fact's exact key string is in the model input "
         "(`Engine.context_messages`: system messages, pins + summary, tail), for current "
         "facts (all but superseded values).",
         "- **Recoverable (top 5)**: `search_past_messages` with the fact's key words "
-        "returns the planted message among its 5 hits.",
+        "returns the planted message among its 5 hits. *Topic words only*: the same "
+        "query without the value the agent has lost (`port billing` rather than "
+        "`port 8080 billing`), so the planted message competes with its look-alikes "
+        "(the correction of the same setting, other services' values).",
         "- **Superseded wrongly current**: an old value a later correction replaced is "
         "in the context on a line without `[superseded]`.",
         "- **Current marked superseded**: a current fact appears only on lines marked "
