@@ -17,6 +17,7 @@ import os
 import resource
 import sys
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,27 @@ from helpers import DaemonProcess, agent_turn, make_config
 from ctxd.daemon import context_store as cs
 from ctxd.daemon.engine import Engine
 from ctxd.protocol.errors import CtxdError
+
+# outcome counts, for bench/fuzz_report.py
+
+STATS: Counter[tuple[str, str]] = Counter()
+
+
+def note(outcome: str) -> None:
+    """Count one outcome of the running test, for bench/fuzz_report.py."""
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
+    STATS[(test, outcome)] += 1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _write_stats() -> Iterator[None]:
+    yield
+    path = os.environ.get("CTXD_FUZZ_STATS")
+    if path:
+        with open(path, "a") as f:
+            for (test, outcome), n in sorted(STATS.items()):
+                f.write(json.dumps({"test": test, "outcome": outcome, "n": n}) + "\n")
+
 
 FILLER = "lorem ipsum dolor sit amet consectetur adipiscing elit " * 20  # ~1 KiB
 
@@ -96,7 +118,8 @@ def fill_until_full(engine: Engine, sid: str, spare_pages: int = 4) -> tuple[int
 def test_disk_full_append_is_all_or_nothing_and_recovers(engine: Engine) -> None:
     sid = engine.create_session("s")["sessionId"]
     engine.append(sid, batch("before"))
-    stored, _ = fill_until_full(engine, sid)
+    stored, exc = fill_until_full(engine, sid)
+    note(f"append on a full disk: {type(exc).__name__}")
     total = 3 + stored
     check_consistent(engine, sid, total)
     # while full, every further append fails the same way and leaves nothing behind
@@ -104,6 +127,7 @@ def test_disk_full_append_is_all_or_nothing_and_recovers(engine: Engine) -> None
         with pytest.raises(Exception):  # noqa: B017 - the type is the next test's subject
             engine.append(sid, batch(f"refused{i}"))
         check_consistent(engine, sid, total)
+        note("refused, nothing written")
         assert found(engine, sid, f"refused{i}") == 0
     # reads go on
     assert len(engine.read_archive(sid, limit=5000)["messages"]) == total
@@ -158,8 +182,9 @@ def test_disk_full_during_compaction_leaves_the_context_as_it_was(tmp_path: Path
         # no spare page at all: the summary and the compaction record cannot be written
         assert engine.conn.pragma("freelist_count") == 0
         engine.conn.pragma("max_page_count", engine.conn.pragma("page_count"))
-        with pytest.raises(Exception):  # noqa: B017 - any error, as long as nothing changed
+        with pytest.raises(Exception) as err:  # noqa: B017 - any error, if nothing changed
             engine.compact_sync(sid, force=True)
+        note(f"compaction on a full disk: {type(err.value).__name__}, context unchanged")
         assert engine.status(sid) == status
         assert engine.context_messages(sid) == messages
         check_consistent(engine, sid, 600)
@@ -178,8 +203,9 @@ def test_read_only_database_refuses_appends_and_recovers(engine: Engine) -> None
     sid = engine.create_session("s")["sessionId"]
     engine.append(sid, batch("before"))
     engine.conn.pragma("query_only", True)
-    with pytest.raises(Exception):  # noqa: B017 - the type is the next test's subject
+    with pytest.raises(Exception) as err:  # noqa: B017 - the type is the next test's subject
         engine.append(sid, batch("refused"))
+    note(f"append on a read-only database: {type(err.value).__name__}")
     check_consistent(engine, sid, 3)
     assert found(engine, sid, "refused") == 0
     assert engine.read_archive(sid)["messages"][0]["content"].startswith("before")
@@ -266,6 +292,7 @@ def test_daemon_on_a_full_disk_answers_errors_serves_reads_and_recovers(tmp_path
         assert error is not None, "100 appends of 20 KiB fitted in 256 KiB"
         # a wire error with a code (the documented one for disk errors), not a hang or close
         assert error.code == -32603, error
+        note(f"append past RLIMIT_FSIZE: {int(error.code)} {error.message!r}")
         # the daemon keeps serving reads and other clients while the disk stays full
         for _ in range(3):
             with pytest.raises(CtxdError):

@@ -18,7 +18,6 @@ import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -49,8 +48,10 @@ def fuzz(n: int) -> settings:
 STATS: Counter[tuple[str, str]] = Counter()
 
 
-def note(check: str, outcome: str) -> None:
-    STATS[(check, outcome)] += 1
+def note(outcome: str) -> None:
+    """Count one outcome of the running test, for bench/fuzz_report.py."""
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
+    STATS[(test, outcome)] += 1
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -59,9 +60,8 @@ def _write_stats() -> Iterator[None]:
     path = os.environ.get("CTXD_FUZZ_STATS")
     if path:
         with open(path, "a") as f:
-            for (check, outcome), n in sorted(STATS.items()):
-                f.write(json.dumps({"file": Path(__file__).name, "check": check,
-                                    "outcome": outcome, "n": n}) + "\n")
+            for (test, outcome), n in sorted(STATS.items()):
+                f.write(json.dumps({"test": test, "outcome": outcome, "n": n}) + "\n")
 
 
 # one engine for the module, with a corpus to search and sessions to append to
@@ -144,7 +144,7 @@ def test_plain_search_never_raises(bench: Bench, query: str, limit: int, offset:
         assert isinstance(h["messageId"], int) and isinstance(h["snippet"], str)
         if scoped:
             assert h["sessionId"] == bench.corpus_session
-    note("plain_search", "hits" if hits else "no hits")
+    note("hits" if hits else "no hits")
 
 
 # well-formed FTS5 queries over words of the corpus: these must run
@@ -172,10 +172,10 @@ def test_advanced_search_fails_only_with_invalid_params(bench: Bench, query: str
         hits = bench.engine.search(query, advanced=True, limit=20)
     except InvalidParams as exc:
         assert exc.code == -32602 and exc.message
-        note("advanced_search", "InvalidParams")
+        note("InvalidParams")
         return
     assert isinstance(hits, list)
-    note("advanced_search", "hits" if hits else "no hits")
+    note("hits" if hits else "no hits")
 
 
 @fuzz(200)
@@ -183,7 +183,7 @@ def test_advanced_search_fails_only_with_invalid_params(bench: Bench, query: str
 def test_advanced_search_runs_every_well_formed_query(bench: Bench, query: str) -> None:
     hits = bench.engine.search(query, advanced=True, limit=50)
     assert all(h["sessionId"] == bench.corpus_session for h in hits)
-    note("advanced_search_valid", "hits" if hits else "no hits")
+    note("hits" if hits else "no hits")
 
 
 def test_plain_search_of_syntax_matches_the_words_literally(bench: Bench) -> None:
@@ -424,7 +424,7 @@ def test_append_stores_a_batch_whole_or_refuses_it_whole(
     after_session = recount(engine, sid)[0]
     assert after_session - before_session in (0, len(batch))
     check_counters(engine, sid)
-    note("append_batches", outcome)
+    note(outcome)
 
 
 @fuzz(100)
@@ -441,7 +441,7 @@ def test_one_invalid_message_refuses_the_batch_and_names_it(
     assert err.value.data.get("index") == len(batch) - 1, err.value.data
     assert recount(bench.engine, sid) == (0, 0)
     check_counters(bench.engine, sid)
-    note("append_one_bad_message", type(err.value).__name__)
+    note(type(err.value).__name__)
 
 
 def test_metadata_of_odd_json_values_round_trips(bench: Bench) -> None:

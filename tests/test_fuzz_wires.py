@@ -22,7 +22,6 @@ import time
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import apsw
@@ -78,8 +77,10 @@ def fuzz(n: int) -> settings:
 STATS: Counter[tuple[str, str]] = Counter()
 
 
-def note(check: str, outcome: str) -> None:
-    STATS[(check, outcome)] += 1
+def note(outcome: str) -> None:
+    """Count one outcome of the running test, for bench/fuzz_report.py."""
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
+    STATS[(test, outcome)] += 1
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -88,9 +89,8 @@ def _write_stats() -> Iterator[None]:
     path = os.environ.get("CTXD_FUZZ_STATS")
     if path:
         with open(path, "a") as f:
-            for (check, outcome), n in sorted(STATS.items()):
-                f.write(json.dumps({"file": Path(__file__).name, "check": check,
-                                    "outcome": outcome, "n": n}) + "\n")
+            for (test, outcome), n in sorted(STATS.items()):
+                f.write(json.dumps({"test": test, "outcome": outcome, "n": n}) + "\n")
 
 
 # the daemon under fuzz, its canary session, and the checks run after every case
@@ -234,8 +234,10 @@ ODD_IDS = JSON_VALUES.filter(lambda v: v != SENTINEL)
 _TEXT = st.text(max_size=20)
 _INTS = st.integers(min_value=-(2**40), max_value=2**40)
 _FLOATS = st.floats(allow_nan=False, allow_infinity=False)
-_LISTS = st.lists(JSON_SCALARS, max_size=3)
-_DICTS = st.dictionaries(st.text(max_size=5), JSON_SCALARS, max_size=3)
+# within 64 bits, so that the same values also go out as msgpack
+_SCALARS = st.none() | st.booleans() | _INTS | _FLOATS | _TEXT
+_LISTS = st.lists(_SCALARS, max_size=3)
+_DICTS = st.dictionaries(st.text(max_size=5), _SCALARS, max_size=3)
 # values of a JSON type other than the declared one (null means absent, so never null)
 WRONG_TYPE: dict[str, st.SearchStrategy[Any]] = {
     "string": _INTS | _FLOATS | st.booleans() | _LISTS | _DICTS,
@@ -286,8 +288,11 @@ def out_of_range(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
         if p.min and p.max and draw(st.booleans()):
             value = "y" * (int(p.max) + 1)
     else:
-        low = draw(st.integers(max_value=int(p.min) - 1)) if p.min is not None else None
-        high = draw(st.integers(min_value=int(p.max) + 1)) if p.max is not None else None
+        # within 64 bits: the same cases go out as msgpack too
+        low = (draw(st.integers(min_value=-(2**63), max_value=int(p.min) - 1))
+               if p.min is not None else None)
+        high = (draw(st.integers(min_value=int(p.max) + 1, max_value=2**63 - 1))
+                if p.max is not None else None)
         value = draw(st.sampled_from([v for v in (low, high) if v is not None]))
     return method, {**valid_params(method), p.name: value}
 
@@ -473,7 +478,7 @@ def test_tcp_requests_of_every_wrong_shape_get_their_code(
     assert closed, "the daemon did not close after the client's half-close"
     assert replies, "no reply at all"
     check_sentinel(world, replies[-1], authenticated)
-    note("tcp_request_shapes", check_replies(c, replies[:-1]))
+    note(check_replies(c, replies[:-1]))
     world.check()
 
 
@@ -525,7 +530,7 @@ def test_tcp_broken_headers_get_an_error_then_close(
     replies, closed = tcp_exchange(world, [data], authenticate=authenticate, half_close=False)
     assert closed, f"{kind}: connection left open after a broken header"
     assert [(r["id"], r["error"]["code"]) for r in replies] == [(None, code)], replies
-    note("tcp_broken_headers", f"error {code} then closed")
+    note(f"error {code} then closed")
     world.check()
 
 
@@ -551,7 +556,7 @@ def test_tcp_truncated_append_writes_nothing(world: World, data: st.DataObject) 
     replies, closed = tcp_exchange(world, [chunk], authenticate=True)
     assert closed
     assert replies == [], replies
-    note("tcp_truncated_append", f"{kind}: no reply, closed at EOF")
+    note(f"{kind}: no reply, closed at EOF")
     world.check()
 
 
@@ -568,7 +573,7 @@ def test_tcp_frames_split_anywhere_are_reassembled(world: World, cuts: list[int]
     replies, closed = tcp_exchange(world, pieces, authenticate=True)
     assert closed and len(replies) == 1
     check_sentinel(world, replies[0], authenticated=True)
-    note("tcp_split_frames", "answered once")
+    note("answered once")
 
 
 def _json_error(body: bytes | str) -> bool:
@@ -610,7 +615,7 @@ def test_tcp_invalid_json_gets_parse_errors_and_the_connection_lives(
     check_sentinel(world, replies[-1], authenticate)
     assert [(r["id"], r["error"]["code"]) for r in replies[:-1]] == [(None, PARSE_ERROR)] * len(
         bodies), replies
-    note("tcp_invalid_json", "error -32700 per frame, connection kept")
+    note("error -32700 per frame, connection kept")
     world.check()
 
 
@@ -648,7 +653,7 @@ def test_ws_requests_of_every_wrong_shape_get_their_code(
         ws.send(dumps(sentinel_request(world)).decode())
         replies = ws_until_sentinel(ws)
     check_sentinel(world, replies[-1], authenticated)
-    note("ws_request_shapes", check_replies(c, replies[:-1]))
+    note(check_replies(c, replies[:-1]))
     world.check()
 
 
@@ -668,7 +673,7 @@ def test_ws_garbage_text_and_binary_frames_get_parse_errors(
     check_sentinel(world, replies[-1], authenticate)
     assert [(r["id"], r["error"]["code"]) for r in replies[:-1]] == [(None, PARSE_ERROR)] * len(
         frames), replies
-    note("ws_garbage_frames", "error -32700 per frame, connection kept")
+    note("error -32700 per frame, connection kept")
     world.check()
 
 
@@ -722,7 +727,7 @@ def test_ws_port_garbage_bytes_are_dropped(world: World, data: bytes) -> None:
     # either nothing, or an HTTP error status: never an upgrade, never the token
     assert out == b"" or out.startswith(b"HTTP/1.1 4"), out[:200]
     assert world.info["token"].encode() not in out
-    note("ws_garbage_bytes", http_status(out) if out else "closed without answer")
+    note(http_status(out) if out else "closed without answer")
     world.check()
 
 
@@ -737,7 +742,7 @@ def test_ws_port_malformed_handshakes_get_http_errors(world: World, data: bytes)
     assert out == b"" or status.startswith(("HTTP/1.1 4", "HTTP/1.1 5")), out[:300]
     assert world.info["token"].encode() not in out
     assert b"access-control-allow-origin" not in out.lower()
-    note("ws_malformed_handshakes", status or "closed without answer")
+    note(status or "closed without answer")
     world.check()
 
 
@@ -754,7 +759,7 @@ def test_refused_handshakes_cost_a_bounded_log(world: World) -> None:
         time.sleep(0.05)
     per_connection = (world.log.bytes - before) / n
     assert per_connection < 8192, f"{per_connection:.0f} log bytes per refused handshake"
-    note("ws_refused_handshake_log", f"{per_connection:.0f} log bytes per refused connection")
+    note(f"{per_connection:.0f} log bytes per refused connection")
 
 
 def test_ws_frame_above_the_limit_closes_only_that_connection(world: World) -> None:
@@ -765,7 +770,7 @@ def test_ws_frame_above_the_limit_closes_only_that_connection(world: World) -> N
         assert err.value.rcvd is not None and err.value.rcvd.code == 1009
         other.send(dumps(sentinel_request(world)).decode())
         check_sentinel(world, json.loads(other.recv(TIMEOUT)), True)
-    note("ws_huge_frame", "closed 1009, others served")
+    note("closed 1009, others served")
     world.check(full=True)
 
 
@@ -845,7 +850,7 @@ def test_zmq_frames_that_are_not_msgpack_requests_get_typed_errors(
     assert reply is not None, "no reply"
     err = unpack(reply[-1])["error"]
     assert err["code"] == code, (err, body)
-    note("zmq_not_msgpack", f"error {code}")
+    note(f"error {code}")
     world.check()
 
 
@@ -914,7 +919,7 @@ def test_zmq_requests_of_every_wrong_shape_get_their_code(
     assert got["error"]["code"] == code, (got, msg)
     sent_id = msg.get("id") if isinstance(msg, dict) else None
     assert same_id(sent_id, got["id"]), (sent_id, got["id"])
-    note("zmq_request_shapes", f"error {code}")
+    note(f"error {code}")
     world.check()
 
 
@@ -951,7 +956,7 @@ def test_zmq_missing_and_extra_frames(
         assert "error" in got and got["error"]["code"] in (
             PARSE_ERROR, INVALID_REQUEST, UNAUTHORIZED), got
         outcome = f"error {got['error']['code']}"
-    note("zmq_frame_counts", outcome)
+    note(outcome)
     world.check()
 
 
@@ -968,7 +973,7 @@ def test_zmq_huge_frames(world: World, dealer: zmq.Socket[Any]) -> None:
         assert not big.poll(1000)
     finally:
         big.close(0)
-    note("zmq_huge_frames", "error -32015 within the cap, dropped above it")
+    note("error -32015 within the cap, dropped above it")
     world.check(full=True)
 
 
@@ -1084,4 +1089,4 @@ def test_values_stored_over_zmq_read_back_as_strict_json(
 
 def test_daemon_survived_and_archive_is_intact(world: World) -> None:
     world.check(full=True)
-    note("daemon_alive", "alive, archive unchanged")
+    note("alive, archive unchanged")

@@ -13,6 +13,7 @@ import socket
 import stat
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,27 @@ INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 UNAUTHORIZED = -32001
 PAYLOAD_TOO_LARGE = -32015
+
+
+# outcome counts, for bench/fuzz_report.py
+
+STATS: Counter[tuple[str, str]] = Counter()
+
+
+def note(outcome: str) -> None:
+    """Count one outcome of the running test, for bench/fuzz_report.py."""
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
+    STATS[(test, outcome)] += 1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _write_stats() -> Iterator[None]:
+    yield
+    path = os.environ.get("CTXD_FUZZ_STATS")
+    if path:
+        with open(path, "a") as f:
+            for (test, outcome), n in sorted(STATS.items()):
+                f.write(json.dumps({"test": test, "outcome": outcome, "n": n}) + "\n")
 
 
 def drain(daemon: DaemonProcess) -> None:
@@ -227,6 +249,7 @@ def test_every_method_is_refused_before_initialize(env: Env, wire: str) -> None:
             reply = conn.call(method, valid_params(method))
             assert error_code(reply) == UNAUTHORIZED, (method, reply)
             assert env.token not in json.dumps(reply)
+            note("-32001 before initialize")
         # a wrong token changes nothing
         assert error_code(conn.call("initialize", {"token": "wrong"})) == UNAUTHORIZED
         assert error_code(conn.call("session/list", {})) == UNAUTHORIZED
@@ -247,7 +270,8 @@ WRONG_TOKENS: list[Any] = [
 @pytest.mark.parametrize("wire", ["tcp", "websocket"])
 def test_wrong_tokens_are_refused(env: Env, wire: str) -> None:
     t = env.token
-    near_misses = [t[:-1], t + "x", " " + t, t + "\n", t.swapcase(), t[::-1], t + "\x00", t * 2]
+    near_misses = [t[:-1], t + "x", " " + t, t + "\n", t.swapcase(), t[::-1], t + "\x00", t * 2,
+                   t.encode().hex()]
     conn = open_wire(env, wire)
     try:
         for token in WRONG_TOKENS + near_misses:
@@ -255,10 +279,12 @@ def test_wrong_tokens_are_refused(env: Env, wire: str) -> None:
             reply = conn.call("initialize", {"token": token})
             assert error_code(reply) == UNAUTHORIZED, (token, reply)
             assert t not in json.dumps(reply)
+            note("wrong string token: -32001")
         # not strings at all: refused as params, and the connection stays unauthenticated
-        for token in (None, 0, 1, True, [t], {"token": t}, t.encode().hex()):
+        for token in (None, 0, 1, True, [t], {"token": t}):
             reply = conn.call("initialize", {"token": token})
             assert error_code(reply) in (UNAUTHORIZED, INVALID_PARAMS), (token, reply)
+            note(f"token of another type: {error_code(reply)}")
         assert error_code(conn.call("session/list", {})) == UNAUTHORIZED
     finally:
         conn.close()
@@ -295,6 +321,7 @@ def test_zmq_needs_the_token_in_every_request(env: Env) -> None:
                 reply = zmq_request(env, sock, msg)
                 assert reply["error"]["code"] == UNAUTHORIZED, (method, token, reply)
                 assert t not in json.dumps(reply, default=repr)
+                note("missing or wrong token: -32001")
         # a request with the token does not authenticate the socket for later ones
         ok = zmq_request(env, sock, {"id": "a", "method": "session/list", "params": {},
                                      "token": t})
@@ -465,6 +492,7 @@ def test_foreign_origins_are_refused_at_the_handshake(env: Env) -> None:
         assert head.startswith(b"HTTP/1.1 403"), (origin, head[:100])
         assert b"access-control-allow-origin" not in head.lower()
         assert env.token.encode() not in head
+        note("foreign Origin: HTTP 403")
     for origin in (None, f"http://127.0.0.1:{port}", f"http://localhost:{port}"):
         conn = Ws(env, origin)
         try:
@@ -477,6 +505,7 @@ def test_foreign_origins_are_refused_at_the_handshake(env: Env) -> None:
         head = raw_http(env, handshake(origin))
         assert head.startswith(b"HTTP/1.1 101"), (origin, head[:100])
         assert b"access-control-allow-origin" not in head.lower()
+        note("own or no Origin: HTTP 101")
 
 
 def test_plain_http_requests_get_nothing(env: Env) -> None:
@@ -509,6 +538,7 @@ def test_plain_http_requests_get_nothing(env: Env) -> None:
         assert [json.loads(b)["error"]["code"] for b in bodies] == [PARSE_ERROR], out
         for secret in secrets:
             assert secret not in out
+        note("no data on either port")
     assert env.message_count() == before
     env.alive()
 
@@ -549,6 +579,7 @@ def test_plain_search_text_is_never_fts5_syntax(env: Env) -> None:
         with pytest.raises(CtxdError) as err:
             search(query + ' "(', advanced=True)
         assert err.value.code == INVALID_PARAMS
+        note("syntax taken literally")
 
 
 def test_no_sql_is_built_from_user_text(env: Env) -> None:
@@ -577,6 +608,7 @@ def test_no_sql_is_built_from_user_text(env: Env) -> None:
     try:
         assert sorted(r[0] for r in db.execute("SELECT name FROM sqlite_master")) == tables
         assert db.execute("SELECT id FROM sessions WHERE id = ?", (evil,)).fetchone() == (evil,)
+        note("stored and returned literally, schema intact")
     finally:
         db.close()
 
@@ -621,6 +653,7 @@ def test_a_request_above_max_request_bytes(env: Env) -> None:
     assert env.client.call("context/status", {"sessionId": sid})["archiveMessages"] == 0
     assert env.message_count() == before
     env.alive()
+    note("TCP -32015 then closed, WebSocket closed 1009, ZeroMQ -32015")
 
 
 @pytest.mark.parametrize("wire", ["zmq", "jsonrpc", "websocket"])
@@ -653,6 +686,7 @@ def test_batches_and_messages_above_the_limits_write_nothing(env: Env, wire: str
         ok = c.call("messages/append", {"sessionId": sid, "messages": [small] * MAX_BATCH_MESSAGES})
         assert len(ok["messageIds"]) == MAX_BATCH_MESSAGES
     assert env.message_count() == before + MAX_BATCH_MESSAGES
+    note("over a limit: refused whole; at the limit: stored whole")
 
 
 def test_too_many_connections_are_refused_and_the_others_keep_working(tmp_path: Path) -> None:
@@ -701,6 +735,8 @@ def test_too_many_connections_are_refused_and_the_others_keep_working(tmp_path: 
             assert time.monotonic() < deadline, "the freed slot was never reused"
             time.sleep(0.05)
         tcps.append(again)
+        note(f"{limit} kept, extra TCP refused (-32603 too_many_connections), "
+             "extra WebSocket HTTP 503, freed slot reused")
     finally:
         for c in (*tcps, *wss):
             c.close()
