@@ -223,6 +223,19 @@ def turns_for(n_messages: int, seed: int) -> list[list[Message]]:
     return list(turns(n_messages, seed=seed))
 
 
+def failure(exc: BaseException) -> str:
+    """One line for the report: what went wrong with a system."""
+    text = f"{type(exc).__name__}: {exc}".replace("|", "/").replace("\n", " ")
+    return text[:160]
+
+
+def close_quietly(store: Store) -> None:
+    try:
+        store.close()
+    except Exception as exc:  # closing after a failure may fail too; keep the first error
+        log(f"closing {store.key} failed: {failure(exc)}")
+
+
 def make_store(key: str, root: Path, daemon: Daemon | None = None) -> Store:
     if key == "floor-apsw":
         return RawApsw(root)
@@ -337,47 +350,55 @@ def bench_append(sizes: Sizes, scratch: Scratch, report: Report, budget: Deadlin
     session = turns_for(sizes.append_messages, seed=1)
     total = sum(len(t) for t in session)
     results: dict[str, dict[str, Any]] = {}
+    failures: dict[str, str] = {}
     for key in APPEND_SYSTEMS:
         if budget.passed:
             log(f"append: {key} skipped, the run's time budget is spent")
             continue
         root = scratch.new_dir(f"append-{key}")
-        store = make_store(key, root)
-        native = store.prepare(session)
-        cap = Deadline(min(sizes.append_cap, max(5.0, budget.left)))
-        gc.collect()
-        times: list[float] = []
-        counts: list[int] = []
-        cpu0 = store.cpu_seconds()
-        for raw, turn in zip(session, native, strict=True):
-            t0 = time.perf_counter()
-            store.append(turn)
-            times.append(time.perf_counter() - t0)
-            counts.append(len(raw))
-            if cap.passed:
-                break
-        cpu = store.cpu_seconds() - cpu0
-        done = sum(counts)
-        elapsed = sum(times)
-        extra = ""
-        if isinstance(store, CtxdEngine):
-            extra = f"{store.compactions} auto-compactions, {store.compaction_seconds:.2f} s"
-        results[key] = {
-            "messages": done,
-            "turns": len(times),
-            "seconds": elapsed,
-            "rate": done / elapsed,
-            "cpu_rate": done / cpu if cpu > 0 else float("nan"),
-            "turn_p50": median(times),
-            "times": times,
-            "counts": counts,
-            "disk": store.disk_bytes(),
-            "note": extra,
-            "complete": done == total,
-        }
-        log(f"append: {key} {done} msgs in {elapsed:.2f} s ({done / elapsed:,.0f} msg/s)")
-        store.close()
-        scratch.drop(root)
+        store: Store | None = None
+        try:
+            store = make_store(key, root)
+            native = store.prepare(session)
+            cap = Deadline(min(sizes.append_cap, max(5.0, budget.left)))
+            gc.collect()
+            times: list[float] = []
+            counts: list[int] = []
+            cpu0 = store.cpu_seconds()
+            for raw, turn in zip(session, native, strict=True):
+                t0 = time.perf_counter()
+                store.append(turn)
+                times.append(time.perf_counter() - t0)
+                counts.append(len(raw))
+                if cap.passed:
+                    break
+            cpu = store.cpu_seconds() - cpu0
+            done = sum(counts)
+            elapsed = sum(times)
+            extra = ""
+            if isinstance(store, CtxdEngine):
+                extra = f"{store.compactions} auto-compactions, {store.compaction_seconds:.2f} s"
+            results[key] = {
+                "messages": done,
+                "turns": len(times),
+                "seconds": elapsed,
+                "rate": done / elapsed,
+                "cpu_rate": done / cpu if cpu > 0 else float("nan"),
+                "turn_p50": median(times),
+                "times": times,
+                "counts": counts,
+                "disk": store.disk_bytes(),
+                "note": extra,
+                "complete": done == total,
+            }
+            log(f"append: {key} {done} msgs in {elapsed:.2f} s ({done / elapsed:,.0f} msg/s)")
+        except Exception as exc:  # reported; the other systems still run
+            failures[key] = failure(exc)
+            log(f"append: {key} failed: {failures[key]}")
+        finally:
+            if store is not None:
+                close_quietly(store)
+            scratch.drop(root)
     report.data["append"] = results
 
     rows = []
@@ -394,6 +415,7 @@ def bench_append(sizes: Sizes, scratch: Scratch, report: Report, budget: Deadlin
                 r["note"],
             ]
         )
+    rows += [[LABELS[key], f"failed: {why}", "", "", "", "", ""] for key, why in failures.items()]
     fig, (ax,) = new_figure()
     for key, r in results.items():
         # ms per message over windows of ~5% of the session, against its size
@@ -422,7 +444,18 @@ def bench_append(sizes: Sizes, scratch: Scratch, report: Report, budget: Deadlin
         "after an append; over the wire the daemon does it by itself. Peers on their "
         "defaults (the sqlite3 module's `synchronous=FULL`). CPU seconds count every "
         "process doing the work (for ctxd over a wire: the client and the daemon).",
-        table(["System", "Messages", "Messages/s", "p50 ms per turn", "Disk MB", "Notes"], rows),
+        table(
+            [
+                "System",
+                "Messages",
+                "Messages/s (wall)",
+                "Messages per CPU s",
+                "p50 ms per turn",
+                "Disk MB",
+                "Notes",
+            ],
+            rows,
+        ),
         name,
     )
 
@@ -510,9 +543,17 @@ def grow_ctxd(
         daemon = Daemon(base).start()
         try:
             for g, wire in ((zmq_g, "zmq"), (json_g, "jsonrpc")):
-                store = CtxdWire(base, wire, daemon=daemon, session_id=sid)
-                measure_at(sizes, size, g, store.read, store.search)
-                store.close()
+                if g.stopped:
+                    continue
+                try:
+                    store = CtxdWire(base, wire, daemon=daemon, session_id=sid)
+                    try:
+                        measure_at(sizes, size, g, store.read, store.search)
+                    finally:
+                        close_quietly(store)
+                except Exception as exc:  # reported; the rest still runs
+                    g.stopped = f"failed at {size:,}: {failure(exc)}"
+                    log(f"grow: ctxd-{wire} {g.stopped}")
         finally:
             daemon.stop()
     scratch.drop(base)
@@ -742,73 +783,81 @@ def bench_run(sizes: Sizes, scratch: Scratch, report: Report, budget: Deadline) 
     n_max = max(sizes.run_steps)
     session = session_turns(n_max, seed=3)
     results: dict[str, dict[str, Any]] = {}
+    failures: dict[str, str] = {}
     for key in RUN_SYSTEMS:
         if budget.passed:
             log(f"run: {key} skipped, the run's time budget is spent")
             continue
         root = scratch.new_dir(f"run-{key}")
-        store = make_store(key, root)
-        native = store.prepare(session)
-        cap = Deadline(min(sizes.run_cap, max(5.0, budget.left)))
-        sample_every = max(1, n_max // 100)
-        cum = 0.0
-        ks: list[int] = []
-        cums: list[float] = []
-        disks: list[tuple[int, int]] = []
-        step_times: list[float] = []
-        msgs = 0
-        cpu0 = store.cpu_seconds()
-        at: dict[int, tuple[float, int, int]] = {}  # steps -> (seconds, disk, messages)
-        gc.collect()
-        for k, turn in enumerate(native, start=1):
-            t0 = time.perf_counter()
-            store.append(turn)
-            store.read()
-            dt = time.perf_counter() - t0
-            cum += dt
-            msgs += len(session[k - 1])
-            step_times.append(dt)
-            if k % sample_every == 0 or k in sizes.run_steps:
-                ks.append(k)
+        store: Store | None = None
+        try:
+            store = make_store(key, root)
+            native = store.prepare(session)
+            cap = Deadline(min(sizes.run_cap, max(5.0, budget.left)))
+            sample_every = max(1, n_max // 100)
+            cum = 0.0
+            ks: list[int] = []
+            cums: list[float] = []
+            disks: list[tuple[int, int]] = []
+            step_times: list[float] = []
+            msgs = 0
+            cpu0 = store.cpu_seconds()
+            at: dict[int, tuple[float, int, int]] = {}  # steps -> (seconds, disk, messages)
+            gc.collect()
+            for k, turn in enumerate(native, start=1):
+                t0 = time.perf_counter()
+                store.append(turn)
+                store.read()
+                dt = time.perf_counter() - t0
+                cum += dt
+                msgs += len(session[k - 1])
+                step_times.append(dt)
+                if k % sample_every == 0 or k in sizes.run_steps:
+                    ks.append(k)
+                    cums.append(cum)
+                    disks.append((k, store.disk_bytes()))
+                if k in sizes.run_steps:
+                    at[k] = (cum, disks[-1][1], msgs)
+                if cap.passed:
+                    break
+            cpu = store.cpu_seconds() - cpu0
+            done = len(step_times)
+            if not ks or ks[-1] != done:
+                ks.append(done)
                 cums.append(cum)
-                disks.append((k, store.disk_bytes()))
-            if k in sizes.run_steps:
-                at[k] = (cum, disks[-1][1], msgs)
-            if cap.passed:
-                break
-        cpu = store.cpu_seconds() - cpu0
-        done = len(step_times)
-        if not ks or ks[-1] != done:
-            ks.append(done)
-            cums.append(cum)
-            disks.append((done, store.disk_bytes()))
-        a, b = fit_growth(ks, cums)
-        da, db = fit_growth([k for k, _ in disks], [d for _, d in disks])
-        tenth = max(1, done // 10)
-        results[key] = {
-            "steps": done,
-            "seconds": cum,
-            "cpu": cpu,
-            "messages": msgs,
-            "at": at,
-            "ks": ks,
-            "cums": cums,
-            "disks": disks,
-            "fit": (a, b),
-            "disk_fit": (da, db),
-            "exponent": exponent(ks, cums),
-            "first_ms": median(step_times[:tenth]) * 1e3,
-            "last_ms": median(step_times[-tenth:]) * 1e3,
-            "max_ms": max(step_times) * 1e3,
-            "compaction": (
-                (store.compactions, store.compaction_seconds)
-                if isinstance(store, CtxdEngine)
-                else None
-            ),
-        }
-        log(f"run: {key} {done} steps in {cum:.1f} s, exponent {results[key]['exponent']:.2f}")
-        store.close()
-        scratch.drop(root)
+                disks.append((done, store.disk_bytes()))
+            a, b = fit_growth(ks, cums)
+            da, db = fit_growth([k for k, _ in disks], [d for _, d in disks])
+            tenth = max(1, done // 10)
+            results[key] = {
+                "steps": done,
+                "seconds": cum,
+                "cpu": cpu,
+                "messages": msgs,
+                "at": at,
+                "ks": ks,
+                "cums": cums,
+                "disks": disks,
+                "fit": (a, b),
+                "disk_fit": (da, db),
+                "exponent": exponent(ks, cums),
+                "first_ms": median(step_times[:tenth]) * 1e3,
+                "last_ms": median(step_times[-tenth:]) * 1e3,
+                "max_ms": max(step_times) * 1e3,
+                "compaction": (
+                    (store.compactions, store.compaction_seconds)
+                    if isinstance(store, CtxdEngine)
+                    else None
+                ),
+            }
+            log(f"run: {key} {done} steps in {cum:.1f} s, exponent {results[key]['exponent']:.2f}")
+        except Exception as exc:  # reported; the other systems still run
+            failures[key] = failure(exc)
+            log(f"run: {key} failed: {failures[key]}")
+        finally:
+            if store is not None:
+                close_quietly(store)
+            scratch.drop(root)
     report.data["run"] = results
 
     rows = []
@@ -841,6 +890,10 @@ def bench_run(sizes: Sizes, scratch: Scratch, report: Report, budget: Deadline) 
                 f" ctxd in-process ran {n_comp} auto-compactions in {comp_s:.1f} s of its "
                 f"{r['seconds']:.1f} s."
             )
+    rows += [
+        [LABELS[key], f"failed: {why}"] + [""] * (2 * len(sizes.run_steps) + 5)
+        for key, why in failures.items()
+    ]
     headers = ["System", "Steps done"]
     for n in sizes.run_steps:
         headers += [f"s for {n:,} steps", f"MB at {n:,}"]
@@ -1122,7 +1175,8 @@ def bench_memory(sizes: Sizes, scratch: Scratch, report: Report) -> None:
     assert len(per_session) == n, "the stream is too short for the sessions asked for"
     samples: list[tuple[int, int, int]] = []
     try:
-        with daemon.client("zmq") as client:
+        # the memory is the daemon's whatever the wire; JSON-RPC keeps one connection
+        with daemon.client("jsonrpc") as client:
             client.call("session/list", {})
             m0 = daemon.memory()
             samples.append((0, m0["VmRSS"], m0["VmHWM"]))
@@ -1159,7 +1213,7 @@ def bench_memory(sizes: Sizes, scratch: Scratch, report: Report) -> None:
     report.data["memory"] = {"base": m0, "end": m1, "per_session": per}
     report.section(
         "6. Daemon memory",
-        f"One daemon; over ZeroMQ, {n:,} sessions are created, each gets "
+        f"One daemon; over JSON-RPC, {n:,} sessions are created, each gets "
         f"~{total_msgs / n:.0f} messages in one append and one `context/get` (so the "
         "daemon holds every session's context state). `/proc/<pid>/status` before and "
         f"after; filling took {fill_s:.1f} s; the database is {fmt_mb(disk)} MB on disk.",
@@ -1247,10 +1301,18 @@ def main(argv: list[str] | None = None) -> int:
             bench_read_search(sizes, scratch, report, budget)
         if "run" in only:
             bench_run(sizes, scratch, report, budget)
-        if "floor" in only:
-            bench_floor(sizes, scratch, report)
-        if "memory" in only:
-            bench_memory(sizes, scratch, report)
+        for name, fn in (("floor", bench_floor), ("memory", bench_memory)):
+            if name not in only:
+                continue
+            try:
+                fn(sizes, scratch, report)
+            except Exception as exc:  # the sections measured so far are still written
+                why = failure(exc)
+                log(f"{name}: failed: {why}")
+                title = (
+                    "5. Distance from the physical floor" if name == "floor" else "6. Daemon memory"
+                )
+                report.section(title, f"Not measured in this run: {why}.", "")
     finally:
         scratch.close()
     elapsed = time.perf_counter() - started
