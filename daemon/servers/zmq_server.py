@@ -45,44 +45,6 @@ SESSION_PREFIX = b"session/"
 # Room for the envelope and the request's own keys on top of the payload limit.
 _ENVELOPE_SLACK = 64 * 1024
 
-DEFAULT_PUB_BUFFER_BYTES = 16 * 1024 * 1024
-DEFAULT_REPLY_BUFFER_BYTES = 64 * 1024 * 1024
-
-
-class ByteBudget:
-    """Turns a byte budget into ZeroMQ's high-water mark, which counts messages.
-
-    A subscriber that stops reading makes the daemon hold up to SNDHWM messages for it,
-    whatever their size; with a fixed HWM of 10 000 and 256 KiB events that is 2.5 GiB.
-    So the HWM follows the size of recent messages: budget / (a slowly decaying maximum
-    of recent sizes), between `floor` and `ceiling`. libzmq applies a changed HWM to the
-    pipes already open, so a big message lowers the limit before it is queued. Lowering is
-    immediate; raising waits until the limit would grow by a quarter or the decay settles,
-    to spare setsockopt calls. What one peer holds stays within a small multiple of the
-    budget (messages queued under an earlier, higher limit are not taken back).
-    """
-
-    def __init__(self, sock: zmq.asyncio.Socket, budget: int, ceiling: int, floor: int = 2) -> None:
-        self.sock = sock
-        self.budget = budget
-        self.ceiling = ceiling
-        self.floor = min(floor, ceiling)
-        self.hint = 0.0
-        self.hwm = ceiling
-
-    def note(self, size: int) -> None:
-        # the hint halves after ~70 smaller messages, so one big message does not
-        # throttle a stream of small ones for long
-        hint = self.hint * 0.99
-        if size > hint:
-            hint = float(size)
-        self.hint = hint
-        hwm = max(self.floor, min(self.ceiling, int(self.budget // max(hint, 1.0))))
-        settled = hint == size  # the hint stopped decaying: this is its value for now
-        if hwm != self.hwm and (hwm < self.hwm or hwm >= self.hwm * 1.25 or settled):
-            self.sock.setsockopt(zmq.SNDHWM, hwm)
-            self.hwm = hwm
-
 
 def session_topic(session_id: str) -> bytes:
     return SESSION_PREFIX + session_id.encode("utf-8")
@@ -115,14 +77,15 @@ class ZmqServer:
     attributes hold the endpoints actually bound (`LAST_ENDPOINT`).
 
     Bounds: `hwm` messages queued per peer each way on the ROUTER, `pub_hwm` events per
-    subscriber; as ZeroMQ counts messages, not bytes, the sending limits shrink with the
-    size of recent messages so a peer that stops reading holds about
-    `reply_buffer_bytes` of replies / `pub_buffer_bytes` of events (see `ByteBudget`);
-    `max_message_size` bytes per request (larger ones get -32015; far larger
-    ones make libzmq drop the peer's connection), `max_inflight` requests running at once
-    (then reading pauses and the peers' queues fill). A reply a peer does not take within
-    `send_timeout` seconds is dropped; a peer silent for `idle_timeout` seconds with
-    nothing running is forgotten (`connection_closed`). `stats` counts what was dropped.
+    subscriber. ZeroMQ counts messages, not bytes: a subscriber that stops reading can make
+    the daemon hold `pub_hwm` times the event size (hence the modest default; lowering
+    SNDHWM on open pipes is no remedy, as libzmq's lazy read accounting then stalls healthy
+    pipes for good). `max_message_size` bytes per request
+    (larger ones get -32015; far larger ones make libzmq drop the peer's connection),
+    `max_inflight` requests running at once (then reading pauses and the peers' queues
+    fill). A reply a peer does not take within `send_timeout` seconds is dropped; a peer
+    silent for `idle_timeout` seconds with nothing running is forgotten
+    (`connection_closed`). `stats` counts what was dropped.
     """
 
     def __init__(
@@ -133,10 +96,8 @@ class ZmqServer:
         pub_endpoint: str,
         *,
         context: zmq.asyncio.Context | None = None,
-        hwm: int = 10_000,
-        pub_hwm: int = 10_000,
-        pub_buffer_bytes: int = DEFAULT_PUB_BUFFER_BYTES,
-        reply_buffer_bytes: int = DEFAULT_REPLY_BUFFER_BYTES,
+        hwm: int = 1000,
+        pub_hwm: int = 1000,
         max_message_size: int = DEFAULT_MAX_FRAME,
         max_inflight: int = 1024,
         idle_timeout: float = 3600.0,
@@ -148,10 +109,6 @@ class ZmqServer:
         self.pub_endpoint = pub_endpoint
         self.hwm = hwm
         self.pub_hwm = pub_hwm
-        self.pub_buffer_bytes = pub_buffer_bytes
-        self.reply_buffer_bytes = reply_buffer_bytes
-        self._pub_budget: ByteBudget | None = None
-        self._reply_budget: ByteBudget | None = None
         self.max_message_size = max_message_size
         self.max_inflight = max_inflight
         self.idle_timeout = idle_timeout
@@ -211,8 +168,6 @@ class ZmqServer:
             pub.close(linger=0)
             raise
         self._router, self._pub = router, pub
-        self._pub_budget = ByteBudget(pub, self.pub_buffer_bytes, self.pub_hwm)
-        self._reply_budget = ByteBudget(router, self.reply_buffer_bytes, self.hwm)
         self.router_endpoint = _endpoint(router)
         self.pub_endpoint = _endpoint(pub)
         self._ipc_paths = [
@@ -295,8 +250,6 @@ class ZmqServer:
             self.stats["events_dropped"] += 1
             return
         try:
-            assert self._pub_budget is not None
-            self._pub_budget.note(len(payload))
             _send_now(self._pub, [session_topic(session_id), payload])
         except zmq.Again:
             self.stats["events_dropped"] += 1
@@ -461,8 +414,6 @@ class ZmqServer:
         sock = self._router
         if sock is None:
             return True  # closing: nothing more to do
-        assert self._reply_budget is not None
-        self._reply_budget.note(len(reply))
         try:
             _send_now(sock, [*envelope, reply])
             return True
