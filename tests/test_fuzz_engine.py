@@ -6,7 +6,7 @@ and invalid messages mixed, is either stored whole or refused whole with a typed
 and the context counters always equal a recount of the archive.
 
 `CTXD_FUZZ_SCALE` multiplies every example count; `CTXD_FUZZ_STATS` names a file that
-receives one JSON line per (check, outcome) count (see bench/fuzz_report.py).
+receives one JSON line per (test, outcome) count (see bench/fuzz_report.py).
 """
 
 from __future__ import annotations
