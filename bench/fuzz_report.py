@@ -91,6 +91,11 @@ TRIED: dict[str, str] = {
         "ZeroMQ: an append whose metadata is nested 1000 deep",
     "test_values_stored_over_zmq_read_back_as_strict_json":
         "ZeroMQ: an append with NaN and Infinity in metadata, read back over JSON-RPC",
+    "test_session_metadata_stored_over_zmq_reads_back_as_strict_json":
+        "ZeroMQ: session/create with NaN and -Infinity in metadata, then session/get over "
+        "JSON-RPC read with a strict JSON parser",
+    "test_non_json_number_tokens_get_a_parse_error":
+        "JSON-RPC over TCP: requests with the non-JSON tokens NaN and -Infinity (id, params)",
     "test_daemon_survived_and_archive_is_intact":
         "After all the wire fuzzing: the daemon process, the canary session, a clean stop",
     # engine
