@@ -103,8 +103,10 @@ def soak(tmp: Path, seconds: float, seed: int) -> tuple[Row, bool]:
     print(json.dumps({"soak": stats, "problems": failures[:20]}, indent=1), flush=True)
     rss = stats["rss_kib"]
     growth = rss["second_half_peak"] - rss["first_half_peak"]
-    allowed = max(test_soak.SOAK_RSS_FLOOR_KIB,
-                  test_soak.SOAK_RSS_TREND * (rss["first_half_peak"] - rss["start"]))
+    allowed = max(
+        test_soak.SOAK_RSS_FLOOR_KIB,
+        test_soak.SOAK_RSS_TREND * (rss["first_half_peak"] - rss["start"]),
+    )
     ok = not failures and rss["vm_hwm"] < test_soak.SOAK_RSS_LIMIT_KIB and growth <= allowed
     trips = stats["round_trips"]
     events = stats["events"]["zmq"]
@@ -139,8 +141,9 @@ def soak(tmp: Path, seconds: float, seed: int) -> tuple[Row, bool]:
 def stuck(tmp: Path) -> tuple[list[Row], bool]:
     rows: list[Row] = []
     ok = True
-    stats, failures = test_soak.stuck_run(tmp / "tcp", "tcp", flood_seconds=5, cycles=240,
-                                          min_events=1500)
+    stats, failures = test_soak.stuck_run(
+        tmp / "tcp", "tcp", flood_seconds=5, cycles=240, min_events=1500
+    )
     print(json.dumps({"stuck tcp": stats, "problems": failures}, indent=1), flush=True)
     good = (
         not failures
@@ -174,7 +177,7 @@ def stuck(tmp: Path) -> tuple[list[Row], bool]:
         }
     )
     stats, failures = test_soak.stuck_run(
-        tmp / "zmq", "zmq", flood_seconds=2, cycles=0, min_events=12_000
+        tmp / "zmq", "zmq", flood_seconds=2, cycles=0, min_events=test_soak.stuck_zmq_events()
     )
     print(json.dumps({"stuck zmq": stats, "problems": failures}, indent=1), flush=True)
     good = (
@@ -190,7 +193,7 @@ def stuck(tmp: Path) -> tuple[list[Row], bool]:
             "tried": (
                 "a SUB socket subscribes to a busy session, reads its subscription probe and "
                 "nothing more; two clients flood the session with small appends past the "
-                "PUB high-water mark (10,000 messages)"
+                f"PUB high-water mark ({test_soak.pub_hwm():,} messages)"
             ),
             "count": (
                 f"{_n(stats['small_appends'])} messages, {_n(stats['events_published'])} "
@@ -215,8 +218,9 @@ def stuck(tmp: Path) -> tuple[list[Row], bool]:
             "count": f"{stats['big_event_bytes'] / 2**20:.0f} MiB of events published",
             "observed": (
                 f"**Known problem**: daemon RSS grew {_mib(stats['rss_big_growth_kib'])} "
-                "(the PUB high-water mark counts messages, so the daemon keeps up to 10,000 "
-                "events per stuck SUB whatever their size); see Known problems"
+                "(the PUB high-water mark counts messages, so the daemon keeps up to "
+                f"{test_soak.pub_hwm():,} events per stuck SUB whatever their size); see "
+                "Known problems"
             ),
             "command": "`pytest tests/test_soak.py -k large_events --runxfail`",
         }
@@ -229,31 +233,46 @@ def regressions(tmp: Path) -> tuple[list[Row], bool]:
     rows = []
     ok = True
     checks: list[tuple[str, str, str, Callable[[Path], None]]] = [
-        ("context: late tool result in a shared session",
-         "one client appends a tool call; another appends 30 turns (assistant only, then "
-         "with user messages) and forces a compaction; then the result arrives",
-         "`pytest tests/test_crash.py -k late_tool_result`",
-         lambda p: [test_crash.test_a_late_tool_result_keeps_its_call_in_context(p / m, m)
-                    for m in ("assistant", "user")]),
-        ("client: close while a ZeroMQ call waits",
-         "the daemon is killed while a ZeroMQ call waits to send; another thread closes "
-         "the client",
-         "`pytest tests/test_crash.py -k closing_a_client`",
-         test_crash.test_closing_a_client_fails_its_calls_with_connection_error),
+        (
+            "context: late tool result in a shared session",
+            "one client appends a tool call; another appends 30 turns (assistant only, then "
+            "with user messages) and forces a compaction; then the result arrives",
+            "`pytest tests/test_crash.py -k late_tool_result`",
+            lambda p: [
+                test_crash.test_a_late_tool_result_keeps_its_call_in_context(p / m, m)
+                for m in ("assistant", "user")
+            ],
+        ),
+        (
+            "client: close while a ZeroMQ call waits",
+            "the daemon is killed while a ZeroMQ call waits to send; another thread closes "
+            "the client",
+            "`pytest tests/test_crash.py -k closing_a_client`",
+            test_crash.test_closing_a_client_fails_its_calls_with_connection_error,
+        ),
     ]
     for i, (name, tried, command, check) in enumerate(checks):
         try:
             check(tmp / f"regression{i}")
             if name.startswith("context"):
-                observed = ("passes: the call stays in context until the user speaks; a "
-                            "result after that is refused; the context stays valid")
+                observed = (
+                    "passes: the call stays in context until the user speaks; a "
+                    "result after that is refused; the context stays valid"
+                )
             else:
                 observed = "passes: the waiting call ends with ConnectionError"
         except AssertionError as exc:
             ok = False
             observed = "**fails again**: " + " ".join(str(exc).split())[:200]
-        rows.append({"check": name, "tried": tried, "count": "1 run each", "observed": observed,
-                     "command": command})
+        rows.append(
+            {
+                "check": name,
+                "tried": tried,
+                "count": "1 run each",
+                "observed": observed,
+                "command": command,
+            }
+        )
         print(json.dumps({name: observed}), flush=True)
     return rows, ok
 

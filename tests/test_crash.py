@@ -85,9 +85,7 @@ class LoggedDaemon(DaemonProcess):
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"daemon exited with {self.proc.returncode}: {self.log_tail()}"
-                )
+                raise RuntimeError(f"daemon exited with {self.proc.returncode}: {self.log_tail()}")
             try:
                 if self.info().get("pid") == self.proc.pid:
                     return self
@@ -187,11 +185,13 @@ class Talker:
             args = {"path": f"src/{self.rng.choice(TOPICS)}/mod{self.calls}.py"}
             if tool == "write_file":
                 args["content"] = "def main():\n    return 0\n" * self.rng.randint(1, 20)
-            calls.append({
-                "id": f"call_{self.name}_{self.calls}",
-                "type": "function",
-                "function": {"name": tool, "arguments": json.dumps(args)},
-            })
+            calls.append(
+                {
+                    "id": f"call_{self.name}_{self.calls}",
+                    "type": "function",
+                    "function": {"name": tool, "arguments": json.dumps(args)},
+                }
+            )
         note = "Let me look at the code." if self.rng.random() < 0.6 else "我先看一下代码。"
         return {"role": "assistant", "content": f"{note} {self.mark()}", "tool_calls": calls}
 
@@ -267,8 +267,11 @@ class Batch:
     checked: bool = False  # contents compared with the archive
 
     def params(self) -> dict[str, Any]:
-        p: dict[str, Any] = {"sessionId": self.session, "messages": self.messages,
-                             "clientBatchId": self.key}
+        p: dict[str, Any] = {
+            "sessionId": self.session,
+            "messages": self.messages,
+            "clientBatchId": self.key,
+        }
         if self.run_id is not None:
             p["runId"] = self.run_id
         return p
@@ -323,8 +326,10 @@ class Ledger:
         if b.found is not None:
             self.h.count("resent_found_in_image")
             if reply["messageIds"] != b.found:
-                self.h.fail(f"{b.key}: re-send returned {reply['messageIds']}, the crash "
-                            f"image holds it as {b.found}")
+                self.h.fail(
+                    f"{b.key}: re-send returned {reply['messageIds']}, the crash "
+                    f"image holds it as {b.found}"
+                )
         else:
             self.h.count("resent_absent_from_image")
         self.ack(b, reply)
@@ -394,8 +399,10 @@ class Worker(Ledger):
                 c.call(method, params)
             except Conflict as exc:  # the dead daemon committed it
                 if exc.data.get("status") != outcome:
-                    self.h.fail(f"{self.name}: run {params['runId']} is "
-                                f"{exc.data.get('status')}, finished as {outcome}")
+                    self.h.fail(
+                        f"{self.name}: run {params['runId']} is "
+                        f"{exc.data.get('status')}, finished as {outcome}"
+                    )
             self.runs[params["runId"]] = {outcome}
             self.finished_run()
         elif method == "approval/request":
@@ -410,8 +417,10 @@ class Worker(Ledger):
                 c.call(method, params)
             except Conflict as exc:
                 if exc.data.get("status") != params["decision"]:
-                    self.h.fail(f"{self.name}: approval {params['approvalId']} is "
-                                f"{exc.data.get('status')}, resolved as {params['decision']}")
+                    self.h.fail(
+                        f"{self.name}: approval {params['approvalId']} is "
+                        f"{exc.data.get('status')}, resolved as {params['decision']}"
+                    )
             self.approval_resolved(params["approvalId"], params["decision"])
         # compactions and reads need nothing: a compaction is applied or absent
 
@@ -438,14 +447,18 @@ class Worker(Ledger):
 
     def append_some(self, c: Client, allow_user: bool, run_id: str | None) -> None:
         msgs, self.open_calls = self.talk.batch(
-            self.open_calls, allow_user, self.denied, allow_open=self.sole_writer)
+            self.open_calls, allow_user, self.denied, allow_open=self.sole_writer
+        )
         self.append(c, msgs, run_id)
 
     def compact(self, c: Client) -> None:
         try:
             result = self.op(c, "context/compact", {"sessionId": self.session, "force": True})
-            self.h.count("forced_compactions_effective" if result["effective"]
-                         else "forced_compactions_not_effective")
+            self.h.count(
+                "forced_compactions_effective"
+                if result["effective"]
+                else "forced_compactions_not_effective"
+            )
         except CompactionInProgress:
             self.inflight = None
             self.h.count("forced_compactions_busy")
@@ -552,9 +565,17 @@ class Agent(Worker):
 
     def request_approval(self, c: Client, call_id: str) -> None:
         assert self.run_id is not None
-        reply = self.op(c, "approval/request", {
-            "sessionId": self.session, "runId": self.run_id, "toolCallId": call_id,
-            "toolName": "write_file", "arguments": {"path": f"src/{call_id}.py"}})
+        reply = self.op(
+            c,
+            "approval/request",
+            {
+                "sessionId": self.session,
+                "runId": self.run_id,
+                "toolCallId": call_id,
+                "toolName": "write_file",
+                "arguments": {"path": f"src/{call_id}.py"},
+            },
+        )
         self.approval_requested(reply["approvalId"], call_id)
 
     def approval_requested(self, approval_id: str, call_id: str) -> None:
@@ -594,13 +615,18 @@ class SessionImage:
 
 
 def open_readonly(db: Path) -> apsw.Connection:
-    return apsw.Connection(f"file:{db}?mode=ro",
-                           flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI)
+    return apsw.Connection(
+        f"file:{db}?mode=ro", flags=apsw.SQLITE_OPEN_READONLY | apsw.SQLITE_OPEN_URI
+    )
 
 
 def _summary_sources(summary: dict[str, Any]) -> set[int]:
-    return {int(s) for items in (summary.get("sections") or {}).values()
-            for item in items for s in item.get("sources", [])}
+    return {
+        int(s)
+        for items in (summary.get("sections") or {}).values()
+        for item in items
+        for s in item.get("sources", [])
+    }
 
 
 def check_image(
@@ -627,16 +653,18 @@ def _check_image(
     full: bool,
 ) -> dict[str, SessionImage]:
     q = conn.execute
-    rows = list(q("SELECT id, session_id, client_batch_id, first_message_id, "
-                  "last_message_id FROM batches"))
+    rows = list(
+        q("SELECT id, session_id, client_batch_id, first_message_id, last_message_id FROM batches")
+    )
     batches = {(s, k): (bid, first, last) for bid, s, k, first, last in rows if k is not None}
     by_id = {bid: (s, first, last) for bid, s, _, first, last in rows}
 
     # no half batch: each batch row has exactly its contiguous messages, no message
     # lacks its batch row, every message is in the full-text index
     for bid, n, lo, hi, sessions in q(
-            "SELECT batch_id, count(*), min(id), max(id), count(DISTINCT session_id) "
-            "FROM messages GROUP BY batch_id"):
+        "SELECT batch_id, count(*), min(id), max(id), count(DISTINCT session_id) "
+        "FROM messages GROUP BY batch_id"
+    ):
         if bid not in by_id:
             fail(f"messages {lo}..{hi} belong to batch {bid}, which has no row")
             continue
@@ -650,13 +678,18 @@ def _check_image(
     n_fts = q("SELECT count(*) FROM messages_fts").fetchone()[0]
     if n_fts != n_messages:
         fail(f"{n_messages} messages but {n_fts} full-text rows")
-    for body, n in q("SELECT body, count(*) FROM messages GROUP BY body HAVING count(*) > 1 "
-                     "LIMIT 5"):
+    for body, n in q(
+        "SELECT body, count(*) FROM messages GROUP BY body HAVING count(*) > 1 LIMIT 5"
+    ):
         fail(f"stored {n} times: {body[:120]}")
 
     def bodies(lo: int, hi: int) -> list[dict[str, Any]]:
-        return [json.loads(b) for (b,) in q(
-            "SELECT body FROM messages WHERE id BETWEEN ? AND ? ORDER BY id", (lo, hi))]
+        return [
+            json.loads(b)
+            for (b,) in q(
+                "SELECT body FROM messages WHERE id BETWEEN ? AND ? ORDER BY id", (lo, hi)
+            )
+        ]
 
     # every acknowledged batch, with its acknowledged ids and contents, in client order
     for led in ledgers:
@@ -680,9 +713,11 @@ def _check_image(
             if got is None:
                 b.found = None
                 for m in b.messages:
-                    (n,) = q("SELECT count(*) FROM messages WHERE session_id = ? AND id > ? "
-                             "AND instr(body, ?) > 0",
-                             (b.session, led.last_id, marker_of(m))).fetchone()
+                    (n,) = q(
+                        "SELECT count(*) FROM messages WHERE session_id = ? AND id > ? "
+                        "AND instr(body, ?) > 0",
+                        (b.session, led.last_id, marker_of(m)),
+                    ).fetchone()
                     if n:
                         fail(f"unacknowledged {b.key}: {marker_of(m)} stored without its batch")
             else:
@@ -691,48 +726,73 @@ def _check_image(
                     fail(f"unacknowledged batch {b.key} is stored partly or altered")
 
     compactions: dict[str, list[tuple[str, int | None]]] = {}
-    for cid, s, to in q("SELECT id, session_id, summarized_to FROM compactions "
-                        "WHERE committed = 1 ORDER BY rowid"):
+    for cid, s, to in q(
+        "SELECT id, session_id, summarized_to FROM compactions WHERE committed = 1 ORDER BY rowid"
+    ):
         compactions.setdefault(s, []).append((cid, to))
-    n_effective = dict(q("SELECT session_id, count(*) FROM compactions "
-                         "WHERE committed = 1 AND effective = 1 GROUP BY session_id"))
+    n_effective = dict(
+        q(
+            "SELECT session_id, count(*) FROM compactions "
+            "WHERE committed = 1 AND effective = 1 GROUP BY session_id"
+        )
+    )
     approvals: dict[str, tuple[str, str, str]] = {
-        aid: (s, status, call) for aid, s, status, call in q(
-            "SELECT id, session_id, status, tool_call_id FROM approvals")}
+        aid: (s, status, call)
+        for aid, s, status, call in q("SELECT id, session_id, status, tool_call_id FROM approvals")
+    }
     runs: dict[str, tuple[str, str]] = {
-        rid: (s, status) for rid, s, status in q("SELECT id, session_id, status FROM runs")}
+        rid: (s, status) for rid, s, status in q("SELECT id, session_id, status FROM runs")
+    }
 
     out: dict[str, SessionImage] = {}
-    contexts = list(q(
-        "SELECT session_id, version, system_ids, tail_start_id, summary, summary_tokens, "
-        "active_messages, active_tokens, compaction_count FROM conversation_context"))
+    contexts = list(
+        q(
+            "SELECT session_id, version, system_ids, tail_start_id, summary, summary_tokens, "
+            "active_messages, active_tokens, compaction_count FROM conversation_context"
+        )
+    )
     for sid, version, system_ids, tail, summary, s_tokens, active, tokens, count in contexts:
         where = f"session {sid}"
         system_ids = json.loads(system_ids)
         committed = compactions.get(sid, [])
         if version != 1 + len(committed):
-            fail(f"{where}: context version {version} after {len(committed)} committed "
-                 "compactions")
+            fail(f"{where}: context version {version} after {len(committed)} committed compactions")
         if count != n_effective.get(sid, 0):
             fail(f"{where}: compaction_count {count}, {n_effective.get(sid, 0)} committed")
-        ids = [i for (i,) in q("SELECT id FROM messages WHERE session_id = ? ORDER BY id",
-                               (sid,))]
-        system = [json.loads(b) for (b,) in q(
-            "SELECT body FROM messages WHERE id IN (SELECT value FROM json_each(?)) "
-            "ORDER BY id", (json.dumps(system_ids),))]
+        ids = [i for (i,) in q("SELECT id FROM messages WHERE session_id = ? ORDER BY id", (sid,))]
+        system = [
+            json.loads(b)
+            for (b,) in q(
+                "SELECT body FROM messages WHERE id IN (SELECT value FROM json_each(?)) "
+                "ORDER BY id",
+                (json.dumps(system_ids),),
+            )
+        ]
         if len(system) != len(system_ids) or any(m["role"] != "system" for m in system):
             fail(f"{where}: leading system ids {system_ids} do not resolve to system messages")
-        tail_rows = [] if tail is None else list(q(
-            "SELECT id, role, body, tokens FROM messages WHERE session_id = ? AND id >= ? "
-            "ORDER BY id", (sid, tail)))
-        sys_tokens = q("SELECT coalesce(sum(tokens), 0) FROM messages WHERE id IN "
-                       "(SELECT value FROM json_each(?))", (json.dumps(system_ids),)).fetchone()
+        tail_rows = (
+            []
+            if tail is None
+            else list(
+                q(
+                    "SELECT id, role, body, tokens FROM messages WHERE session_id = ? AND id >= ? "
+                    "ORDER BY id",
+                    (sid, tail),
+                )
+            )
+        )
+        sys_tokens = q(
+            "SELECT coalesce(sum(tokens), 0) FROM messages WHERE id IN "
+            "(SELECT value FROM json_each(?))",
+            (json.dumps(system_ids),),
+        ).fetchone()
         if active != len(system_ids) + len(tail_rows):
-            fail(f"{where}: active_messages {active}, recount "
-                 f"{len(system_ids)} + {len(tail_rows)}")
+            fail(f"{where}: active_messages {active}, recount {len(system_ids)} + {len(tail_rows)}")
         if tokens != sys_tokens[0] + sum(r[3] for r in tail_rows):
-            fail(f"{where}: active_tokens {tokens}, recount "
-                 f"{sys_tokens[0] + sum(r[3] for r in tail_rows)}")
+            fail(
+                f"{where}: active_tokens {tokens}, recount "
+                f"{sys_tokens[0] + sum(r[3] for r in tail_rows)}"
+            )
         if tail is not None and (not tail_rows or tail_rows[0][0] != tail):
             fail(f"{where}: tail start {tail} is not a message of the session")
         if tail_rows and tail_rows[0][1] == "tool":
@@ -742,14 +802,17 @@ def _check_image(
             m = json.loads(body)
             calls_in_context.update(c["id"] for c in m.get("tool_calls") or ())
             if role == "tool" and m["tool_call_id"] not in calls_in_context:
-                fail(f"{where}: tool result {mid} is in context, its call "
-                     f"{m['tool_call_id']} is not")
+                fail(
+                    f"{where}: tool result {mid} is in context, its call {m['tool_call_id']} is not"
+                )
         parsed = json.loads(summary) if summary else {}
         sources = _summary_sources(parsed)
         if sources:
-            (n,) = q("SELECT count(*) FROM messages WHERE session_id = ? AND id IN "
-                     "(SELECT value FROM json_each(?))",
-                     (sid, json.dumps(sorted(sources)))).fetchone()
+            (n,) = q(
+                "SELECT count(*) FROM messages WHERE session_id = ? AND id IN "
+                "(SELECT value FROM json_each(?))",
+                (sid, json.dumps(sorted(sources))),
+            ).fetchone()
             if n != len(sources):
                 fail(f"{where}: {len(sources) - n} summary sources are not archived messages")
             if tail is not None and max(sources) >= tail:
@@ -761,11 +824,14 @@ def _check_image(
                 fail(f"{where}: the summary is not the one compaction {cid} committed")
             if not set(parsed.get("compactionIds") or []) <= set(committed_ids):
                 fail(f"{where}: the summary names compactions that never committed")
-            nxt = q("SELECT min(id) FROM messages WHERE session_id = ? AND id > ?",
-                    (sid, to)).fetchone()[0]
+            nxt = q(
+                "SELECT min(id) FROM messages WHERE session_id = ? AND id > ?", (sid, to)
+            ).fetchone()[0]
             if tail != nxt:
-                fail(f"{where}: compaction {cid} summarized up to {to}, the tail starts at "
-                     f"{tail}, not at the next message {nxt}")
+                fail(
+                    f"{where}: compaction {cid} summarized up to {to}, the tail starts at "
+                    f"{tail}, not at the next message {nxt}"
+                )
         elif parsed:
             fail(f"{where}: a summary without any committed compaction")
         before = previous.get(sid)
@@ -773,26 +839,37 @@ def _check_image(
             # no compaction committed since the previous image: the context is as it was
             same_tail = before.tail_start_id in (None, tail)
             if (version, summary) != (before.version, before.summary) or not same_tail:
-                fail(f"{where}: the context changed without a committed compaction "
-                     f"(version {before.version}->{version}, tail "
-                     f"{before.tail_start_id}->{tail})")
+                fail(
+                    f"{where}: the context changed without a committed compaction "
+                    f"(version {before.version}->{version}, tail "
+                    f"{before.tail_start_id}->{tail})"
+                )
         if before is not None and committed_ids[: len(before.committed)] != before.committed:
             fail(f"{where}: committed compactions disappeared")
         out[sid] = SessionImage(
-            ids=ids, version=version, system_ids=system_ids, tail_start_id=tail,
-            summary=summary, summary_tokens=s_tokens, active_messages=active,
-            active_tokens=tokens, compaction_count=count, committed=committed_ids,
-            pending_approvals={a for a, (s, st, _) in approvals.items()
-                               if s == sid and st == "pending"},
+            ids=ids,
+            version=version,
+            system_ids=system_ids,
+            tail_start_id=tail,
+            summary=summary,
+            summary_tokens=s_tokens,
+            active_messages=active,
+            active_tokens=tokens,
+            compaction_count=count,
+            committed=committed_ids,
+            pending_approvals={
+                a for a, (s, st, _) in approvals.items() if s == sid and st == "pending"
+            },
             open_runs=[r for r, (s, st) in runs.items() if s == sid and st == "open"],
-            system=system, tail=[json.loads(r[2]) for r in tail_rows])
+            system=system,
+            tail=[json.loads(r[2]) for r in tail_rows],
+        )
 
     # runs and approvals: as acknowledged (a pending approval is still pending)
     for led in ledgers:
         for rid, allowed in led.runs.items():
             inflight = led.inflight
-            if (inflight is not None and inflight[0] == "run/finish"
-                    and inflight[1]["runId"] == rid):
+            if inflight is not None and inflight[0] == "run/finish" and inflight[1]["runId"] == rid:
                 allowed = allowed | {inflight[1]["outcome"]}
             got = runs.get(rid)
             if got is None or got[1] not in allowed:
@@ -808,16 +885,23 @@ def _check_image(
         for aid, allowed in led.approvals.items():
             got = approvals.get(aid)
             inflight = led.inflight
-            if (inflight is not None and inflight[0] == "approval/resolve"
-                    and inflight[1]["approvalId"] == aid):
+            if (
+                inflight is not None
+                and inflight[0] == "approval/resolve"
+                and inflight[1]["approvalId"] == aid
+            ):
                 allowed = allowed | {inflight[1]["decision"]}
             if got is None or got[1] not in allowed:
                 fail(f"{led.name}: approval {aid} is {got}, acknowledged as {sorted(allowed)}")
         for aid, (s, st, call) in approvals.items():
             if s == led.session and aid not in led.approvals:
                 inflight = led.inflight
-                lost_request = (inflight is not None and inflight[0] == "approval/request"
-                                and inflight[1]["toolCallId"] == call and st == "pending")
+                lost_request = (
+                    inflight is not None
+                    and inflight[0] == "approval/request"
+                    and inflight[1]["toolCallId"] == call
+                    and st == "pending"
+                )
                 if not lost_request:
                     fail(f"{led.name}: approval {aid} ({st}) was never acknowledged")
     for sid, img in out.items():
@@ -839,8 +923,9 @@ def read_archive(c: Client, sid: str, after: int = 0) -> list[dict[str, Any]]:
         after = page["nextAfterId"]
 
 
-def check_context_api(c: Client, sid: str, counter: TokenCounter,
-                      fail: Callable[[str], None]) -> dict[str, Any]:
+def check_context_api(
+    c: Client, sid: str, counter: TokenCounter, fail: Callable[[str], None]
+) -> dict[str, Any]:
     """What the API says of a session's context, checked for validity on its own;
     returns `context/get` for comparison."""
     ctx = c.call("context/get", {"sessionId": sid})
@@ -999,13 +1084,33 @@ class Harness:
         info = self.daemon.info()
         host, port = info["jsonrpc_tcp"].rsplit(":", 1)
         s = socket.create_connection((host, int(port)), timeout=10)
-        s.sendall(frame(dumps_json({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                                    "params": {"token": info["token"]}})))
+        s.sendall(
+            frame(
+                dumps_json(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": 1,
+                        "method": "initialize",
+                        "params": {"token": info["token"]},
+                    }
+                )
+            )
+        )
         reader = FrameReader()
         while not reader.feed(s.recv(65536)):
             pass
-        s.sendall(frame(dumps_json({"jsonrpc": "2.0", "id": 2, "method": "context/compact",
-                                    "params": {"sessionId": sid, "force": True}})))
+        s.sendall(
+            frame(
+                dumps_json(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": 2,
+                        "method": "context/compact",
+                        "params": {"sessionId": sid, "force": True},
+                    }
+                )
+            )
+        )
         return s
 
     # ------------------------------------------------ the big session
@@ -1032,8 +1137,9 @@ class Harness:
         cut = 0
         try:
             for token, sid in self.begun.items():
-                row = conn.execute("SELECT committed FROM compactions WHERE id = ?",
-                                   (token,)).fetchone()
+                row = conn.execute(
+                    "SELECT committed FROM compactions WHERE id = ?", (token,)
+                ).fetchone()
                 if row is None:
                     cut += 1
                     if token in self.ended:
@@ -1054,21 +1160,24 @@ class Harness:
                 status, msgs = got["status"], got["context"]["messages"]
                 where = f"session {sid} ({wire})"
                 has_summary = 1 if img.summary_tokens else 0
-                want = {"activeMessages": img.active_messages + has_summary,
-                        "estimatedTokens": img.active_tokens + img.summary_tokens,
-                        "archiveMessages": len(img.ids),
-                        "compactionCount": img.compaction_count,
-                        "pendingApprovals": len(img.pending_approvals),
-                        "activeRunId": img.open_runs[0] if img.open_runs else None}
+                want = {
+                    "activeMessages": img.active_messages + has_summary,
+                    "estimatedTokens": img.active_tokens + img.summary_tokens,
+                    "archiveMessages": len(img.ids),
+                    "compactionCount": img.compaction_count,
+                    "pendingApprovals": len(img.pending_approvals),
+                    "activeRunId": img.open_runs[0] if img.open_runs else None,
+                }
                 seen = {k: status[k] for k in want}
                 if seen != want:
                     self.fail(f"{where}: status {seen}, the file holds {want}")
                 n_sys = len(img.system)
-                if msgs[:n_sys] != img.system or msgs[n_sys + has_summary:] != img.tail:
+                if msgs[:n_sys] != img.system or msgs[n_sys + has_summary :] != img.tail:
                     self.fail(f"{where}: context/get differs from the stored context")
                 ids = got["context"].get("messageIds")
-                tail_ids = [i for i in img.ids if img.tail_start_id is not None
-                            and i >= img.tail_start_id]
+                tail_ids = [
+                    i for i in img.ids if img.tail_start_id is not None and i >= img.tail_start_id
+                ]
                 if ids is not None and ids != img.system_ids + [None] * has_summary + tail_ids:
                     self.fail(f"{where}: context/get messageIds differ from the stored context")
                 after = self.verified_upto.get(sid, 0)
@@ -1079,8 +1188,9 @@ class Harness:
                 pending = c.call("approval/list", {"sessionId": sid, "status": "pending"})
                 got_pending = {a["approvalId"] for a in pending["approvals"]}
                 if got_pending != img.pending_approvals:
-                    self.fail(f"{where}: pending approvals {got_pending}, stored "
-                              f"{img.pending_approvals}")
+                    self.fail(
+                        f"{where}: pending approvals {got_pending}, stored {img.pending_approvals}"
+                    )
         finally:
             self.drop_client(c)
 
@@ -1091,16 +1201,23 @@ class Harness:
         self.start()
         # ZeroMQ: closing it does not interrupt the big session's run (a stream would)
         c = self.own_client("zmq")
-        sids = {name: c.call("session/create", {"title": name})["sessionId"]
-                for name in ("agz", "agr", "agw", "shared", "big")}
-        c.call("context/pins/add", {"sessionId": sids["agr"],
-                                    "text": "Never touch the production database."})
+        sids = {
+            name: c.call("session/create", {"title": name})["sessionId"]
+            for name in ("agz", "agr", "agw", "shared", "big")
+        }
+        c.call(
+            "context/pins/add",
+            {"sessionId": sids["agr"], "text": "Never touch the production database."},
+        )
         seed = self.rng.randrange(2**32)
-        agents = [Agent(self, name, wire, sids[name], seed + i)
-                  for i, (name, wire) in enumerate(zip(("agz", "agr", "agw"), WIRES,
-                                                       strict=True))]
-        shared = [SharedWriter(self, f"sh{w[0]}", w, sids["shared"], seed + 10 + i)
-                  for i, w in enumerate(WIRES)]
+        agents = [
+            Agent(self, name, wire, sids[name], seed + i)
+            for i, (name, wire) in enumerate(zip(("agz", "agr", "agw"), WIRES, strict=True))
+        ]
+        shared = [
+            SharedWriter(self, f"sh{w[0]}", w, sids["shared"], seed + 10 + i)
+            for i, w in enumerate(WIRES)
+        ]
         self.workers = [*agents, *shared]
         big = Ledger(self, "big", sids["big"], seed + 20)
         self.big_session = big.session
@@ -1220,8 +1337,9 @@ def crash_seed() -> int:
     return int(env) if env else random.SystemRandom().randrange(2**32)
 
 
-def run_crash(root: Path, seed: int, kills: int,
-              log: Callable[[str], None] = print) -> tuple[Counter[str], list[str]]:
+def run_crash(
+    root: Path, seed: int, kills: int, log: Callable[[str], None] = print
+) -> tuple[Counter[str], list[str]]:
     h = Harness(root, seed, log)
     try:
         stats = h.run(kills)
@@ -1267,21 +1385,57 @@ def test_a_late_tool_result_keeps_its_call_in_context(tmp_path: Path, meanwhile:
         with d.client("jsonrpc") as agent, d.client("zmq") as other:
             sid = agent.call("session/create", {})["sessionId"]
             for i in range(5):
-                agent.call("messages/append", {"sessionId": sid, "messages": [
-                    {"role": "user", "content": f"question {i}"},
-                    {"role": "assistant", "content": f"answer {i}"}]})
-            agent.call("messages/append", {"sessionId": sid, "messages": [
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "call_slow", "type": "function",
-                     "function": {"name": "run_tests", "arguments": "{}"}}]}]})
+                agent.call(
+                    "messages/append",
+                    {
+                        "sessionId": sid,
+                        "messages": [
+                            {"role": "user", "content": f"question {i}"},
+                            {"role": "assistant", "content": f"answer {i}"},
+                        ],
+                    },
+                )
+            agent.call(
+                "messages/append",
+                {
+                    "sessionId": sid,
+                    "messages": [
+                        {
+                            "role": "assistant",
+                            "content": None,
+                            "tool_calls": [
+                                {
+                                    "id": "call_slow",
+                                    "type": "function",
+                                    "function": {"name": "run_tests", "arguments": "{}"},
+                                }
+                            ],
+                        }
+                    ],
+                },
+            )
             for i in range(30):
-                other.call("messages/append", {"sessionId": sid, "messages": [
-                    {"role": meanwhile, "content": f"meanwhile {i}"},
-                    {"role": "assistant", "content": f"noted {i}"}]})
+                other.call(
+                    "messages/append",
+                    {
+                        "sessionId": sid,
+                        "messages": [
+                            {"role": meanwhile, "content": f"meanwhile {i}"},
+                            {"role": "assistant", "content": f"noted {i}"},
+                        ],
+                    },
+                )
             other.call("context/compact", {"sessionId": sid, "force": True})
             try:
-                agent.call("messages/append", {"sessionId": sid, "messages": [
-                    {"role": "tool", "tool_call_id": "call_slow", "content": "42 passed"}]})
+                agent.call(
+                    "messages/append",
+                    {
+                        "sessionId": sid,
+                        "messages": [
+                            {"role": "tool", "tool_call_id": "call_slow", "content": "42 passed"}
+                        ],
+                    },
+                )
                 accepted = True
             except CtxdError:
                 accepted = False  # the call was abandoned: refusing its result is right

@@ -105,13 +105,18 @@ class Child:
     line arrives on its stdin and prints one JSON object as its last line."""
 
     def __init__(self, d: LoggedDaemon, function: str, *args: str) -> None:
-        code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_soak; "
-                f"test_soak.{function}(sys.argv[2:])")
+        code = (
+            "import sys; sys.path.insert(0, sys.argv[1]); import test_soak; "
+            f"test_soak.{function}(sys.argv[2:])"
+        )
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", code, str(Path(__file__).parent),
-             str(d.connection_file), *args],
-            env=d.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True)
+            [sys.executable, "-c", code, str(Path(__file__).parent), str(d.connection_file), *args],
+            env=d.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def finish(self, timeout: float = 60) -> dict[str, Any]:
         out, err = self.proc.communicate("stop\n", timeout=timeout)
@@ -147,9 +152,12 @@ class RoundTrips:
         if not self.times:
             return {"n": 0}
         ordered = sorted(self.times)
-        return {"n": len(ordered), "median_ms": round(statistics.median(ordered) * 1000, 1),
-                "p99_ms": round(ordered[max(0, int(len(ordered) * 0.99) - 1)] * 1000, 1),
-                "max_ms": round(ordered[-1] * 1000, 1)}
+        return {
+            "n": len(ordered),
+            "median_ms": round(statistics.median(ordered) * 1000, 1),
+            "p99_ms": round(ordered[max(0, int(len(ordered) * 0.99) - 1)] * 1000, 1),
+            "max_ms": round(ordered[-1] * 1000, 1),
+        }
 
 
 def round_trips_main(argv: list[str]) -> None:
@@ -160,8 +168,7 @@ def round_trips_main(argv: list[str]) -> None:
     async def main() -> None:
         stop = asyncio.Event()
         await _until_stdin(stop)
-        async with await connect_async(connection_file=connection_file,
-                                       wire=as_wire(wire)) as c:
+        async with await connect_async(connection_file=connection_file, wire=as_wire(wire)) as c:
             sid = (await c.call("session/create", {"title": "probe"}))["sessionId"]
             while not stop.is_set():
                 t = time.monotonic()
@@ -195,8 +202,17 @@ class SoakWriter:
     """A client appending to a session: alone (agent turns in runs, calls answered by
     the next batch) or shared with other writers (self-contained batches, no runs)."""
 
-    def __init__(self, d: LoggedDaemon, name: str, wire: str, session: str, sole: bool,
-                 seed: int, stop: threading.Event, fail: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        d: LoggedDaemon,
+        name: str,
+        wire: str,
+        session: str,
+        sole: bool,
+        seed: int,
+        stop: threading.Event,
+        fail: Callable[[str], None],
+    ) -> None:
         self.d, self.name, self.wire, self.session, self.sole = d, name, wire, session, sole
         self.rng = random.Random(seed)
         self.talk = Talker(name, self.rng)
@@ -235,8 +251,11 @@ class SoakWriter:
                 continue
             msgs, open_calls = self.talk.batch(open_calls, True, allow_open=self.sole)
             sent = Sent(f"{self.name}-{len(self.acked) + 1}", self.session, msgs)
-            params: dict[str, Any] = {"sessionId": self.session, "messages": msgs,
-                                      "clientBatchId": sent.key}
+            params: dict[str, Any] = {
+                "sessionId": self.session,
+                "messages": msgs,
+                "clientBatchId": sent.key,
+            }
             if run_id is not None:
                 params["runId"] = run_id
             reply = c.call("messages/append", params)
@@ -270,8 +289,9 @@ class Subscriber:
         return sum(len(v) for v in self.appends.values())
 
 
-def run_soak(root: Path, seconds: float, seed: int,
-             log: Callable[[str], None] = print) -> tuple[dict[str, Any], list[str]]:
+def run_soak(
+    root: Path, seconds: float, seed: int, log: Callable[[str], None] = print
+) -> tuple[dict[str, Any], list[str]]:
     """Run the soak; returns (figures, problems)."""
     failures: list[str] = []
     lock = threading.Lock()
@@ -286,24 +306,28 @@ def run_soak(root: Path, seconds: float, seed: int,
     try:
         with client_for(d, "zmq") as c:
             shared = c.call("session/create", {"title": "shared"})["sessionId"]
-            own = [c.call("session/create", {"title": f"own{i}"})["sessionId"]
-                   for i in range(5)]
+            own = [c.call("session/create", {"title": f"own{i}"})["sessionId"] for i in range(5)]
         stop = threading.Event()
         # 4 writers share a session across wires, 5 have one each: 9 writing clients
-        writers = [SoakWriter(d, f"sh{ch}", w, shared, False, rng.randrange(2**32), stop, fail)
-                   for ch, w in zip("abcd", ("zmq", "jsonrpc", "websocket", "zmq"), strict=True)]
-        writers += [SoakWriter(d, f"own{ch}", w, own[i], True, rng.randrange(2**32), stop, fail)
-                    for i, (ch, w) in enumerate(zip("abcde", (*WIRES, "jsonrpc", "websocket"),
-                                                    strict=True))]
+        writers = [
+            SoakWriter(d, f"sh{ch}", w, shared, False, rng.randrange(2**32), stop, fail)
+            for ch, w in zip("abcd", ("zmq", "jsonrpc", "websocket", "zmq"), strict=True)
+        ]
+        writers += [
+            SoakWriter(d, f"own{ch}", w, own[i], True, rng.randrange(2**32), stop, fail)
+            for i, (ch, w) in enumerate(zip("abcde", (*WIRES, "jsonrpc", "websocket"), strict=True))
+        ]
         sessions = [shared, *own]
         subscribers = [Subscriber(d, w, sessions) for w in WIRES]
         ops = Counter[str]()
         with RssSampler(d) as rss, RoundTrips(d, "websocket", period=0.1) as trips:
             for w in writers:
                 w.thread.start()
-            ops_thread = threading.Thread(target=_soak_ops, args=(
-                d, writers, sessions, stop, fail, ops, random.Random(rng.randrange(2**32))),
-                daemon=True)
+            ops_thread = threading.Thread(
+                target=_soak_ops,
+                args=(d, writers, sessions, stop, fail, ops, random.Random(rng.randrange(2**32))),
+                daemon=True,
+            )
             ops_thread.start()
             stop.wait(seconds)
             stop.set()
@@ -320,12 +344,14 @@ def run_soak(root: Path, seconds: float, seed: int,
         stats["events"] = {s.wire: dict(s.events) for s in subscribers}
         half = seconds / 2
         first, second = rss.peak(0, half), rss.peak(half)
-        stats["rss_kib"] = {"start": rss.samples[0][1] if rss.samples else 0,
-                            "first_half_peak": first, "second_half_peak": second,
-                            "vm_hwm": d.status_kib("VmHWM"),
-                            # peak of each tenth of the run, to see a trend
-                            "timeline": [rss.peak(seconds * i / 10, seconds * (i + 1) / 10)
-                                         for i in range(10)]}
+        stats["rss_kib"] = {
+            "start": rss.samples[0][1] if rss.samples else 0,
+            "first_half_peak": first,
+            "second_half_peak": second,
+            "vm_hwm": d.status_kib("VmHWM"),
+            # peak of each tenth of the run, to see a trend
+            "timeline": [rss.peak(seconds * i / 10, seconds * (i + 1) / 10) for i in range(10)],
+        }
         for s in subscribers:
             s.c.close()
         # the daemon still answers on every wire
@@ -341,9 +367,15 @@ def run_soak(root: Path, seconds: float, seed: int,
     return stats, failures
 
 
-def _soak_ops(d: LoggedDaemon, writers: list[SoakWriter], sessions: list[str],
-              stop: threading.Event, fail: Callable[[str], None], ops: Counter[str],
-              rng: random.Random) -> None:
+def _soak_ops(
+    d: LoggedDaemon,
+    writers: list[SoakWriter],
+    sessions: list[str],
+    stop: threading.Event,
+    fail: Callable[[str], None],
+    ops: Counter[str],
+    rng: random.Random,
+) -> None:
     """Searches, status polls, context checks and compactions between the appends."""
     counter = TokenCounter()
     try:
@@ -371,10 +403,14 @@ def _soak_ops(d: LoggedDaemon, writers: list[SoakWriter], sessions: list[str],
                     msgs, status = got["messages"], got["status"]
                     recount = sum(counter.count_message(m) for m in msgs)
                     if (status["activeMessages"], status["estimatedTokens"]) != (
-                            len(msgs), recount):
-                        fail(f"{sid}: status {status['activeMessages']} messages "
-                             f"{status['estimatedTokens']} tokens, context/get has "
-                             f"{len(msgs)} and {recount}")
+                        len(msgs),
+                        recount,
+                    ):
+                        fail(
+                            f"{sid}: status {status['activeMessages']} messages "
+                            f"{status['estimatedTokens']} tokens, context/get has "
+                            f"{len(msgs)} and {recount}"
+                        )
                     tail = [m for m in msgs if m["role"] != "system"]
                     if tail and tail[0]["role"] == "tool":
                         fail(f"{sid}: the context's tail starts with a tool result")
@@ -390,21 +426,45 @@ def _soak_ops(d: LoggedDaemon, writers: list[SoakWriter], sessions: list[str],
         fail(f"ops client: {exc!r}")
 
 
-def _soak_checks(d: LoggedDaemon, writers: list[SoakWriter], subscribers: list[Subscriber],
-                 sessions: list[str], fail: Callable[[str], None]) -> dict[str, Any]:
+def _soak_checks(
+    d: LoggedDaemon,
+    writers: list[SoakWriter],
+    subscribers: list[Subscriber],
+    sessions: list[str],
+    fail: Callable[[str], None],
+) -> dict[str, Any]:
     db = d.data_dir / "ctxd.db"
     conn = open_readonly(db)
     try:
-        stored = {s: [i for (i,) in conn.execute(
-            "SELECT id FROM messages WHERE session_id = ? ORDER BY id", (s,))] for s in sessions}
-        batches = {s: [(b, first, last) for b, first, last in conn.execute(
-            "SELECT id, first_message_id, last_message_id FROM batches WHERE session_id = ? "
-            "ORDER BY id", (s,))] for s in sessions}
-        by_key = {(s, k): (first, last) for s, k, first, last in conn.execute(
-            "SELECT session_id, client_batch_id, first_message_id, last_message_id "
-            "FROM batches")}
-        for body, n in conn.execute("SELECT body, count(*) FROM messages GROUP BY body "
-                                    "HAVING count(*) > 1 LIMIT 5"):
+        stored = {
+            s: [
+                i
+                for (i,) in conn.execute(
+                    "SELECT id FROM messages WHERE session_id = ? ORDER BY id", (s,)
+                )
+            ]
+            for s in sessions
+        }
+        batches = {
+            s: [
+                (b, first, last)
+                for b, first, last in conn.execute(
+                    "SELECT id, first_message_id, last_message_id FROM batches "
+                    "WHERE session_id = ? ORDER BY id",
+                    (s,),
+                )
+            ]
+            for s in sessions
+        }
+        by_key = {
+            (s, k): (first, last)
+            for s, k, first, last in conn.execute(
+                "SELECT session_id, client_batch_id, first_message_id, last_message_id FROM batches"
+            )
+        }
+        for body, n in conn.execute(
+            "SELECT body, count(*) FROM messages GROUP BY body HAVING count(*) > 1 LIMIT 5"
+        ):
             fail(f"stored {n} times: {body[:120]}")
         acked = 0
         for w in writers:
@@ -412,15 +472,21 @@ def _soak_checks(d: LoggedDaemon, writers: list[SoakWriter], subscribers: list[S
             for sent in w.acked:
                 acked += len(sent.ids)
                 if by_key.get((sent.session, sent.key)) != (sent.ids[0], sent.ids[-1]):
-                    fail(f"acknowledged {sent.key} {sent.ids} is stored as "
-                         f"{by_key.get((sent.session, sent.key))}")
+                    fail(
+                        f"acknowledged {sent.key} {sent.ids} is stored as "
+                        f"{by_key.get((sent.session, sent.key))}"
+                    )
                     continue
                 if sent.ids[0] <= last:
                     fail(f"{w.name}: {sent.key} stored before an earlier batch")
                 last = sent.ids[-1]
-                bodies = [json.loads(b) for (b,) in conn.execute(
-                    "SELECT body FROM messages WHERE id BETWEEN ? AND ? ORDER BY id",
-                    (sent.ids[0], sent.ids[-1]))]
+                bodies = [
+                    json.loads(b)
+                    for (b,) in conn.execute(
+                        "SELECT body FROM messages WHERE id BETWEEN ? AND ? ORDER BY id",
+                        (sent.ids[0], sent.ids[-1]),
+                    )
+                ]
                 if bodies != sent.messages:
                     fail(f"{sent.key}: stored messages differ from the sent ones")
     finally:
@@ -442,16 +508,22 @@ def _soak_checks(d: LoggedDaemon, writers: list[SoakWriter], subscribers: list[S
             got = sub.appends[s]
             if [b for b, _ in got] != [b for b, _, _ in batches[s]]:
                 missing = {b for b, _, _ in batches[s]} - {b for b, _ in got}
-                fail(f"{sub.wire} subscriber: {len(got)} didAppend for {s}, "
-                     f"{len(batches[s])} batches stored ({len(missing)} missing)")
+                fail(
+                    f"{sub.wire} subscriber: {len(got)} didAppend for {s}, "
+                    f"{len(batches[s])} batches stored ({len(missing)} missing)"
+                )
             ids = [i for _, mids in got for i in mids]
             if ids != stored[s]:
                 fail(f"{sub.wire} subscriber: message ids of {s} differ from the archive")
-    return {"acked_messages": acked, "acked_batches": sum(len(w.acked) for w in writers),
-            "stored_batches": want, "writers": len(writers), "subscribers": len(subscribers),
-            "auto_compactions_scheduled": sum(w.counts["auto_compactions_scheduled"]
-                                              for w in writers),
-            "events_per_subscriber": {s.wire: s.received() for s in subscribers}}
+    return {
+        "acked_messages": acked,
+        "acked_batches": sum(len(w.acked) for w in writers),
+        "stored_batches": want,
+        "writers": len(writers),
+        "subscribers": len(subscribers),
+        "auto_compactions_scheduled": sum(w.counts["auto_compactions_scheduled"] for w in writers),
+        "events_per_subscriber": {s.wire: s.received() for s in subscribers},
+    }
 
 
 def soak_seconds() -> float:
@@ -486,22 +558,46 @@ STUCK_RSS_GROWTH_KIB = 48 * 1024
 def _busy_session(c: Client, sid: str, cycles: int, stop: threading.Event) -> int:
     """Approval round trips with big arguments in `sid`; returns the event bytes sent."""
     run = c.call("run/start", {"sessionId": sid})["runId"]
-    content = ("def handler(event):\n    return event\n" * (BIG_ARGUMENTS // 38 + 1))
+    content = "def handler(event):\n    return event\n" * (BIG_ARGUMENTS // 38 + 1)
     content = content[:BIG_ARGUMENTS]
     sent = 0
     for i in range(cycles):
         if stop.is_set():
             break
-        call = {"id": f"call_w{i}", "type": "function",
-                "function": {"name": "write_file", "arguments": '{"path": "src/big.py"}'}}
-        c.call("messages/append", {"sessionId": sid, "runId": run, "messages": [
-            {"role": "assistant", "content": "Writing the file.", "tool_calls": [call]}]})
-        approval = c.call("approval/request", {
-            "sessionId": sid, "runId": run, "toolCallId": call["id"], "toolName": "write_file",
-            "arguments": {"path": "src/big.py", "content": content}})["approvalId"]
+        call = {
+            "id": f"call_w{i}",
+            "type": "function",
+            "function": {"name": "write_file", "arguments": '{"path": "src/big.py"}'},
+        }
+        c.call(
+            "messages/append",
+            {
+                "sessionId": sid,
+                "runId": run,
+                "messages": [
+                    {"role": "assistant", "content": "Writing the file.", "tool_calls": [call]}
+                ],
+            },
+        )
+        approval = c.call(
+            "approval/request",
+            {
+                "sessionId": sid,
+                "runId": run,
+                "toolCallId": call["id"],
+                "toolName": "write_file",
+                "arguments": {"path": "src/big.py", "content": content},
+            },
+        )["approvalId"]
         c.call("approval/resolve", {"approvalId": approval, "decision": "approved"})
-        c.call("messages/append", {"sessionId": sid, "runId": run, "messages": [
-            {"role": "tool", "tool_call_id": call["id"], "content": "written"}]})
+        c.call(
+            "messages/append",
+            {
+                "sessionId": sid,
+                "runId": run,
+                "messages": [{"role": "tool", "tool_call_id": call["id"], "content": "written"}],
+            },
+        )
         sent += 2 * BIG_ARGUMENTS  # didRequest and didResolve both carry the arguments
     c.call("run/finish", {"runId": run, "outcome": "completed"})
     return sent
@@ -511,8 +607,9 @@ class Flood:
     """Many small appends at once, from a separate process: an asyncio client per wire,
     each with several appends in flight, so the daemon sets the pace."""
 
-    def __init__(self, d: LoggedDaemon, sid: str, wires: tuple[str, ...],
-                 concurrency: int = 8) -> None:
+    def __init__(
+        self, d: LoggedDaemon, sid: str, wires: tuple[str, ...], concurrency: int = 8
+    ) -> None:
         self.d, self.args = d, (sid, ",".join(wires), str(concurrency))
         self.acked: list[int] = []
         self.errors: list[str] = []
@@ -548,10 +645,17 @@ def flood_main(argv: list[str]) -> None:
     async def main() -> None:
         stop = asyncio.Event()
         await _until_stdin(stop)
-        clients = [await connect_async(connection_file=connection_file, wire=as_wire(w))
-                   for w in wires.split(",")]
-        await asyncio.gather(*(appender(c, f"fl{c.wire[0]}{k}", stop)
-                               for c in clients for k in "abcdefghijklmnop"[: int(concurrency)]))
+        clients = [
+            await connect_async(connection_file=connection_file, wire=as_wire(w))
+            for w in wires.split(",")
+        ]
+        await asyncio.gather(
+            *(
+                appender(c, f"fl{c.wire[0]}{k}", stop)
+                for c in clients
+                for k in "abcdefghijklmnop"[: int(concurrency)]
+            )
+        )
         for c in clients:
             await c.close()
 
@@ -570,10 +674,12 @@ class StuckTcp:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         self.sock.connect((host, int(port)))
         reader = FrameReader()
-        for i, (method, params) in enumerate((("initialize", {"token": info["token"]}),
-                                              ("session/subscribe", {"sessionId": sid}))):
-            self.sock.sendall(frame(dumps_json({"jsonrpc": "2.0", "id": i, "method": method,
-                                                "params": params})))
+        for i, (method, params) in enumerate(
+            (("initialize", {"token": info["token"]}), ("session/subscribe", {"sessionId": sid}))
+        ):
+            self.sock.sendall(
+                frame(dumps_json({"jsonrpc": "2.0", "id": i, "method": method, "params": params}))
+            )
             while not reader.feed(self.sock.recv(65536)):
                 pass
 
@@ -595,8 +701,9 @@ class StuckTcp:
             self.sock.close()
 
 
-def stuck_run(tmp_path: Path, stuck_kind: str, flood_seconds: float, cycles: int,
-               min_events: int = 0) -> tuple[dict[str, Any], list[str]]:
+def stuck_run(
+    tmp_path: Path, stuck_kind: str, flood_seconds: float, cycles: int, min_events: int = 0
+) -> tuple[dict[str, Any], list[str]]:
     """A busy session with a stuck subscriber (`tcp`, `zmq` or `none`) and a healthy one.
 
     First a flood of small appends for `flood_seconds` (longer, up to 90 s, until
@@ -621,8 +728,8 @@ def stuck_run(tmp_path: Path, stuck_kind: str, flood_seconds: float, cycles: int
             if flood_seconds > 0:
                 flood.start()
                 while time.monotonic() - started < flood_seconds or (
-                        sum(healthy.events.values()) < min_events
-                        and time.monotonic() - started < 90):
+                    sum(healthy.events.values()) < min_events and time.monotonic() - started < 90
+                ):
                     time.sleep(0.1)
                 flood.join(30)
                 failures += flood.errors
@@ -633,12 +740,17 @@ def stuck_run(tmp_path: Path, stuck_kind: str, flood_seconds: float, cycles: int
             sent = _busy_session(writer, sid, cycles, threading.Event())
             time.sleep(0.5)
             elapsed = time.monotonic() - started
-        stats.update(rss_start_kib=rss0, rss_peak_kib=rss.peak(),
-                     rss_flood_growth_kib=max(0, rss.peak(0, flood_end) - rss0),
-                     rss_big_growth_kib=rss.peak(big_start) - rss_big0,
-                     big_event_bytes=sent, small_appends=len(flood.acked),
-                     flood_seconds=round(flood_end, 1), seconds=round(elapsed, 1),
-                     round_trips=trips.summary())
+        stats.update(
+            rss_start_kib=rss0,
+            rss_peak_kib=rss.peak(),
+            rss_flood_growth_kib=max(0, rss.peak(0, flood_end) - rss0),
+            rss_big_growth_kib=rss.peak(big_start) - rss_big0,
+            big_event_bytes=sent,
+            small_appends=len(flood.acked),
+            flood_seconds=round(flood_end, 1),
+            seconds=round(elapsed, 1),
+            round_trips=trips.summary(),
+        )
         if trips.errors:
             failures.append(f"round-trip probe failed: {trips.errors[:3]}")
         # the daemon kept serving the writer, and the healthy subscriber got every batch
