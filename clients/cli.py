@@ -63,7 +63,7 @@ def _spawn_daemon(args: argparse.Namespace) -> None:
     if args.config:
         cmd += ["--config", str(args.config)]
     log_dir = Path(args.data_dir or default_data_dir())
-    log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     with open(log_dir / "daemon.log", "ab") as log:
         subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                          start_new_session=True, env=os.environ.copy())

@@ -58,7 +58,8 @@ class DataDirLock:
             os.close(fd)
             raise AlreadyRunning(
                 f"another ctxd daemon (pid {owner}) serves {self.path.parent}; "
-                "use it, or stop it first") from None
+                "use it, or stop it first"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
@@ -81,8 +82,10 @@ class Daemon:
         if self.config.zmq_transport == "tcp":
             host = self.config.host
             if self.config.port:
-                return (f"tcp://{host}:{self.config.port + 2}",
-                        f"tcp://{host}:{self.config.port + 3}")
+                return (
+                    f"tcp://{host}:{self.config.port + 2}",
+                    f"tcp://{host}:{self.config.port + 3}",
+                )
             return f"tcp://{host}:0", f"tcp://{host}:0"
         run_dir = ensure_private_dir(default_runtime_dir())
         stem = self.connection_file.stem
@@ -90,27 +93,43 @@ class Daemon:
 
     async def run(self) -> int:
         cfg = self.config
-        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        cfg.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         lock = DataDirLock(cfg.data_dir)
         lock.acquire()
         engine = Engine(cfg)
         hub = EventHub()
         engine.add_listener(hub.publish)
-        dispatcher = Dispatcher(engine, hub, self.token, on_shutdown=self.stopping.set,
-                                wires=["jsonrpc-tcp", "websocket", "zmq", "stdio"])
+        dispatcher = Dispatcher(
+            engine,
+            hub,
+            self.token,
+            on_shutdown=self.stopping.set,
+            wires=["jsonrpc-tcp", "websocket", "zmq", "stdio"],
+            auth_timeout=cfg.auth_timeout_seconds,
+        )
         port = cfg.port
         tcp = ws = zmq_server = None
         try:
-            tcp = await start_tcp_server(dispatcher, hub, cfg.host, port,
-                                         max_frame=cfg.max_request_bytes,
-                                         max_connections=cfg.max_connections)
-            ws = await start_websocket_server(dispatcher, hub, cfg.host,
-                                              port + 1 if port else 0,
-                                              max_frame=cfg.max_request_bytes,
-                                              max_connections=cfg.max_connections)
+            tcp = await start_tcp_server(
+                dispatcher,
+                hub,
+                cfg.host,
+                port,
+                max_frame=cfg.max_request_bytes,
+                max_connections=cfg.max_connections,
+            )
+            ws = await start_websocket_server(
+                dispatcher,
+                hub,
+                cfg.host,
+                port + 1 if port else 0,
+                max_frame=cfg.max_request_bytes,
+                max_connections=cfg.max_connections,
+            )
             router, pub = self._zmq_endpoints()
-            zmq_server = ZmqServer(dispatcher, hub, router, pub,
-                                   max_message_size=cfg.max_request_bytes)
+            zmq_server = ZmqServer(
+                dispatcher, hub, router, pub, max_message_size=cfg.max_request_bytes
+            )
             await zmq_server.start()
             self.info = {
                 "pid": os.getpid(),
@@ -127,14 +146,22 @@ class Daemon:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stopping.set)
-            log.info("ctxd %s serving %s; connection file %s", __version__, cfg.data_dir,
-                     self.connection_file)
-            print(f"ctxd {__version__} serving {cfg.data_dir}\n"
-                  f"  connection file: {self.connection_file}\n"
-                  f"  json-rpc tcp:    {tcp.endpoint}\n"
-                  f"  websocket:       {ws.endpoint}\n"
-                  f"  zmq router:      {zmq_server.router_endpoint}\n"
-                  f"  zmq pub:         {zmq_server.pub_endpoint}", file=sys.stderr, flush=True)
+            log.info(
+                "ctxd %s serving %s; connection file %s",
+                __version__,
+                cfg.data_dir,
+                self.connection_file,
+            )
+            print(
+                f"ctxd {__version__} serving {cfg.data_dir}\n"
+                f"  connection file: {self.connection_file}\n"
+                f"  json-rpc tcp:    {tcp.endpoint}\n"
+                f"  websocket:       {ws.endpoint}\n"
+                f"  zmq router:      {zmq_server.router_endpoint}\n"
+                f"  zmq pub:         {zmq_server.pub_endpoint}",
+                file=sys.stderr,
+                flush=True,
+            )
             await self.stopping.wait()
             log.info("stopping")
         finally:
@@ -154,7 +181,9 @@ class Daemon:
 def serve(config: Config) -> int:
     logging.basicConfig(
         level=os.environ.get("CTXD_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     try:
         return asyncio.run(Daemon(config).run())
     except AlreadyRunning as exc:

@@ -330,6 +330,10 @@ class ArchiveStore:
         params += [limit, offset]
         try:
             rows = list(self.conn.execute(sql, params))
+        except UnicodeEncodeError:
+            raise InvalidParams(
+                "the search text contains a lone surrogate; send valid Unicode text"
+            ) from None
         except apsw.SQLError as exc:
             hint = (
                 "check the FTS5 query syntax, or search without advanced mode"

@@ -30,6 +30,7 @@ from . import context_store as cs
 from .compaction import check_summary, tail_boundary
 from .context_store import ContextState
 from .messages import for_model
+from .schema import transaction
 from .summary import Summary, SummaryRequest
 
 if TYPE_CHECKING:
@@ -199,7 +200,7 @@ class Compactor:
             raise
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
-            with e.conn:
+            with transaction(e.conn):
                 self._log(
                     cid,
                     session_id,
@@ -341,7 +342,7 @@ class Compactor:
         rederived: bool,
     ) -> dict[str, Any]:
         e = self.engine
-        with e.conn:
+        with transaction(e.conn):
             now_st = cs.load_context(e.conn, session_id)
             assert now_st is not None
             if now_st.version != snapshot.version:
@@ -460,7 +461,7 @@ class Compactor:
         instructions: str | None,
         reason: str,
     ) -> dict[str, Any]:
-        with self.engine.conn:
+        with transaction(self.engine.conn):
             self._log(
                 cid,
                 session_id,

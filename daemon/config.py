@@ -56,6 +56,8 @@ class Config:
     max_request_bytes: int = 64 * 1024 * 1024
     max_batch_messages: int = 10_000
     max_connections: int = 256
+    # a connection that has not proven the token by then is closed
+    auth_timeout_seconds: float = 5.0
     # "normal": survives a process crash; "full": also survives power loss (fsync per commit)
     durability: str = "normal"
     summarizer: str = "builtin"  # "builtin" or "openai"

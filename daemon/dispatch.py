@@ -7,6 +7,7 @@ order in which a client sent them is the order they are archived in.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import inspect
 import logging
@@ -36,6 +37,7 @@ class Dispatcher:
         token: str,
         on_shutdown: Callable[[], None] | None = None,
         wires: list[str] | None = None,
+        auth_timeout: float = 5.0,
     ) -> None:
         self.engine = engine
         self.hub = hub
@@ -44,6 +46,7 @@ class Dispatcher:
         self.on_shutdown = on_shutdown
         self.wires = wires or []
         self.started_at = time.time()
+        self.auth_timeout = auth_timeout
         self._live: set[Connection] = set()
         self._handlers: dict[str, Handler] = {
             "initialize": self.initialize,
@@ -106,6 +109,20 @@ class Dispatcher:
 
     def connection_opened(self, conn: Connection) -> None:
         self._live.add(conn)
+        if not conn.authenticated:
+            # a connection that never proves the token must not hold a slot forever
+            asyncio.get_running_loop().call_later(
+                self.auth_timeout, self._expire_unauthenticated, conn
+            )
+
+    def _expire_unauthenticated(self, conn: Connection) -> None:
+        if not conn.authenticated and not conn.closed:
+            log.info(
+                "%r did not send initialize with the token in %.0f s: closed",
+                conn,
+                self.auth_timeout,
+            )
+            conn.close()
 
     def connection_closed(self, conn: Connection) -> None:
         self._live.discard(conn)

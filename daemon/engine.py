@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import uuid
 from collections.abc import Callable
@@ -36,7 +37,7 @@ from .context_store import ContextState
 from .messages import normalize_message
 from .projection import project
 from .runs import RUN_OUTCOMES, RunStore
-from .schema import open_database
+from .schema import open_database, transaction
 from .summarizers import make_summarizer
 from .summary import Summarizer, Summary
 from .tokens import TokenCounter
@@ -58,7 +59,8 @@ class Engine:
         summarizer: Summarizer | None = None,
     ) -> None:
         self.config = config or Config()
-        self.config.data_dir.mkdir(parents=True, exist_ok=True)
+        # the archive is private to its user, like the runtime dir
+        self.config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.conn = open_database(self.config.db_path, durability=self.config.durability)
         self.archive = ArchiveStore(self.conn)
         self.runs = RunStore(self.conn)
@@ -101,7 +103,7 @@ class Engine:
         metadata: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         sid = session_id or new_id("ses")
-        with self.conn:
+        with transaction(self.conn):
             if self.archive.get_session(sid) is not None:
                 raise Conflict(
                     f"session {sid!r} already exists; use session/get to read it",
@@ -168,7 +170,7 @@ class Engine:
         st.active_messages = len(msgs)
         st.active_tokens = sum(m["tokens"] for m in msgs)
         st.summary_tokens = self.summary_tokens(session_id, st.summary)
-        with self.conn:
+        with transaction(self.conn):
             if cs.load_context(self.conn, session_id) is None:
                 cs.save_context(self.conn, st)
         log.info(
@@ -220,7 +222,7 @@ class Engine:
         new = replace(st, system_ids=list(st.system_ids))
         new.active_messages += len(rows)
         new.active_tokens += sum(tokens for _, _, tokens in rows)
-        with self.conn:
+        with transaction(self.conn):
             batch_id, ids, created = self.archive.append(
                 session_id, rows, digest=digest, run_id=run_id, client_batch_id=client_batch_id
             )
@@ -414,14 +416,14 @@ class Engine:
         self.require_session(session_id)
         if not isinstance(text, str) or not text.strip():
             raise InvalidParams("a pin needs non-empty text")
-        with self.conn:
+        with transaction(self.conn):
             pin = cs.add_pin(self.conn, new_id("pin"), session_id, text.strip())
             self._refresh_summary_tokens(session_id)
         return pin
 
     def remove_pin(self, session_id: str, pin_id: str) -> dict[str, Any]:
         self.require_session(session_id)
-        with self.conn:
+        with transaction(self.conn):
             pin = cs.remove_pin(self.conn, session_id, pin_id)
             if pin is None:
                 raise NotFound(
@@ -446,7 +448,7 @@ class Engine:
 
     def start_run(self, session_id: str) -> dict[str, Any]:
         self.require_session(session_id)
-        with self.conn:
+        with transaction(self.conn):
             current = self.runs.open_run(session_id)
             if current is not None:
                 raise RunActive(
@@ -474,7 +476,7 @@ class Engine:
                 f"run {run_id!r} is already {run['status']}",
                 {"runId": run_id, "status": run["status"]},
             )
-        with self.conn:
+        with transaction(self.conn):
             run = self.runs.finish(run_id, outcome)
         sid = run["sessionId"]
         due = outcome == "completed" and self.auto_compaction_due(sid)
@@ -511,12 +513,14 @@ class Engine:
                     f"tool call {tool_call_id!r} already awaits approval {a['approvalId']}",
                     {"approvalId": a["approvalId"]},
                 )
-        with self.conn:
+        with transaction(self.conn):
             approval = self.runs.request_approval(
                 new_id("apr"), session_id, run_id, tool_call_id, tool_name, arguments
             )
         self.emit(
-            session_id, "approval/didRequest", {"sessionId": session_id, "approval": approval}
+            session_id,
+            "approval/didRequest",
+            {"sessionId": session_id, "approval": _event_approval(approval)},
         )
         return approval
 
@@ -525,7 +529,7 @@ class Engine:
     ) -> dict[str, Any]:
         if decision not in ("approved", "denied"):
             raise InvalidParams("decision must be 'approved' or 'denied'")
-        with self.conn:
+        with transaction(self.conn):
             approval = self.runs.get_approval(approval_id)
             if approval is None:
                 raise NotFound(
@@ -540,7 +544,9 @@ class Engine:
                 )
             approval = self.runs.resolve_approval(approval_id, decision, reason)
         sid = approval["sessionId"]
-        self.emit(sid, "approval/didResolve", {"sessionId": sid, "approval": approval})
+        self.emit(
+            sid, "approval/didResolve", {"sessionId": sid, "approval": _event_approval(approval)}
+        )
         return approval
 
     def list_approvals(self, session_id: str, status: str | None = None) -> list[dict[str, Any]]:
@@ -583,3 +589,18 @@ class Engine:
 
     def compaction_log(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
         return self.compactor.history(session_id, limit)
+
+
+# Events go to every subscriber, and a subscriber that stops reading holds them in the
+# daemon until its queue limit: keep them small. approval/list has the full arguments.
+EVENT_ARGUMENTS_CHARS = 2048
+
+
+def _event_approval(approval: dict[str, Any]) -> dict[str, Any]:
+    args = approval.get("arguments")
+    if args is None:
+        return approval
+    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    if len(text) <= EVENT_ARGUMENTS_CHARS:
+        return approval
+    return {**approval, "arguments": text[:EVENT_ARGUMENTS_CHARS] + "…", "argumentsTruncated": True}

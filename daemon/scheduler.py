@@ -34,8 +34,12 @@ class AutoCompactor:
     async def _run(self, session_id: str) -> None:
         try:
             await asyncio.sleep(0)  # let the reply that scheduled us go out first
-            if self.engine.auto_compaction_due(session_id):
-                await self.engine.compact(session_id, trigger="auto")
+            # Appends keep landing while the summary is computed: when they outran it,
+            # go again at once instead of waiting for the next append or run.
+            while self.engine.auto_compaction_due(session_id):
+                result = await self.engine.compact(session_id, trigger="auto")
+                if not result["effective"]:
+                    break
         except CtxdError as exc:
             log.warning("auto-compaction of %s failed: %s", session_id, exc.message)
         except Exception:

@@ -8,9 +8,14 @@ approvals and the compaction log.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import apsw
+
+from ctxd.protocol.errors import StorageError
 
 MIGRATIONS: list[str] = [
     # 1: the archive
@@ -145,6 +150,9 @@ def open_database(
     path: Path | str, *, durability: str = "normal", target_version: int = SCHEMA_VERSION
 ) -> apsw.Connection:
     """Open (creating if needed) the database, set pragmas, apply pending migrations."""
+    # The archive is private: create the file 0600 before SQLite does (its -wal and -shm
+    # files take the database file's mode).
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
     conn = apsw.Connection(str(path))
     conn.set_busy_timeout(10_000)
     conn.pragma("journal_mode", "wal")
@@ -168,3 +176,45 @@ def migrate(conn: apsw.Connection, target_version: int = SCHEMA_VERSION) -> int:
             conn.execute(MIGRATIONS[version - 1])
             conn.pragma("user_version", version)
     return int(conn.pragma("user_version"))
+
+
+# SQLite gives up a write for these reasons; the caller can do something about each.
+_STORAGE_ERRORS = (
+    apsw.FullError,
+    apsw.ReadOnlyError,
+    apsw.IOError,
+    apsw.CantOpenError,
+    apsw.CorruptError,
+    apsw.NotADBError,
+)
+
+
+@contextmanager
+def transaction(conn: apsw.Connection) -> Iterator[None]:
+    """One explicit write transaction; storage failures become a typed `StorageError`.
+
+    On SQLITE_FULL SQLite rolls the transaction back by itself, so the savepoint's own
+    ROLLBACK then fails with "no transaction is active": that too means nothing was
+    written.
+    """
+    try:
+        with conn:
+            yield
+    except _STORAGE_ERRORS as exc:
+        raise StorageError(_storage_message(exc), {"reason": type(exc).__name__}) from None
+    except apsw.SQLError as exc:
+        if "no transaction is active" not in str(exc):
+            raise
+        raise StorageError(_storage_message(exc), {"reason": "FullError"}) from None
+
+
+def _storage_message(exc: Exception) -> str:
+    if isinstance(exc, apsw.ReadOnlyError):
+        what = "the database is read-only"
+    elif isinstance(exc, apsw.FullError | apsw.SQLError):
+        what = "the disk (or the database's size limit) is full"
+    elif isinstance(exc, apsw.IOError):
+        what = "the database could not be written (I/O error: is the disk full?)"
+    else:
+        what = f"the database could not be written ({type(exc).__name__})"
+    return f"{what}; nothing was written: fix it and send the request again"

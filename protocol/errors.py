@@ -26,6 +26,7 @@ class ErrorCode(IntEnum):
     SUMMARIZER_FAILED = -32016
     NOT_FOUND = -32017
     CONFLICT = -32018
+    STORAGE_ERROR = -32019
 
 
 class CtxdError(Exception):
@@ -106,6 +107,12 @@ class NotFound(CtxdError):
 
 class Conflict(CtxdError):
     code = ErrorCode.CONFLICT
+
+
+class StorageError(CtxdError):
+    """The database cannot be written (disk full, read-only, I/O error); nothing was."""
+
+    code = ErrorCode.STORAGE_ERROR
 
 
 _BY_CODE: dict[int, type[CtxdError]] = {cls.code: cls for cls in CtxdError.__subclasses__()}

@@ -113,6 +113,7 @@ COMMON_ERRORS: tuple[ErrorCode, ...] = (
     ErrorCode.UNAUTHORIZED,
     ErrorCode.PAYLOAD_TOO_LARGE,
     ErrorCode.INTERNAL_ERROR,
+    ErrorCode.STORAGE_ERROR,
 )
 
 # What each code means and what a client should do about it (rendered in the docs).
@@ -180,6 +181,12 @@ ERROR_DOCS: dict[ErrorCode, tuple[str, str]] = {
         "The request contradicts the current state: the id is taken, the run or approval "
         "is already finished, or a `clientBatchId` was reused for different messages.",
         "Re-read the state (`session/get`, `approval/list`) before deciding what to send.",
+    ),
+    ErrorCode.STORAGE_ERROR: (
+        "The database could not be written: the disk is full, the file is read-only, or an "
+        "I/O error occurred. Nothing of the request was written; reads keep working.",
+        "Free disk space or fix the file's permissions, then send the same request again "
+        "(with the same `clientBatchId` for appends).",
     ),
 }
 
@@ -647,12 +654,13 @@ _NOTIFICATION_LIST: tuple[Notification, ...] = (
     ),
     Notification(
         "approval/didRequest",
-        "`sessionId`, `approval` (as from `approval/resolve`).",
+        "`sessionId`, `approval` (as from `approval/resolve`; `arguments` longer than 2048 "
+        "characters are cut, with `argumentsTruncated: true`: `approval/list` has them whole).",
         "A tool call waits for a human decision.",
     ),
     Notification(
         "approval/didResolve",
-        "`sessionId`, `approval` (as from `approval/resolve`).",
+        "`sessionId`, `approval` (as in `approval/didRequest`).",
         "A tool call was approved or denied.",
     ),
     Notification(
