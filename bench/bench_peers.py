@@ -50,6 +50,7 @@ from bench.peers import (  # noqa: E402
     Store,
     dir_bytes,
     peer_versions,
+    split_pair_share,
 )
 from bench.workload import COMMON_WORD, RARE_WORD, ZH_PHRASE, Message, turns  # noqa: E402
 
@@ -849,6 +850,11 @@ def bench_run(sizes: Sizes, scratch: Scratch, report: Report, budget: Deadline) 
                     if isinstance(store, CtxdEngine)
                     else None
                 ),
+                "split_share": (
+                    split_pair_share(native[:done], store.limit)
+                    if isinstance(store, AgentsSQLite) and store.limit
+                    else None
+                ),
             }
             log(f"run: {key} {done} steps in {cum:.1f} s, exponent {results[key]['exponent']:.2f}")
         except Exception as exc:  # reported; the other systems still run
@@ -862,6 +868,7 @@ def bench_run(sizes: Sizes, scratch: Scratch, report: Report, budget: Deadline) 
 
     rows = []
     compaction_note = ""
+    split_note = ""
     for key, r in results.items():
         a, b = r["fit"]
         da, db = r["disk_fit"]
@@ -884,6 +891,11 @@ def bench_run(sizes: Sizes, scratch: Scratch, report: Report, budget: Deadline) 
                 fmt(r["exponent"], 2),
             ]
         )
+        if r.get("split_share") is not None:
+            split_note = (
+                f" `get_items(limit={LAST_N})` returned a tool result without its call in "
+                f"{r['split_share']:.0%} of the steps (a request the model API refuses)."
+            )
         if r["compaction"]:
             n_comp, comp_s = r["compaction"]
             compaction_note = (
@@ -939,7 +951,7 @@ def bench_run(sizes: Sizes, scratch: Scratch, report: Report, budget: Deadline) 
         "least-squares fit of its cumulative time (or disk) to a*n + b*n^2 (dotted in the "
         "plot). The growth exponent is d log(total) / d log(steps) over the last doubling "
         "measured: 1 means a constant cost per step, 2 a cost per step that grows with the "
-        "history." + compaction_note,
+        "history." + compaction_note + split_note,
         table(headers, rows),
         name,
     )

@@ -400,6 +400,22 @@ def to_agents_items(turn: list[Message]) -> list[dict[str, Any]]:
     return items
 
 
+def split_pair_share(turns: list[list[dict[str, Any]]], limit: int = LAST_N) -> float:
+    """Share of steps whose newest-`limit` items hold a `function_call_output` without its
+    `function_call`: a request the model API refuses unless the caller repairs it."""
+    items: list[dict[str, Any]] = []
+    split = 0
+    for turn in turns:
+        items.extend(turn)
+        window = items[-limit:]
+        calls = {i["call_id"] for i in window if i.get("type") == "function_call"}
+        if any(
+            i.get("type") == "function_call_output" and i["call_id"] not in calls for i in window
+        ):
+            split += 1
+    return split / max(1, len(turns))
+
+
 def agents_item_text(item: dict[str, Any]) -> str:
     content = item.get("content")
     if isinstance(content, str):
