@@ -170,13 +170,16 @@ TRIED: dict[str, str] = {
         "Engine: max_page_count = size + 4 pages, appends until one fails, 5 more, then "
         "the cap lifted",
     "test_what_survived_a_full_disk_reopens_intact": "Engine reopened after a full disk",
-    "test_disk_full_gives_a_typed_error": "Engine: the error type of an append on a full disk",
+    "test_disk_full_gives_a_typed_error":
+        "Engine: the error type of an append on a full disk, then of a pin, a session and "
+        "a run",
     "test_disk_full_during_compaction_leaves_the_context_as_it_was":
         "Engine: compaction of 600 messages with no free page",
     "test_read_only_database_refuses_appends_and_recovers":
         "Engine: append with `PRAGMA query_only`, then writable again",
     "test_read_only_database_gives_a_typed_error":
-        "Engine: the error type of an append on a read-only database",
+        "Engine: the error type of an append, a pin, a session and a run on a read-only "
+        "database",
     "test_a_read_only_data_dir_is_refused_at_open":
         "Engine on a chmod 0444/0555 data dir (not as root)",
     "test_daemon_on_a_full_disk_answers_errors_serves_reads_and_recovers":

@@ -205,15 +205,11 @@ SURROGATE_TEXT = st.builds(lambda a, s, b: a + s + b, st.text(max_size=5),
 SURROGATE_QUERIES = ["a\udfffb c", "x\ud800", "\udc00abc def", "alpha \ud83c", "上下文\udfff"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "daemon/archive.py ArchiveStore._search catches only apsw.SQLError around the query: a "
-    "lone surrogate in the search text (e.g. 'a\\udfffb c') makes the SQLite binding raise "
-    "UnicodeEncodeError out of Engine.search; over the wire the protocol's string check "
-    "refuses it first, but library users of Engine get an untyped error"))
 @pytest.mark.parametrize("advanced", [False, True])
 def test_search_text_with_lone_surrogates_gets_a_typed_answer(
     bench: Bench, advanced: bool
 ) -> None:
+    # SQLite cannot bind text that is not valid UTF-8: the engine must say so with a type
     for query in SURROGATE_QUERIES:
         try:
             hits = bench.engine.search(query, advanced=advanced)

@@ -361,12 +361,8 @@ def test_ipc_sockets_live_in_the_private_runtime_dir(tmp_path: Path) -> None:
         assert daemon.stop() == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the archive is readable by every local user: daemon/app.py Daemon.run and "
-    "daemon/engine.py Engine.__init__ create the data dir with mkdir() under the process "
-    "umask (0755 with umask 022) and daemon/schema.py open_database creates ctxd.db and "
-    "its -wal/-shm files 0644, while only the token file is made private"))
 def test_the_archive_is_not_readable_by_other_users(env: Env) -> None:
+    # the token file is private; the history it guards must be too, whatever the umask
     data_dir = env.daemon.data_dir
     dir_private = stat.S_IMODE(data_dir.stat().st_mode) & 0o077 == 0
     files = [p for p in data_dir.iterdir() if p.name.startswith("ctxd.db")]
@@ -745,13 +741,9 @@ def test_too_many_connections_are_refused_and_the_others_keep_working(tmp_path: 
         assert daemon.stop() == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "connections that never authenticate hold a connection slot forever: "
-    "daemon/servers/jsonrpc.py counts every accepted TCP/WebSocket connection against "
-    "max_connections (TcpConnection.connection_made, JsonRpcWebSocketServer._process_request) "
-    "and has no deadline for initialize, so any local user, without the token, can open "
-    "max_connections idle sockets and lock every JSON-RPC client out"))
 def test_idle_connections_without_the_token_cannot_lock_clients_out(tmp_path: Path) -> None:
+    # loopback TCP is open to every local user: without a deadline for `initialize`, idle
+    # sockets without the token could hold every slot of max_connections
     limit = 4
     daemon = start_daemon(tmp_path, max_connections=limit)
     info = daemon.info()
@@ -759,7 +751,7 @@ def test_idle_connections_without_the_token_cannot_lock_clients_out(tmp_path: Pa
                  for _ in range(limit)]
     try:
         env = Env(daemon, info, None, zmq.Context())
-        deadline = time.monotonic() + 8.0
+        deadline = time.monotonic() + 12.0
         while True:
             conn = Tcp(env)
             conn.send_raw(frame(json.dumps(
