@@ -188,6 +188,161 @@ def test_additive_follow_up_does_not_supersede() -> None:
     assert item(summary, "constraints", "Never edit the generated tests.").status == "current"
 
 
+def test_correction_of_one_subject_leaves_a_similar_rule_of_another_current() -> None:
+    summary = run(
+        [
+            user(1, "The catalog client must retry 7 times."),
+            user(2, "The ledger client must retry 4 times."),
+            user(3, "Scratch that: the catalog client should retry 6 times."),
+            user(4, "Scratch that: the ledger client should retry 2 times."),
+        ]
+    )
+    statuses = {i.text: i.status for i in summary.sections["constraints"]}
+    assert statuses == {
+        "The catalog client must retry 7 times.": "superseded",
+        "The ledger client must retry 4 times.": "superseded",
+        "Scratch that: the catalog client should retry 6 times.": "current",
+        "Scratch that: the ledger client should retry 2 times.": "current",
+    }
+
+
+def test_correction_whose_own_rule_is_already_superseded_leaves_the_others() -> None:
+    # The media rule was corrected once; the second correction of the media retries
+    # matches that history best and must not take the catalog rule along.
+    summary = run(
+        [
+            user(1, "The media client must retry 11 times."),
+            user(2, "The catalog client must retry 7 times."),
+            user(3, "Scratch that: the media client should retry 2 times."),
+            user(4, "Scratch that: the media client should retry 9 times."),
+        ]
+    )
+    statuses = {i.text: i.status for i in summary.sections["constraints"]}
+    assert statuses["The catalog client must retry 7 times."] == "current"
+    assert statuses["Scratch that: the media client should retry 2 times."] == "superseded"
+    assert statuses["Scratch that: the media client should retry 9 times."] == "current"
+
+
+def test_shared_value_alone_does_not_pick_the_rule_to_correct() -> None:
+    summary = run(
+        [
+            user(1, "The shipping client must retry 6 times."),
+            user(2, "The media client must retry 11 times."),
+            user(3, "Scratch that: the shipping client should retry 11 times."),
+        ]
+    )
+    assert item(summary, "constraints", "The media client must retry 11 times.").status == (
+        "current"
+    )
+    assert item(summary, "constraints", "The shipping client must retry 6 times.").status == (
+        "superseded"
+    )
+
+
+def test_correction_naming_the_old_value_picks_that_rule() -> None:
+    summary = run(
+        [
+            user(1, "Use port 5026 for the inventory service."),
+            user(2, "Use port 7100 for the inventory admin service."),
+            user(3, "Actually, use port 6859 instead of 5026 for the inventory service."),
+        ]
+    )
+    assert item(summary, "constraints", "Use port 5026 for the inventory service.").status == (
+        "superseded"
+    )
+    assert item(
+        summary, "constraints", "Use port 7100 for the inventory admin service."
+    ).status == "current"
+
+
+def test_chinese_correction_of_one_subject_leaves_another_current() -> None:
+    summary = run(
+        [
+            user(1, "计费客户端必须重试 7 次。"),
+            user(2, "账本客户端必须重试 4 次。"),
+            user(3, "应该是重试 2 次，账本客户端改成这样。"),
+        ]
+    )
+    assert item(summary, "constraints", "计费客户端必须重试 7 次。").status == "current"
+    assert item(summary, "constraints", "账本客户端必须重试 4 次。").status == "superseded"
+    assert item(summary, "constraints", "应该是重试 2 次，账本客户端改成这样。").status == (
+        "current"
+    )
+
+
+def test_set_to_is_a_setting_that_a_correction_supersedes() -> None:
+    summary = run(
+        [
+            user(1, "Set the search request timeout to 47 seconds. Then rebuild the index."),
+            user(2, "Set the gateway request timeout to 38 seconds."),
+            user(3, "No, change the search request timeout to 30 seconds."),
+        ]
+    )
+    old = item(summary, "constraints", "Set the search request timeout to 47 seconds.")
+    assert old.status == "superseded"
+    assert old.sources == [1]
+    assert item(
+        summary, "constraints", "Set the gateway request timeout to 38 seconds."
+    ).status == "current"
+    assert texts(summary, "goals") == ["Then rebuild the index."]
+    # Neither value is left on a line that reads as current.
+    current = [i.text for i in summary.sections["constraints"] if i.status == "current"]
+    assert not any("47" in t for t in current)
+    assert not any("47" in t for t in texts(summary, "goals"))
+
+
+def test_setting_restated_with_a_new_value_supersedes_the_old_one() -> None:
+    summary = run(
+        [
+            user(1, "Set the build timeout to 20 minutes."),
+            user(2, "Set the build timeout to 45 minutes."),
+            user(3, "Set up the CI pipeline for the docs."),
+        ]
+    )
+    assert item(summary, "constraints", "Set the build timeout to 20 minutes.").status == (
+        "superseded"
+    )
+    assert item(summary, "constraints", "Set the build timeout to 45 minutes.").status == (
+        "current"
+    )
+    # "Set up" asks for work; it is no setting.
+    assert texts(summary, "goals") == ["Set up the CI pipeline for the docs."]
+
+
+def test_chinese_setting_is_a_constraint_that_a_correction_supersedes() -> None:
+    summary = run(
+        [
+            user(1, "搜索的请求超时设为 47 秒。"),
+            user(2, "网关的请求超时设为 38 秒。"),
+            user(3, "搞错了，搜索的请求超时应该是 30 秒。"),
+        ]
+    )
+    assert item(summary, "constraints", "搜索的请求超时设为 47 秒。").status == "superseded"
+    assert item(summary, "constraints", "网关的请求超时设为 38 秒。").status == "current"
+    assert item(summary, "constraints", "搞错了，搜索的请求超时应该是 30 秒。").status == (
+        "current"
+    )
+
+
+def test_reminders_are_requests_and_notes_are_kept_as_constraints() -> None:
+    summary = run(
+        [
+            user(1, "Don't forget to rename the queue in src/app/cli.py."),
+            user(2, "别忘了更新测试。"),
+            user(3, "For the record, the billing p99 latency budget is 250 ms."),
+            user(4, "备注一下，计费的 p99 延迟预算是 250 毫秒。"),
+        ]
+    )
+    assert texts(summary, "goals") == [
+        "Don't forget to rename the queue in src/app/cli.py.",
+        "别忘了更新测试。",
+    ]
+    assert texts(summary, "constraints") == [
+        "For the record, the billing p99 latency budget is 250 ms.",
+        "备注一下，计费的 p99 延迟预算是 250 毫秒。",
+    ]
+
+
 def test_files_from_tool_arguments_get_every_mentioning_message() -> None:
     summary = run(conversation())
     files = {i.text: i.sources for i in summary.sections["files"]}

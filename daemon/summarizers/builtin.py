@@ -47,23 +47,36 @@ class _Cue:
 
 
 # Single-character 别 ("don't") is also part of many ordinary words (特别, 区别, 级别...);
-# the look-arounds keep those from reading as instructions.
+# the look-arounds keep those from reading as instructions. "Don't forget to ..." and
+# 别忘了 are reminders of a task, not rules, so they stay with the request.
 _CONSTRAINT = _Cue(
-    r"\b(?:must(?:n[’']?t| not)?|never|don[’']?t|dont|do not|always|avoid|make sure|ensure|"
-    r"only|should(?:n[’']?t| not)|no longer)\b"
-    r"|必须|不要|禁止|务必|一定要|不能|只能|不许|不准|请勿"
-    r"|(?<![特区分识级类告性个派差鉴辨])别(?![的人名处])",
-    "must|never|don|do not|always|avoid|make sure|ensure|only|should|no longer"
-    "|必须|不要|禁止|务必|一定要|不能|只能|不许|不准|请勿|别",
+    r"\b(?:must(?:n[’']?t| not)?|never|always|avoid|only|should(?:n[’']?t| not)|no longer"
+    r"|for the record|fyi|keep in mind|bear in mind|note that|remember that)\b"
+    r"|\b(?:don[’']?t|dont|do not)\b(?!\s+forget)"
+    r"|必须|不要(?!忘)|禁止|务必|一定要|不能|只能|不许|不准|请勿|备注|记住"
+    r"|(?<![特区分识级类告性个派差鉴辨])别(?![的人名处忘])",
+    "must|never|don|do not|always|avoid|only|should|no longer|for the record|fyi"
+    "|keep in mind|bear in mind|note that|remember that"
+    "|必须|不要|禁止|务必|一定要|不能|只能|不许|不准|请勿|备注|记住|别",
 )
 
-# An imperative that sets a choice ("Use port 8080.") is a rule about how, where
-# "Add an endpoint" is a request for what; only the first kind is a constraint.
+# "Make sure the tests still pass" is as often a one-off request as a standing rule, so
+# a sentence with no stronger cue is kept as a constraint but is the first to go.
+_WEAK_CONSTRAINT = _Cue(r"\b(?:make sure|ensure)\b|确保", "make sure|ensure|确保")
+
+# An imperative that sets a choice ("Use port 8080.", "Set the timeout to 30 s.") is a
+# rule about how, where "Add an endpoint" or "Set up CI" is a request for what; only the
+# first kind is a constraint.
 _IMPERATIVE = re.compile(
-    r"(?:please\s+)?(?:use|prefer|stick (?:to|with)|keep using|stay (?:on|with)|target)\b"
+    r"(?:please\s+)?(?:use|prefer|set(?!\s+up\b)|keep|store|pin|limit|default to"
+    r"|stick (?:to|with)|stay (?:on|with)|target)\b"
     r"|请?(?:使用|用|保持|统一用?)",
     re.IGNORECASE,
 )
+
+# Chinese puts the setting verb after its subject ("超时设为 30 秒"), so it is searched
+# anywhere rather than matched at the start.
+_SETTING = _Cue(r"设为|设置为|设成|设定为|调整为", "设为|设置为|设成|设定为|调整为")
 
 _CORRECTION = _Cue(
     r"\bactually\b|\binstead\b|\bno\s?[,，!]|^\s*nope\b|\bchange\b[^.。!?]{0,60}?\bto\b"
@@ -168,6 +181,10 @@ _KEY_ARGS = (
 )
 
 _WORD = re.compile(r"[a-z0-9_]+")
+# Dotted, dashed or colon-joined runs stay one token, so "eu-west-1" or "3.11" is one value.
+_TOKEN = re.compile(r"[a-z0-9_]+(?:[.:\-][a-z0-9_]+)*")
+_TOKEN_PARTS = re.compile(r"[.:\-]")
+_QUOTED = re.compile(r"[`\"“「]([^`\"”」\n]{1,60})[`\"”」]")
 _CJK_RUN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]+")
 _STOP = frozenset(
     """a an the and or but if then else of to in on at by for from with without into onto
@@ -176,11 +193,13 @@ _STOP = frozenset(
     using used make sure must never always only avoid should shouldn't instead actually
     change switch rather meant mean want need can could would will shall let lets let's ok
     okay focus about keep all any some there here what which when where how now anymore
-    nope wrong""".split()
+    nope wrong set scratch sorry oops correction said told earlier record fyi note
+    remember mind""".split()
 )
 _CJK_STOP = frozenset(
     "我们 你们 这个 那个 一下 使用 请你 可以 需要 应该 然后 现在 还是 就是 不是 如果 因为 所以 "
-    "但是 而是 我要 你要 不对 改成 改为 换成 必须 不要 禁止 务必 一定 定要 不能 只能".split()
+    "但是 而是 我要 你要 不对 改成 改为 换成 必须 不要 禁止 务必 一定 定要 不能 只能 这样 "
+    "设为 设置 置为 设成 备注 注一 一下".split()
 )
 
 _PLAIN_COST = 1 / 5.2
@@ -246,24 +265,63 @@ def _stem(word: str) -> str:
 
 
 def _key_terms(text: str) -> frozenset[str]:
-    """Content words used to tell whether two instructions talk about the same thing."""
+    """Content words and values: what an instruction or a focus talks about."""
+    words, values = _subject(text)
+    return words | values
+
+
+def _subject(text: str) -> tuple[frozenset[str], frozenset[str]]:
+    """The words naming what an instruction is about, and the values it sets apart.
+
+    A value (a port, a count, a region, a version, a quoted name) is what a correction
+    replaces; the words around it name the setting and its owner. Only the words decide
+    whether two instructions are about the same thing: "retry 2 times" and "timeout 2
+    seconds" share a value, not a subject.
+    """
     low = text.casefold()
-    terms = {_stem(w) for w in _WORD.findall(low) if len(w) >= 2 and w not in _STOP}
+    values = {v.strip() for v in _QUOTED.findall(low) if v.strip()}
+    words: set[str] = set()
+    for token in _TOKEN.findall(_QUOTED.sub(" ", low)):
+        if any(c.isdigit() for c in token):
+            values.add(token)
+            continue
+        for w in _TOKEN_PARTS.split(token):
+            if len(w) >= 2 and w not in _STOP:
+                words.add(_stem(w))
     # Chinese has no spaces; character bigrams are the usual cheap stand-in for words.
-    stripped = _CORRECTION.regex.sub(" ", _CONSTRAINT.regex.sub(" ", low))
-    for run in _CJK_RUN.findall(stripped):
-        for i in range(len(run) - 1):
-            gram = run[i : i + 2]
-            if gram not in _CJK_STOP:
-                terms.add(gram)
-    return frozenset(terms)
+    if _CJK_RUN.search(low):
+        stripped = _CORRECTION.regex.sub(" ", _CONSTRAINT.regex.sub(" ", low))
+        for run in _CJK_RUN.findall(stripped):
+            for i in range(len(run) - 1):
+                gram = run[i : i + 2]
+                if gram not in _CJK_STOP:
+                    words.add(gram)
+    return frozenset(words), frozenset(values)
 
 
-def _overlaps(a: frozenset[str], b: frozenset[str]) -> bool:
-    if not a or not b:
+def _similarity(old: _Entry, new: _Entry) -> float:
+    """How surely `new` speaks about the same setting as `old` (0: not at all)."""
+    shared = len(old.terms & new.terms)
+    if not shared:
+        return 0.0
+    score = shared / min(len(old.terms), len(new.terms))
+    # "use port 9090 instead of 8080" names the value it replaces next to its own; one
+    # shared value alone ("retry 11 times" twice) is a coincidence, not a reference.
+    if score >= 0.5 and old.values & new.values and new.values - old.values:
+        score += 0.5
+    return score
+
+
+def _is_weak(text: str) -> bool:
+    low = text.lower()
+    if not _WEAK_CONSTRAINT.search(text, low):
         return False
-    shared = len(a & b)
-    return shared > 0 and shared / min(len(a), len(b)) >= 0.5
+    return not (
+        _CONSTRAINT.search(text, low)
+        or _CORRECTION.search(text, low)
+        or _SETTING.search(text, low)
+        or _IMPERATIVE.match(text)
+    )
 
 
 def _merge_sources(a: Iterable[int], b: Iterable[int], cap: int) -> list[int]:
@@ -390,6 +448,9 @@ class _Entry:
     seq: int
     status: str = "current"
     terms: frozenset[str] = frozenset()
+    values: frozenset[str] = frozenset()
+    # a constraint whose only cue is "make sure": the first to go under the budget
+    weak: bool = False
 
     def recency(self) -> tuple[int, int]:
         return (max(self.sources) if self.sources else -1, self.seq)
@@ -437,19 +498,45 @@ class _Draft:
             status=status,
         )
         if section == "constraints":
-            entry.terms = _key_terms(text)
+            entry.terms, entry.values = _subject(text)
+            entry.weak = _is_weak(text)
         self.sections[section].append(entry)
         self._by_key[(section, key)] = entry
         return entry
 
-    def supersede(self, correction: _Entry, message_id: int) -> None:
+    def supersede(self, new: _Entry, message_id: int, *, correction: bool) -> None:
+        """Mark the earlier instructions `new` replaces as superseded.
+
+        A correction replaces the instruction it matches best, not every one it resembles:
+        "the ledger client should retry 2 times" shares most words with the catalog
+        client's retry rule, but all of them with the ledger's own. The best match may
+        be one already superseded (a second correction of the ledger's retries); then
+        only the current instructions that match as well go. An instruction without a
+        correction cue replaces only one with the same words and another value ("Set
+        the timeout to 30 seconds" after "Set the timeout to 20 seconds").
+        """
+        if not new.terms:
+            return
+        scored: list[tuple[float, _Entry]] = []
         for entry in self.sections["constraints"]:
-            if entry is correction or entry.status != "current":
+            if entry is new:
                 continue
             # Sentences of the same message are read together, not as a correction chain.
             if entry.sources and max(entry.sources) >= message_id:
                 continue
-            if _overlaps(entry.terms, correction.terms):
+            if correction:
+                score = _similarity(entry, new)
+            elif entry.terms == new.terms and entry.values and new.values:
+                score = 0.0 if entry.values == new.values else 1.0
+            else:
+                continue
+            if score >= 0.5:
+                scored.append((score, entry))
+        if not scored:
+            return
+        best = max(score for score, _ in scored)
+        for score, entry in scored:
+            if score >= best - 0.01:
                 entry.status = "superseded"
 
 
@@ -580,13 +667,14 @@ class BuiltinSummarizer:
     def _read_user(self, draft: _Draft, mid: int, text: str) -> None:
         low = text.lower()
         may_correct = _CORRECTION.gate(low)
-        may_constrain = _CONSTRAINT.gate(low)
+        may_constrain = _CONSTRAINT.gate(low) or _WEAK_CONSTRAINT.gate(low)
+        may_set = _SETTING.gate(low)
         may_open = _OPEN.gate(low)
         may_fail = _ERROR_ANY.gate(low)
         goal: list[str] = []
         for sentence in _sentences(text):
             slow = sentence.lower()
-            is_correction = (
+            is_correction = bool(
                 may_correct
                 and _CORRECTION.search(sentence, slow)
                 and not _ADDITIVE.search(sentence)
@@ -594,13 +682,20 @@ class BuiltinSummarizer:
             if (
                 is_correction
                 or _IMPERATIVE.match(sentence)
-                or (may_constrain and _CONSTRAINT.search(sentence, slow))
+                or (may_set and _SETTING.search(sentence, slow))
+                or (
+                    may_constrain
+                    and (
+                        _CONSTRAINT.search(sentence, slow)
+                        or _WEAK_CONSTRAINT.search(sentence, slow)
+                    )
+                )
             ):
                 entry = draft.add(
                     "constraints", _trim(sentence, self.max_constraint_chars), [mid]
                 )
-                if entry is not None and is_correction:
-                    draft.supersede(entry, mid)
+                if entry is not None:
+                    draft.supersede(entry, mid, correction=is_correction)
                 continue
             if may_open and _OPEN.search(sentence, slow):
                 draft.add("open_items", _trim(sentence, self.max_item_chars), [mid])
