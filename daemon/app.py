@@ -109,6 +109,10 @@ class Daemon:
         )
         port = cfg.port
         tcp = ws = zmq_server = None
+        # before anything is announced: a client may stop us as soon as it can find us
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
         try:
             tcp = await start_tcp_server(
                 dispatcher,
@@ -143,9 +147,6 @@ class Daemon:
             }
             ensure_private_dir(self.connection_file.parent)
             write_connection_file(self.connection_file, self.info)
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.stopping.set)
             log.info(
                 "ctxd %s serving %s; connection file %s",
                 __version__,

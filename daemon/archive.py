@@ -20,6 +20,17 @@ from . import fts
 from .messages import message_text
 
 
+def strict_json(value: Any, what: str) -> str:
+    """JSON text for storage; NaN, Infinity and lone surrogates are refused, since every
+    reader must be able to parse what the archive returns."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        text.encode("utf-8")
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise InvalidParams(f"{what} is not storable as JSON: {exc}", {"param": what}) from None
+    return text
+
+
 def _row_to_message(row: Sequence[Any]) -> dict[str, Any]:
     msg_id, batch_id, body, tokens, created_at = row
     msg = json.loads(body)
@@ -40,12 +51,7 @@ class ArchiveStore:
         now = time.time()
         self.conn.execute(
             "INSERT INTO sessions(id, title, metadata, created_at) VALUES (?, ?, ?, ?)",
-            (
-                session_id,
-                title,
-                json.dumps(metadata, ensure_ascii=False) if metadata else None,
-                now,
-            ),
+            (session_id, title, strict_json(metadata, "metadata") if metadata else None, now),
         )
         return now
 

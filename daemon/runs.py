@@ -8,6 +8,8 @@ from typing import Any
 
 import apsw
 
+from .archive import strict_json
+
 RUN_OUTCOMES = ("completed", "failed", "cancelled")
 
 
@@ -93,7 +95,7 @@ class RunStore:
                 run_id,
                 tool_call_id,
                 tool_name,
-                None if arguments is None else json.dumps(arguments, ensure_ascii=False),
+                None if arguments is None else strict_json(arguments, "arguments"),
                 time.time(),
             ),
         )

@@ -17,13 +17,20 @@ _HEADER_LIMIT = 8192
 
 
 def dumps_json(obj: Any) -> bytes:
-    """Compact UTF-8 JSON; Chinese stays one character, not a six-byte escape."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    """Compact UTF-8 JSON; Chinese stays one character, not a six-byte escape. Strict:
+    NaN and Infinity are not JSON (browsers' JSON.parse refuses them), so they raise."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode(
+        "utf-8"
+    )
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def loads_json(data: bytes | str) -> Any:
     try:
-        return json.loads(data)
+        return json.loads(data, parse_constant=_no_constants)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ParseError(f"invalid JSON: {exc}; send one JSON-RPC object per frame") from None
     except RecursionError:

@@ -60,12 +60,15 @@ class DaemonProcess:
 
     def start(self, timeout: float = 20.0) -> DaemonProcess:
         self.connection_file.unlink(missing_ok=True)
-        self.proc = subprocess.Popen(self.command(), env=self.env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE)
+        # the daemon's output goes to a file: an unread pipe would fill and block it
+        self.log_path = self.root / f"daemon-{time.monotonic_ns()}.log"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.command(), env=self.env, stdout=log,
+                                         stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while not self.connection_file.exists():
             if self.proc.poll() is not None:
-                out = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                out = self.log_path.read_text(errors="replace")
                 raise RuntimeError(f"daemon exited with {self.proc.returncode}: {out}")
             if time.monotonic() > deadline:
                 raise TimeoutError("daemon did not write its connection file")
@@ -96,10 +99,7 @@ class DaemonProcess:
         self._close_pipes()
 
     def _close_pipes(self) -> None:
-        assert self.proc is not None
-        for f in (self.proc.stdout, self.proc.stderr):
-            if f:
-                f.close()
+        """Nothing to close: the output went to `log_path`."""
 
 
 def wait_for(stream: Any, method: str, timeout: float = 10.0,

@@ -16,7 +16,6 @@ import json
 import os
 import resource
 import sys
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -258,26 +257,10 @@ def test_a_read_only_data_dir_is_refused_at_open(tmp_path: Path) -> None:
 # through the daemon
 
 
-def drain(daemon: DaemonProcess) -> None:
-    """Read the daemon's piped log so that it never blocks on a full pipe."""
-    assert daemon.proc is not None
-
-    def read(pipe: Any) -> None:
-        try:
-            while pipe.read(65536):
-                pass
-        except (OSError, ValueError):
-            pass
-
-    for pipe in (daemon.proc.stdout, daemon.proc.stderr):
-        threading.Thread(target=read, args=(pipe,), daemon=True).start()
-
-
 @pytest.mark.skipif(not (sys.platform.startswith("linux") and hasattr(resource, "prlimit")),
                     reason="needs prlimit(2)")
 def test_daemon_on_a_full_disk_answers_errors_serves_reads_and_recovers(tmp_path: Path) -> None:
     daemon = DaemonProcess(tmp_path).start()
-    drain(daemon)
     assert daemon.proc is not None
     pid = daemon.proc.pid
     soft, hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)

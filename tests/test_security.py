@@ -11,7 +11,6 @@ import json
 import os
 import socket
 import stat
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -64,29 +63,12 @@ def _write_stats() -> Iterator[None]:
                 f.write(json.dumps({"test": test, "outcome": outcome, "n": n}) + "\n")
 
 
-def drain(daemon: DaemonProcess) -> None:
-    """Read the daemon's piped output so that its log can never fill the pipe and block it
-    (every refused WebSocket handshake is logged with a traceback)."""
-    assert daemon.proc is not None
-
-    def read(pipe: Any) -> None:
-        try:
-            while pipe.read(65536):
-                pass
-        except (OSError, ValueError):
-            pass
-
-    for pipe in (daemon.proc.stdout, daemon.proc.stderr):
-        threading.Thread(target=read, args=(pipe,), daemon=True).start()
-
-
 def start_daemon(root: Path, *extra: str, **config: Any) -> DaemonProcess:
     """A daemon with a TOML config whose keys are `Config` field names."""
     root.mkdir(parents=True, exist_ok=True)
     path = root / "ctxd.toml"
     path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in config.items()))
     daemon = DaemonProcess(root, "--config", str(path), *extra).start()
-    drain(daemon)
     return daemon
 
 
