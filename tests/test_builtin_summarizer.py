@@ -618,39 +618,141 @@ def test_budget_is_respected_for_a_large_input() -> None:
     assert len(calls) <= 8
     # Everything is estimated first: no call measures the unbounded render.
     assert max(calls) < len(unbounded.render()) / 2
-    # Tool activity goes first, constraints last.
-    assert "tool_activity" not in summary.sections
+    # Every section keeps something; the rules are kept whole.
+    assert set(summary.sections) == set(unbounded.sections)
     assert texts(summary, "constraints") == texts(unbounded, "constraints")
     assert "Never change the public API of the parser." in texts(summary, "constraints")
     assert "数据库迁移必须在事务中执行。" in texts(summary, "constraints")
 
 
-_DROP_ORDER = ["tool_activity", "errors", "files", "decisions", "goals", "open_items"]
+def newest(summary: Summary, section: str, n: int) -> list[str]:
+    by_recency = sorted(summary.sections.get(section, []), key=lambda i: max(i.sources))
+    return sorted(i.text for i in by_recency[len(by_recency) - n :]) if n else []
 
 
 @pytest.mark.parametrize("budget", [600, 1500, 2500, 4000])
-def test_sections_are_dropped_in_order_oldest_first(budget: int) -> None:
+def test_every_section_keeps_its_newest_items_and_loses_its_oldest(budget: int) -> None:
     messages = big_conversation(300)
     full = run(messages, budget=10**6)
     summary = run(messages, budget=budget)
     assert count_tokens(summary.render()) <= budget
-    counts = {name: len(summary.sections.get(name, [])) for name in _DROP_ORDER}
-    full_counts = {name: len(full.sections.get(name, [])) for name in _DROP_ORDER}
-    cut = [name for name in _DROP_ORDER if counts[name] < full_counts[name]]
-    assert cut, "budget too large to test anything"
-    # Only one section is partly cut: the ones before it are gone, the ones after intact.
-    first = _DROP_ORDER.index(cut[-1])
-    for name in _DROP_ORDER[:first]:
-        assert counts[name] == 0, name
-    for name in _DROP_ORDER[first + 1 :]:
-        assert counts[name] == full_counts[name], name
-    # Within the cut section the newest items survive.
-    partial = cut[-1]
-    kept = texts(summary, partial)
-    if kept:
-        recency = sorted(full.sections[partial], key=lambda i: max(i.sources))
-        assert sorted(kept) == sorted(i.text for i in recency[-len(kept) :])
+    assert summary.item_count() < full.item_count(), "budget too large to test anything"
+    for name, items in full.sections.items():
+        kept = texts(summary, name)
+        # No section is emptied to make room for another...
+        assert kept, (name, budget)
+        newest_item = max(items, key=lambda i: max(i.sources))
+        assert newest_item.text in kept, (name, budget)
+        # ...and within a section the oldest items go first.
+        assert sorted(kept) == newest(full, name, len(kept)), (name, budget)
+    # The rules fit in their share here, so none is lost.
     assert texts(summary, "constraints") == texts(full, "constraints")
+
+
+def test_a_long_session_keeps_recent_decisions_and_files_next_to_many_rules() -> None:
+    messages: list[dict[str, Any]] = []
+    for n in range(60):
+        base = 10 * n
+        messages += [
+            user(base + 1, f"Never deploy service{n} on Fridays. Refactor src/mod_{n}.py next."),
+            assistant(
+                base + 2,
+                f"We'll use Redis for the service{n} cache.",
+                call(f"c{n}", "write_file", path=f"services/s{n}/handler_{n}.py", content="x"),
+            ),
+            result(base + 3, f"c{n}", "ok"),
+        ]
+    full = run(messages, budget=10**6)
+    summary = run(messages, budget=900)
+    assert count_tokens(summary.render()) <= 900
+    for name in ("goals", "constraints", "decisions", "files", "tool_activity"):
+        kept = texts(summary, name)
+        assert kept, name
+        assert sorted(kept) == newest(full, name, len(kept)), name
+    # The rules get the largest share, but not all of it.
+    assert len(texts(summary, "constraints")) > len(texts(summary, "decisions"))
+    assert "We'll use Redis for the service59 cache." in texts(summary, "decisions")
+    assert "services/s59/handler_59.py" in texts(summary, "files")
+
+
+def test_tight_budget_keeps_the_newest_item_of_every_section_in_chinese() -> None:
+    messages: list[dict[str, Any]] = []
+    for n in range(1, 41):
+        base = 10 * n
+        messages += [
+            user(base + 1, f"第{n}个模块必须保留日志。请重构 src/模块{n}.py 的解析器。"),
+            assistant(
+                base + 2,
+                f"我们决定采用 Redis 作为第{n}个模块的缓存。",
+                call(f"c{n}", "read_file", path=f"src/mod_{n}.py"),
+            ),
+            result(base + 3, f"c{n}", "错误: 读取失败" if n % 4 == 0 else "ok"),
+            assistant(base + 4, f"待办：第{n}个模块还需要补测试。"),
+        ]
+    full = run(messages, budget=10**6)
+    for budget in (400, 800):
+        summary = run(messages, budget=budget)
+        assert count_tokens(summary.render()) <= budget
+        for name, items in full.sections.items():
+            kept = texts(summary, name)
+            newest_item = max(items, key=lambda i: max(i.sources))
+            assert newest_item.text in kept, (name, budget)
+            assert sorted(kept) == newest(full, name, len(kept)), (name, budget)
+
+
+def test_history_and_make_sure_sentences_go_before_rules() -> None:
+    messages = [user(1, "Use port 8080 for the dev server.")]
+    for n in range(2, 40):
+        messages.append(user(n, f"Never touch module{n} without a review. Make sure part{n} works."))
+    messages.append(user(40, "Actually use port 9090 for the dev server instead."))
+    full = run(messages, budget=10**6)
+    summary = run(messages, budget=600)
+    assert count_tokens(summary.render()) <= 600
+    rules = [t for t in texts(full, "constraints") if t.startswith("Never")]
+    weak = [t for t in texts(full, "constraints") if t.startswith("Make sure")]
+    kept = texts(summary, "constraints")
+    kept_rules = [t for t in kept if t in rules]
+    kept_weak = [t for t in kept if t in weak]
+    assert len(kept_rules) > 3 * len(kept_weak)
+    assert "Actually use port 9090 for the dev server instead." in kept
+    assert "Use port 8080 for the dev server." not in kept
+    # Within each kind the newest stay.
+    assert kept_rules == rules[len(rules) - len(kept_rules) :]
+
+
+def test_decisions_that_name_a_choice_outlast_vague_ones() -> None:
+    messages: list[dict[str, Any]] = []
+    for n in range(1, 31):
+        text = (
+            f"We'll use Kafka for queue number {n}."
+            if n % 3 == 0
+            else f"Let's revisit the widget {n} later."
+        )
+        messages.append(assistant(n, text))
+    full = run(messages, budget=10**6)
+    summary = run(messages, budget=260)
+    kept = texts(summary, "decisions")
+    firm = [t for t in kept if t.startswith("We'll use")]
+    vague = [t for t in kept if t.startswith("Let's")]
+    assert len(firm) > len(vague) >= 1
+    assert len(texts(full, "decisions")) == 30
+
+
+def test_requests_with_quantities_outlast_plain_ones() -> None:
+    messages: list[dict[str, Any]] = []
+    for n in range(1, 41):
+        if n % 5 == 0:
+            text = f"The nightly batch {chr(64 + n // 5)} processes about {1000 * n} records."
+        else:
+            text = f"Please tidy up the widget styling in part {chr(64 + n)} now."
+        messages.append(user(n, text))
+    summary = run(messages, budget=250)
+    kept = texts(summary, "goals")
+    assert sum("records" in t for t in kept) >= 4
+    assert any("tidy" in t for t in kept)
+    # "part A" or "p99" are names, not quantities.
+    plain = run([user(1, "Tune p99 for mod_5.py in eu-west-1 now please.")], budget=10**6)
+    assert plain.sections["goals"]
 
 
 def test_tiny_budget_truncates_then_drops_constraints() -> None:

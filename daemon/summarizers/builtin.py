@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import string
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,12 +49,13 @@ class _Cue:
 
 # Single-character 别 ("don't") is also part of many ordinary words (特别, 区别, 级别...);
 # the look-arounds keep those from reading as instructions. "Don't forget to ..." and
-# 别忘了 are reminders of a task, not rules, so they stay with the request.
+# 别忘了 are reminders of a task, not rules, so they stay with the request. 务必 is not
+# the one in 服务必须 ("the service must"): stripped, it would cut the subject in half.
 _CONSTRAINT = _Cue(
     r"\b(?:must(?:n[’']?t| not)?|never|always|avoid|only|should(?:n[’']?t| not)|no longer"
     r"|for the record|fyi|keep in mind|bear in mind|note that|remember that)\b"
     r"|\b(?:don[’']?t|dont|do not)\b(?!\s+forget)"
-    r"|必须|不要(?!忘)|禁止|务必|一定要|不能|只能|不许|不准|请勿|备注|记住"
+    r"|必须|不要(?!忘)|禁止|务必(?!须)|一定要|不能|只能|不许|不准|请勿|备注|记住"
     r"|(?<![特区分识级类告性个派差鉴辨])别(?![的人名处忘])",
     "must|never|don|do not|always|avoid|only|should|no longer|for the record|fyi"
     "|keep in mind|bear in mind|note that|remember that"
@@ -98,6 +100,18 @@ _DECISION = _Cue(
     r"|决定|采用|改用|选用|我们将|我会用",
     "'ll|’ll|will|going to|decided|decision|let's|lets|let’s|going with|opt|chose"
     "|switching to|instead of|决定|采用|改用|选用|我们将|我会用",
+)
+
+# A decision that names what was chosen; "let's revisit it later" or "I'll keep looking"
+# match the cue above but settle little, so they are the first decisions to go.
+_FIRM_DECISION = _Cue(
+    r"\b(?:(?:i|we)(?:[’']ll| will| am going to|[’']m going to| are going to|[’']re going to)"
+    r"|let[’']?s) (?:use|go with|switch|stick with|adopt|move to|replace)\b"
+    r"|\bdecided\b|\bdecision\b|\bgoing with\b|\bopt(?:ed|ing)? (?:for|to)\b|\bchose\b"
+    r"|\bswitching to\b|\binstead of\b"
+    r"|决定|采用|改用|选用|我会用",
+    "use|go with|switch|stick with|adopt|move to|replace|decided|decision|going with|opt"
+    "|chose|instead of|决定|采用|改用|选用|我会用",
 )
 
 _OPEN = _Cue(
@@ -282,12 +296,15 @@ def _subject(text: str) -> tuple[frozenset[str], frozenset[str]]:
     values = {v.strip() for v in _QUOTED.findall(low) if v.strip()}
     words: set[str] = set()
     for token in _TOKEN.findall(_QUOTED.sub(" ", low)):
-        if any(c.isdigit() for c in token):
+        if _is_value(token):
             values.add(token)
-            continue
-        for w in _TOKEN_PARTS.split(token):
-            if len(w) >= 2 and w not in _STOP:
-                words.add(_stem(w))
+        elif any(c.isdigit() for c in token):
+            # "service2" or "mod_5" is a name, the subject rather than what is set.
+            words.add(token)
+        else:
+            for w in _TOKEN_PARTS.split(token):
+                if len(w) >= 2 and w not in _STOP:
+                    words.add(_stem(w))
     # Chinese has no spaces; character bigrams are the usual cheap stand-in for words.
     if _CJK_RUN.search(low):
         stripped = _CORRECTION.regex.sub(" ", _CONSTRAINT.regex.sub(" ", low))
@@ -297,6 +314,15 @@ def _subject(text: str) -> tuple[frozenset[str], frozenset[str]]:
                 if gram not in _CJK_STOP:
                     words.add(gram)
     return frozenset(words), frozenset(values)
+
+
+def _is_value(token: str) -> bool:
+    """A number, a version, a size ("8080", "3.11", "30s") or a numbered variant
+    ("eu-west-1", "tls-1.2"): what a setting is set to."""
+    if token[0].isdigit():
+        return True
+    parts = _TOKEN_PARTS.split(token)
+    return len(parts) > 1 and parts[-1].isdigit()
 
 
 def _similarity(old: _Entry, new: _Entry) -> float:
@@ -437,6 +463,44 @@ def _estimate(text: str) -> float:
     return (n - dense - wide) * _PLAIN_COST + dense * _DENSE_COST + wide * _WIDE_COST + 1.3
 
 
+# ------------------------------------------------------------------------ budget
+
+# What each kind of item may claim of an overfull summary, least important first. Rules
+# the user set get the most room; a "make sure" sentence and the superseded history of
+# a rule get little, because a model can work without them.
+_SHARES: dict[str, float] = {
+    "superseded": 0.015,
+    "weak": 0.02,
+    "tentative": 0.015,
+    "tool_activity": 0.025,
+    "errors": 0.025,
+    "files": 0.04,
+    "open_items": 0.03,
+    "goals": 0.04,
+    "specific": 0.04,
+    "decisions": 0.08,
+    "constraints": 0.66,
+}
+
+# A number standing on its own ("about 4679 records", "30 seconds"), not part of a name
+# or a path ("p99", "mod_5.py", "eu-west-1").
+_QUANTITY = re.compile(r"(?<![\w./:-])\d+(?:[.,]\d+)*(?![\w/-]|[.,:]\w)", re.ASCII)
+
+
+def _share_class(e: _Entry) -> str:
+    if e.section == "decisions":
+        return "tentative" if e.weak else "decisions"
+    if e.section == "goals":
+        # A request that states a quantity (a size, a limit, a budget) holds a detail the
+        # model cannot get back elsewhere; plain requests are replaced by newer ones.
+        return "goals" if e.weak else "specific"
+    if e.section != "constraints":
+        return e.section
+    if e.status != "current":
+        return "superseded"
+    return "weak" if e.weak else "constraints"
+
+
 # ------------------------------------------------------------------------- draft
 
 
@@ -449,7 +513,8 @@ class _Entry:
     status: str = "current"
     terms: frozenset[str] = frozenset()
     values: frozenset[str] = frozenset()
-    # a constraint whose only cue is "make sure": the first to go under the budget
+    # a constraint whose only cue is "make sure", a decision that names no choice: the
+    # first of their section to go under the budget
     weak: bool = False
 
     def recency(self) -> tuple[int, int]:
@@ -500,6 +565,10 @@ class _Draft:
         if section == "constraints":
             entry.terms, entry.values = _subject(text)
             entry.weak = _is_weak(text)
+        elif section == "decisions":
+            entry.weak = not _FIRM_DECISION.search(text)
+        elif section == "goals":
+            entry.weak = _QUANTITY.search(text) is None
         self.sections[section].append(entry)
         self._by_key[(section, key)] = entry
         return entry
@@ -930,37 +999,68 @@ class BuiltinSummarizer:
     def _drop_plan(
         self, entries: dict[str, list[_Entry]], instructions: str | None
     ) -> list[tuple[str, _Entry, str]]:
+        """The order items go in when the summary is over budget; a prefix is applied.
+
+        Each kind of item may claim its share of what is left (`_SHARES`): the kind
+        furthest over its share loses its oldest item next, and what a kind does not
+        use goes to the others. So a long session keeps its recent decisions and files
+        next to its rules instead of dropping whole sections in turn. Every section
+        keeps its most recent item until everything else is gone, and items the
+        instructions ask to focus on go after all others of their kind.
+        """
         focus = _key_terms(instructions) if instructions else frozenset()
 
         def favoured(e: _Entry) -> bool:
             if not focus:
                 return False
-            terms = e.terms or _key_terms(e.text)
+            terms = (e.terms | e.values) or _key_terms(e.text)
             return bool(terms & focus)
 
-        classes: list[tuple[str, Callable[[_Entry], bool]]] = [
-            ("tool_activity", lambda e: True),
-            ("errors", lambda e: True),
-            ("files", lambda e: True),
-            ("decisions", lambda e: True),
-            ("goals", lambda e: True),
-            ("open_items", lambda e: True),
-            ("constraints", lambda e: e.status != "current"),
-        ]
+        est: dict[int, float] = {}
+        size: dict[str, float] = dict.fromkeys(_SHARES, 0.0)
+        floors: list[_Entry] = []
+        for name, es in entries.items():
+            for e in es:
+                est[id(e)] = _estimate(_line(e, e.text))
+                size[_share_class(e)] += est[id(e)]
+            pool = [e for e in es if e.status == "current"] if name == "constraints" else es
+            if pool:
+                floors.append(max(pool, key=_Entry.recency))
+        floor_ids = {id(e) for e in floors}
+        # A long rule loses its tail before any rule is lost.
+        trims: deque[tuple[_Entry, str]] = deque()
+        for e in sorted(entries["constraints"], key=_Entry.recency):
+            if _share_class(e) == "constraints":
+                short = _trim(e.text, self.truncated_constraint_chars)
+                if short != e.text:
+                    trims.append((e, short))
+
         ops: list[tuple[str, _Entry, str]] = []
         for keep_focus in (False, True):
-            for name, pick in classes:
-                chosen = [e for e in entries[name] if pick(e) and favoured(e) == keep_focus]
-                ops.extend(("drop", e, "") for e in sorted(chosen, key=_Entry.recency))
-        current = sorted(
-            (e for e in entries["constraints"] if e.status == "current"), key=_Entry.recency
-        )
-        for e in current:
-            short = _trim(e.text, self.truncated_constraint_chars)
-            if short != e.text:
-                ops.append(("trim", e, short))
-        for keep_focus in (False, True):
-            ops.extend(("drop", e, "") for e in current if favoured(e) == keep_focus)
+            queues: dict[str, deque[_Entry]] = {name: deque() for name in _SHARES}
+            for es in entries.values():
+                for e in sorted(es, key=_Entry.recency):
+                    if id(e) not in floor_ids and favoured(e) == keep_focus:
+                        queues[_share_class(e)].append(e)
+            while True:
+                open_classes = [c for c in _SHARES if queues[c] or (c == "constraints" and trims)]
+                if not open_classes:
+                    break
+                # Ties go to the kind listed first in _SHARES, the one that matters least.
+                cls = max(open_classes, key=lambda c: size[c] / _SHARES[c])
+                if cls == "constraints" and trims:
+                    e, short = trims.popleft()
+                    saved = est[id(e)] - _estimate(_line(e, short))
+                    ops.append(("trim", e, short))
+                    est[id(e)] -= saved
+                    size[cls] -= saved
+                    continue
+                e = queues[cls].popleft()
+                ops.append(("drop", e, ""))
+                size[cls] -= est[id(e)]
+        order = {name: i for i, name in enumerate(_SHARES)}
+        floors.sort(key=lambda e: (favoured(e), order[_share_class(e)]))
+        ops.extend(("drop", e, "") for e in floors)
         return ops
 
 
