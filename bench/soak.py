@@ -273,29 +273,30 @@ def _cell(text: str) -> str:
 
 
 def rewrite_table(doc: Path, rows: list[Row], note: str) -> None:
-    """Replace this script's rows of the table (matched by their first cell) and the
-    note between the markers; leave every other row and line as it is."""
-    text = doc.read_text()
-    lines = text.splitlines()
+    """Replace this script's rows of the table and the note between the markers.
+
+    Its rows (first cell starting with one of `OWN_PREFIXES`) go where its first row
+    was, as one block in the order they were run; every other row and line stays.
+    """
+    lines = doc.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| Check |"))
     end = start + 2
     while end < len(lines) and lines[end].startswith("|"):
         end += 1
-    new_rows = {
-        r["check"]: "| "
-        + " | ".join(_cell(r[k]) for k in ("check", "tried", "count", "observed", "command"))
-        + " |"
-        for r in rows
-    }
+    keys = ("check", "tried", "count", "observed", "command")
+    new_rows = ["| " + " | ".join(_cell(r[k]) for k in keys) + " |" for r in rows]
     kept: list[str] = []
+    placed = False
     for line in lines[start + 2 : end]:
         first = line.strip("|").split("|")[0].strip()
-        if first in new_rows:
-            kept.append(new_rows.pop(first))
-        elif not first.startswith(OWN_PREFIXES):
+        if not first.startswith(OWN_PREFIXES):
             kept.append(line)
-    body = lines[: start + 2] + kept + list(new_rows.values()) + lines[end:]
-    out = "\n".join(body) + "\n"
+        elif not placed:
+            kept += new_rows
+            placed = True
+    if not placed:
+        kept += new_rows
+    out = "\n".join(lines[: start + 2] + kept + lines[end:]) + "\n"
     out = re.sub(
         re.escape(NOTE_BEGIN) + r".*?" + re.escape(NOTE_END),
         f"{NOTE_BEGIN}\n{note}\n{NOTE_END}",
