@@ -404,6 +404,38 @@ def test_source_code_and_clean_test_runs_are_not_errors() -> None:
     ]
 
 
+def test_error_cues_in_long_code_output() -> None:
+    code = "\n".join(
+        f"def check_{n}(value):\n    if value is None:\n        raise ValueError('error {n}')\n"
+        f"    return errors.get(value)  # see lib/errors_{n}.py"
+        for n in range(200)
+    )
+    outputs = {
+        "source": code,
+        "build": code + "\nmake: *** [all] Error 2\nexit code 2",
+        "tests": "collected 12 items\nv3 failed to load, retrying\n12 passed",
+        "summary": "ran 40 checks\n3 failed, 37 passed",
+        "json": '{"ok": true, "error": null}',
+        "jsonfail": '{"status": "failed", "detail": "disk full"}',
+    }
+    messages: list[dict[str, Any]] = []
+    for n, (name, text) in enumerate(outputs.items()):
+        messages.append(assistant(2 * n + 1, None, call(name, name)))
+        messages.append(result(2 * n + 2, name, text))
+    summary = run(messages, budget=10**6)
+    outcomes = dict(t.split(" → ") for t in texts(summary, "tool_activity"))
+    assert outcomes == {
+        "source": "ok",
+        "build": "error",
+        "tests": "ok",
+        "summary": "error",
+        "json": "ok",
+        "jsonfail": "error",
+    }
+    # A path in a comment of the source is found once, however often the token repeats.
+    assert "lib/errors_0.py" in texts(summary, "files")
+
+
 def test_user_reported_errors_and_urls() -> None:
     summary = run(
         [
@@ -701,21 +733,26 @@ def test_tight_budget_keeps_the_newest_item_of_every_section_in_chinese() -> Non
 
 
 def test_history_and_make_sure_sentences_go_before_rules() -> None:
-    messages = [user(1, "Use port 8080 for the dev server.")]
+    messages = [user(1, "Use port 8000 for the dev server.")]
     for n in range(2, 40):
-        messages.append(user(n, f"Never touch module{n} without a review. Make sure part{n} works."))
-    messages.append(user(40, "Actually use port 9090 for the dev server instead."))
+        text = f"Never touch module{n} without a review. Make sure part{n} works."
+        messages.append(user(n, text))
+    for n in range(40, 50):
+        messages.append(user(n, f"Actually use port {8000 + n} for the dev server instead."))
     full = run(messages, budget=10**6)
     summary = run(messages, budget=600)
     assert count_tokens(summary.render()) <= 600
     rules = [t for t in texts(full, "constraints") if t.startswith("Never")]
     weak = [t for t in texts(full, "constraints") if t.startswith("Make sure")]
+    assert len(texts(full, "constraints", "superseded")) == 10
     kept = texts(summary, "constraints")
     kept_rules = [t for t in kept if t in rules]
     kept_weak = [t for t in kept if t in weak]
     assert len(kept_rules) > 3 * len(kept_weak)
-    assert "Actually use port 9090 for the dev server instead." in kept
-    assert "Use port 8080 for the dev server." not in kept
+    assert len(texts(summary, "constraints", "superseded")) <= 2
+    assert texts(summary, "constraints", "current")[-1] == (
+        "Actually use port 8049 for the dev server instead."
+    )
     # Within each kind the newest stay.
     assert kept_rules == rules[len(rules) - len(kept_rules) :]
 

@@ -10,12 +10,14 @@ fails.
 
 from __future__ import annotations
 
+import heapq
 import json
 import re
 import string
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from ctxd.daemon.summary import SECTIONS, Summary, SummaryItem, SummaryRequest
@@ -129,19 +131,62 @@ _ERROR_ANY = _Cue(
     "error|exception|traceback|fail|panic|crash|错误|失败|异常|报错|崩溃",
 )
 
+class _CueSet:
+    """Alternatives of one cue, each behind its own substring gate.
+
+    Tool output is long and, when it is source code, full of "error" and "exception":
+    one big alternation would try every branch at every position. Here a branch runs
+    only when its own (lower-case) trigger is present. The text is searched with a
+    newline in front, so a branch anchored at a line start can begin with "\n" and the
+    regex engine skips straight from one line to the next.
+    """
+
+    __slots__ = ("parts", "triggers")
+
+    def __init__(self, *parts: tuple[str, str]) -> None:
+        self.parts = tuple(
+            (tuple(triggers.split("|")), re.compile(pattern, re.IGNORECASE | re.MULTILINE))
+            for pattern, triggers in parts
+        )
+        self.triggers = tuple(t for triggers, _ in self.parts for t in triggers)
+
+    def gate(self, low: str) -> bool:
+        return any(map(low.__contains__, self.triggers))
+
+    def search(self, text: str, low: str | None = None) -> bool:
+        low = text.lower() if low is None else low
+        if not self.gate(low):
+            return False
+        lined: str | None = None
+        for triggers, regex in self.parts:
+            if any(map(low.__contains__, triggers)):
+                if lined is None:
+                    lined = "\n" + text
+                if regex.search(lined):
+                    return True
+        return False
+
+
 # Anchored patterns for text that may be code or command output: a source file read by
 # a tool mentions "except ValueError" without anything having gone wrong.
-_ERROR_LINE = _Cue(
-    r"^\s*(?:Traceback \(most recent call last\)|[\w.]*(?:Error|Exception)\b(?::|\s*$)"
-    r"|error(?:\[\w+\])?:|fatal:|panic:|E {2,}\S|FAILED\b|ERROR\b)"
-    r"|\bcommand not found\b|No such file or directory|Permission denied"
-    r"|\bexit(?:ed)? (?:with )?(?:code|status) [1-9]\d*|\b[1-9]\d* (?:failed|errors?)\b"
-    r"|[\"'](?:error|is_error)[\"'][ \t]*:[ \t]*(?!null|none|false|\"\"|''|\[\]|\{\}|0\b)\S"
-    r"|[\"'](?:ok|success)[\"']\s*:\s*false|[\"']status[\"']\s*:\s*[\"'](?:error|failed)"
-    r"|^\s*(?:错误|失败|异常|报错)|(?:错误|异常|失败)\s*[:：]",
-    "traceback|error|exception|fatal:|panic:|e  |failed|command not found|no such file"
-    "|permission denied|exit|false|错误|失败|异常|报错",
-    re.IGNORECASE | re.MULTILINE,
+_ERROR_LINE = _CueSet(
+    (
+        r"\n[^\S\n]*(?:traceback \(most recent call last\)|[\w.]*(?:error|exception)\b"
+        r"(?::|\s*$)|error(?:\[\w+\])?:|fatal:|panic:|e {2,}\S|failed\b|error\b"
+        r"|错误|失败|异常|报错)",
+        "traceback|error|exception|fatal:|panic:|e  |failed|错误|失败|异常|报错",
+    ),
+    (r"\bcommand not found\b", "command not found"),
+    (r"no such file or directory|permission denied", "no such file|permission denied"),
+    (r"\bexit(?:ed)? (?:with )?(?:code|status) [1-9]\d*", "exit"),
+    # \b[1-9], spelt so the pattern starts with a character class the engine can scan for
+    (r"[1-9](?<!\w[1-9])\d* (?:failed|errors?)\b", " failed| error"),
+    (
+        r"[\"'](?:error|is_error)[\"'][ \t]*:[ \t]*(?!null|none|false|\"\"|''|\[\]|\{\}|0\b)\S"
+        r"|[\"'](?:ok|success)[\"']\s*:\s*false|[\"']status[\"']\s*:\s*[\"'](?:error|failed)",
+        "error|false|failed",
+    ),
+    (r"(?:错误|异常|失败)\s*[:：]", "错误|异常|失败"),
 )
 
 _NAMED_EXCEPTION = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b:")
@@ -268,7 +313,7 @@ def _is_error_text(text: str, *, anchored: bool, low: str | None = None) -> bool
     if not cue.search(text, low):
         return False
     if _NO_ERROR.search(text):
-        return cue.regex.search(_NO_ERROR.sub(" ", text)) is not None
+        return cue.search(_NO_ERROR.sub(" ", text))
     return True
 
 
@@ -284,6 +329,8 @@ def _key_terms(text: str) -> frozenset[str]:
     return words | values
 
 
+# Every compaction reads the previous summary's rules again; their words do not change.
+@lru_cache(maxsize=4096)
 def _subject(text: str) -> tuple[frozenset[str], frozenset[str]]:
     """The words naming what an instruction is about, and the values it sets apart.
 
@@ -338,6 +385,7 @@ def _similarity(old: _Entry, new: _Entry) -> float:
     return score
 
 
+@lru_cache(maxsize=4096)
 def _is_weak(text: str) -> bool:
     low = text.lower()
     if not _WEAK_CONSTRAINT.search(text, low):
@@ -380,25 +428,41 @@ def _clean_path(raw: str) -> str | None:
     return None
 
 
-def _find_paths(text: str, limit: int) -> list[str]:
+# A whitespace-separated token that could hold a path: it has a separator, a dot or
+# "file" (Makefile). The look-ahead runs only at token starts, so the scan stays linear.
+_PATH_CANDIDATE = re.compile(r"(?<!\S)(?=[^\s/.\\]*(?:[/.\\]|file))\S+")
+
+
+@lru_cache(maxsize=4096)
+def _token_paths(token: str) -> tuple[str, ...]:
     found: dict[str, None] = {}
-    # Scanning whitespace-separated tokens lets the path pattern skip the plain words
-    # that make up nearly all of a message, which is most of the cost on long output.
-    for token in text.split():
-        if "/" not in token and "." not in token and "\\" not in token and "file" not in token:
-            continue
-        if "://" in token:
-            for m in _URL.finditer(token):
-                found.setdefault(m.group(0).rstrip(_PATH_TRAILING), None)
-            token = _URL.sub(" ", token)
-        if ":\\" in token:
-            for m in _WIN_PATH.finditer(token):
-                found.setdefault(m.group(0).rstrip(_PATH_TRAILING), None)
-            token = _WIN_PATH.sub(" ", token)
-        for m in _PATH.finditer(token):
-            path = _clean_path(m.group(0))
-            if path:
-                found.setdefault(path, None)
+    if "://" in token:
+        for m in _URL.finditer(token):
+            found.setdefault(m.group(0).rstrip(_PATH_TRAILING), None)
+        token = _URL.sub(" ", token)
+    if ":\\" in token:
+        for m in _WIN_PATH.finditer(token):
+            found.setdefault(m.group(0).rstrip(_PATH_TRAILING), None)
+        token = _WIN_PATH.sub(" ", token)
+    for m in _PATH.finditer(token):
+        path = _clean_path(m.group(0))
+        if path:
+            found.setdefault(path, None)
+    return tuple(found)
+
+
+def _find_paths(text: str, limit: int) -> list[str]:
+    # Tool output (source files, logs, listings) repeats the same tokens over and over,
+    # and nearly all of its words hold no path: the candidates are picked out by one
+    # regex scan, each distinct one is looked at once, and short ones are remembered
+    # across messages.
+    if "/" not in text and "." not in text and "\\" not in text and "file" not in text:
+        return []
+    found: dict[str, None] = {}
+    for token in dict.fromkeys(_PATH_CANDIDATE.findall(text)):
+        paths = _token_paths(token) if len(token) <= 200 else _token_paths.__wrapped__(token)
+        for path in paths:
+            found.setdefault(path, None)
         if len(found) >= limit:
             break
     return list(found)[:limit]
@@ -478,8 +542,8 @@ _SHARES: dict[str, float] = {
     "open_items": 0.03,
     "goals": 0.04,
     "specific": 0.04,
-    "decisions": 0.08,
-    "constraints": 0.66,
+    "decisions": 0.10,
+    "constraints": 0.70,
 }
 
 # A number standing on its own ("about 4679 records", "30 seconds"), not part of a name
@@ -518,7 +582,8 @@ class _Entry:
     weak: bool = False
 
     def recency(self) -> tuple[int, int]:
-        return (max(self.sources) if self.sources else -1, self.seq)
+        # Sources are kept sorted (_merge_sources), so the last is the most recent.
+        return (self.sources[-1] if self.sources else -1, self.seq)
 
 
 class _Draft:
@@ -527,6 +592,8 @@ class _Draft:
     def __init__(self, pins: list[str], max_sources: int) -> None:
         self.sections: dict[str, list[_Entry]] = {name: [] for name in SECTIONS}
         self._by_key: dict[tuple[str, str], _Entry] = {}
+        # rules by their subject words, for restatements with a new value
+        self._by_terms: dict[frozenset[str], list[_Entry]] = {}
         self._pins = [k for k in (_norm(p) for p in pins if isinstance(p, str)) if k]
         self._max_sources = max_sources
         self._seq = 0
@@ -565,6 +632,7 @@ class _Draft:
         if section == "constraints":
             entry.terms, entry.values = _subject(text)
             entry.weak = _is_weak(text)
+            self._by_terms.setdefault(entry.terms, []).append(entry)
         elif section == "decisions":
             entry.weak = not _FIRM_DECISION.search(text)
         elif section == "goals":
@@ -584,14 +652,17 @@ class _Draft:
         correction cue replaces only one with the same words and another value ("Set
         the timeout to 30 seconds" after "Set the timeout to 20 seconds").
         """
-        if not new.terms:
+        if not new.terms or not (correction or new.values):
             return
+        candidates = (
+            self.sections["constraints"] if correction else self._by_terms.get(new.terms, ())
+        )
         scored: list[tuple[float, _Entry]] = []
-        for entry in self.sections["constraints"]:
+        for entry in candidates:
             if entry is new:
                 continue
             # Sentences of the same message are read together, not as a correction chain.
-            if entry.sources and max(entry.sources) >= message_id:
+            if entry.sources and entry.sources[-1] >= message_id:
                 continue
             if correction:
                 score = _similarity(entry, new)
@@ -920,7 +991,6 @@ class BuiltinSummarizer:
         entries = {name: list(draft.sections[name]) for name in SECTIONS}
         if not any(entries.values()):
             return {}
-        ops = self._drop_plan(entries, request.instructions)
         texts: dict[int, str] = {id(e): e.text for es in entries.values() for e in es}
 
         # Estimated size after applying each prefix of the plan, so a cut point can be
@@ -936,6 +1006,7 @@ class BuiltinSummarizer:
                 est = _estimate(_line(e, e.text))
                 line_est[id(e)] = est
                 total += est
+        ops = self._drop_plan(entries, request.instructions, dict(line_est))
         after = [total]
         for kind, e, new_text in ops:
             if kind == "drop":
@@ -973,7 +1044,7 @@ class BuiltinSummarizer:
         # nothing, which always fits).
         lo, hi = -1, len(ops)
         best: dict[str, list[SummaryItem]] | None = None
-        ratio = 1.0
+        ratio = 0.94
         target = budget * 0.97
         probes = 0
         while hi - lo > 1 and probes < 16:
@@ -997,7 +1068,7 @@ class BuiltinSummarizer:
         return best if best is not None else {}
 
     def _drop_plan(
-        self, entries: dict[str, list[_Entry]], instructions: str | None
+        self, entries: dict[str, list[_Entry]], instructions: str | None, est: dict[int, float]
     ) -> list[tuple[str, _Entry, str]]:
         """The order items go in when the summary is over budget; a prefix is applied.
 
@@ -1006,7 +1077,8 @@ class BuiltinSummarizer:
         use goes to the others. So a long session keeps its recent decisions and files
         next to its rules instead of dropping whole sections in turn. Every section
         keeps its most recent item until everything else is gone, and items the
-        instructions ask to focus on go after all others of their kind.
+        instructions ask to focus on go after all others of their kind. `est` holds
+        each item's estimated size; it is updated as long rules are shortened.
         """
         focus = _key_terms(instructions) if instructions else frozenset()
 
@@ -1016,49 +1088,59 @@ class BuiltinSummarizer:
             terms = (e.terms | e.values) or _key_terms(e.text)
             return bool(terms & focus)
 
-        est: dict[int, float] = {}
+        order = {name: i for i, name in enumerate(_SHARES)}
         size: dict[str, float] = dict.fromkeys(_SHARES, 0.0)
         floors: list[_Entry] = []
+        by_class: dict[str, list[_Entry]] = {name: [] for name in _SHARES}
         for name, es in entries.items():
             for e in es:
-                est[id(e)] = _estimate(_line(e, e.text))
-                size[_share_class(e)] += est[id(e)]
+                cls = _share_class(e)
+                size[cls] += est[id(e)]
+                by_class[cls].append(e)
             pool = [e for e in es if e.status == "current"] if name == "constraints" else es
             if pool:
                 floors.append(max(pool, key=_Entry.recency))
         floor_ids = {id(e) for e in floors}
+        for members in by_class.values():
+            members.sort(key=_Entry.recency)
         # A long rule loses its tail before any rule is lost.
         trims: deque[tuple[_Entry, str]] = deque()
-        for e in sorted(entries["constraints"], key=_Entry.recency):
-            if _share_class(e) == "constraints":
-                short = _trim(e.text, self.truncated_constraint_chars)
-                if short != e.text:
-                    trims.append((e, short))
+        for e in by_class["constraints"]:
+            short = _trim(e.text, self.truncated_constraint_chars)
+            if short != e.text:
+                trims.append((e, short))
 
         ops: list[tuple[str, _Entry, str]] = []
         for keep_focus in (False, True):
-            queues: dict[str, deque[_Entry]] = {name: deque() for name in _SHARES}
-            for es in entries.values():
-                for e in sorted(es, key=_Entry.recency):
-                    if id(e) not in floor_ids and favoured(e) == keep_focus:
-                        queues[_share_class(e)].append(e)
-            while True:
-                open_classes = [c for c in _SHARES if queues[c] or (c == "constraints" and trims)]
-                if not open_classes:
-                    break
-                # Ties go to the kind listed first in _SHARES, the one that matters least.
-                cls = max(open_classes, key=lambda c: size[c] / _SHARES[c])
+            queues = {
+                cls: deque(
+                    e for e in members if id(e) not in floor_ids and favoured(e) == keep_focus
+                )
+                for cls, members in by_class.items()
+            }
+            # The kind furthest over its share first; ties go to the one listed first in
+            # _SHARES, the one that matters least. Only the chosen kind's size changes,
+            # so its heap entry is the only one to renew.
+            heap = [
+                (-size[cls] / _SHARES[cls], order[cls], cls)
+                for cls in _SHARES
+                if queues[cls] or (cls == "constraints" and trims)
+            ]
+            heapq.heapify(heap)
+            while heap:
+                _, _, cls = heapq.heappop(heap)
                 if cls == "constraints" and trims:
                     e, short = trims.popleft()
                     saved = est[id(e)] - _estimate(_line(e, short))
-                    ops.append(("trim", e, short))
                     est[id(e)] -= saved
                     size[cls] -= saved
-                    continue
-                e = queues[cls].popleft()
-                ops.append(("drop", e, ""))
-                size[cls] -= est[id(e)]
-        order = {name: i for i, name in enumerate(_SHARES)}
+                    ops.append(("trim", e, short))
+                else:
+                    e = queues[cls].popleft()
+                    size[cls] -= est[id(e)]
+                    ops.append(("drop", e, ""))
+                if queues[cls] or (cls == "constraints" and trims):
+                    heapq.heappush(heap, (-size[cls] / _SHARES[cls], order[cls], cls))
         floors.sort(key=lambda e: (favoured(e), order[_share_class(e)]))
         ops.extend(("drop", e, "") for e in floors)
         return ops
