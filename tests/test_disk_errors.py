@@ -16,7 +16,6 @@ import json
 import os
 import resource
 import sys
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import apsw
 import pytest
 from helpers import DaemonProcess, agent_turn, make_config
+from outcomes import OutcomeCounts
 
 from ctxd.daemon import context_store as cs
 from ctxd.daemon.engine import Engine
@@ -31,23 +31,14 @@ from ctxd.protocol.errors import CtxdError, ErrorCode
 
 # outcome counts, for bench/fuzz_report.py
 
-STATS: Counter[tuple[str, str]] = Counter()
-
-
-def note(outcome: str) -> None:
-    """Count one outcome of the running test, for bench/fuzz_report.py."""
-    test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
-    STATS[(test, outcome)] += 1
+STATS = OutcomeCounts()
+note = STATS.note
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _write_stats() -> Iterator[None]:
     yield
-    path = os.environ.get("CTXD_FUZZ_STATS")
-    if path:
-        with open(path, "a") as f:
-            for (test, outcome), n in sorted(STATS.items()):
-                f.write(json.dumps({"test": test, "outcome": outcome, "n": n}) + "\n")
+    STATS.write()
 
 
 DISK_ERROR_CODES = {int(ErrorCode.INTERNAL_ERROR),

@@ -11,11 +11,9 @@ receives one JSON line per (test, outcome) count (see bench/fuzz_report.py).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +22,7 @@ import pytest
 from helpers import make_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from outcomes import OutcomeCounts
 
 from ctxd.daemon import context_store as cs
 from ctxd.daemon.engine import Engine
@@ -45,23 +44,14 @@ def fuzz(n: int) -> settings:
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-STATS: Counter[tuple[str, str]] = Counter()
-
-
-def note(outcome: str) -> None:
-    """Count one outcome of the running test, for bench/fuzz_report.py."""
-    test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
-    STATS[(test, outcome)] += 1
+STATS = OutcomeCounts()
+note = STATS.note
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _write_stats() -> Iterator[None]:
     yield
-    path = os.environ.get("CTXD_FUZZ_STATS")
-    if path:
-        with open(path, "a") as f:
-            for (test, outcome), n in sorted(STATS.items()):
-                f.write(json.dumps({"test": test, "outcome": outcome, "n": n}) + "\n")
+    STATS.write()
 
 
 # one engine for the module, with a corpus to search and sessions to append to

@@ -18,7 +18,6 @@ import math
 import os
 import socket
 import time
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +29,7 @@ import zmq
 from helpers import DaemonProcess
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from outcomes import OutcomeCounts
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
@@ -73,23 +73,14 @@ def fuzz(n: int) -> settings:
 
 # outcome counts, for bench/fuzz_report.py
 
-STATS: Counter[tuple[str, str]] = Counter()
-
-
-def note(outcome: str) -> None:
-    """Count one outcome of the running test, for bench/fuzz_report.py."""
-    test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
-    STATS[(test, outcome)] += 1
+STATS = OutcomeCounts()
+note = STATS.note
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _write_stats() -> Iterator[None]:
     yield
-    path = os.environ.get("CTXD_FUZZ_STATS")
-    if path:
-        with open(path, "a") as f:
-            for (test, outcome), n in sorted(STATS.items()):
-                f.write(json.dumps({"test": test, "outcome": outcome, "n": n}) + "\n")
+    STATS.write()
 
 
 # the daemon under fuzz, its canary session, and the checks run after every case

@@ -12,7 +12,6 @@ import os
 import socket
 import stat
 import time
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ import msgpack
 import pytest
 import zmq
 from helpers import DaemonProcess
+from outcomes import OutcomeCounts
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
@@ -44,23 +44,14 @@ PAYLOAD_TOO_LARGE = -32015
 
 # outcome counts, for bench/fuzz_report.py
 
-STATS: Counter[tuple[str, str]] = Counter()
-
-
-def note(outcome: str) -> None:
-    """Count one outcome of the running test, for bench/fuzz_report.py."""
-    test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
-    STATS[(test, outcome)] += 1
+STATS = OutcomeCounts()
+note = STATS.note
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _write_stats() -> Iterator[None]:
     yield
-    path = os.environ.get("CTXD_FUZZ_STATS")
-    if path:
-        with open(path, "a") as f:
-            for (test, outcome), n in sorted(STATS.items()):
-                f.write(json.dumps({"test": test, "outcome": outcome, "n": n}) + "\n")
+    STATS.write()
 
 
 def start_daemon(root: Path, *extra: str, **config: Any) -> DaemonProcess:
