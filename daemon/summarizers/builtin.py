@@ -49,6 +49,42 @@ class _Cue:
         return self.regex.search(text) is not None
 
 
+class _CueSet:
+    """Alternatives of one cue, each behind its own substring gate.
+
+    Tool output is long and, when it is source code, full of "error" and "exception":
+    one big alternation would try every branch at every position. Here a branch runs
+    only when its own (lower-case) trigger is present. The text is searched with a
+    newline in front, so a branch anchored at a line start can begin with a newline and
+    the regex engine skips straight from one line to the next.
+    """
+
+    __slots__ = ("parts", "triggers")
+
+    def __init__(self, *parts: tuple[str, str]) -> None:
+        self.parts = tuple(
+            (tuple(triggers.split("|")), re.compile(pattern, re.IGNORECASE | re.MULTILINE))
+            for pattern, triggers in parts
+        )
+        self.triggers = tuple(t for triggers, _ in self.parts for t in triggers)
+
+    def gate(self, low: str) -> bool:
+        return any(map(low.__contains__, self.triggers))
+
+    def search(self, text: str, low: str | None = None) -> bool:
+        low = text.lower() if low is None else low
+        if not self.gate(low):
+            return False
+        lined: str | None = None
+        for triggers, regex in self.parts:
+            if any(map(low.__contains__, triggers)):
+                if lined is None:
+                    lined = "\n" + text
+                if regex.search(lined):
+                    return True
+        return False
+
+
 # Single-character 别 ("don't") is also part of many ordinary words (特别, 区别, 级别...);
 # the look-arounds keep those from reading as instructions. "Don't forget to ..." and
 # 别忘了 are reminders of a task, not rules, so they stay with the request. 务必 is not
@@ -130,42 +166,6 @@ _ERROR_ANY = _Cue(
     r"|错误|失败|异常|报错|崩溃",
     "error|exception|traceback|fail|panic|crash|错误|失败|异常|报错|崩溃",
 )
-
-class _CueSet:
-    """Alternatives of one cue, each behind its own substring gate.
-
-    Tool output is long and, when it is source code, full of "error" and "exception":
-    one big alternation would try every branch at every position. Here a branch runs
-    only when its own (lower-case) trigger is present. The text is searched with a
-    newline in front, so a branch anchored at a line start can begin with "\n" and the
-    regex engine skips straight from one line to the next.
-    """
-
-    __slots__ = ("parts", "triggers")
-
-    def __init__(self, *parts: tuple[str, str]) -> None:
-        self.parts = tuple(
-            (tuple(triggers.split("|")), re.compile(pattern, re.IGNORECASE | re.MULTILINE))
-            for pattern, triggers in parts
-        )
-        self.triggers = tuple(t for triggers, _ in self.parts for t in triggers)
-
-    def gate(self, low: str) -> bool:
-        return any(map(low.__contains__, self.triggers))
-
-    def search(self, text: str, low: str | None = None) -> bool:
-        low = text.lower() if low is None else low
-        if not self.gate(low):
-            return False
-        lined: str | None = None
-        for triggers, regex in self.parts:
-            if any(map(low.__contains__, triggers)):
-                if lined is None:
-                    lined = "\n" + text
-                if regex.search(lined):
-                    return True
-        return False
-
 
 # Anchored patterns for text that may be code or command output: a source file read by
 # a tool mentions "except ValueError" without anything having gone wrong.
@@ -252,8 +252,7 @@ _STOP = frozenset(
     using used make sure must never always only avoid should shouldn't instead actually
     change switch rather meant mean want need can could would will shall let lets let's ok
     okay focus about keep all any some there here what which when where how now anymore
-    nope wrong set scratch sorry oops correction said told earlier record fyi note
-    remember mind""".split()
+    nope wrong set scratch sorry oops correction said told earlier fyi""".split()
 )
 _CJK_STOP = frozenset(
     "我们 你们 这个 那个 一下 使用 请你 可以 需要 应该 然后 现在 还是 就是 不是 如果 因为 所以 "
@@ -577,8 +576,9 @@ class _Entry:
     status: str = "current"
     terms: frozenset[str] = frozenset()
     values: frozenset[str] = frozenset()
-    # a constraint whose only cue is "make sure", a decision that names no choice: the
-    # first of their section to go under the budget
+    # the lesser kind of its section, the first to go under the budget (_share_class): a
+    # constraint whose only cue is "make sure", a decision that names no choice, a
+    # request without a quantity
     weak: bool = False
 
     def recency(self) -> tuple[int, int]:
@@ -1044,6 +1044,8 @@ class BuiltinSummarizer:
         # nothing, which always fits).
         lo, hi = -1, len(ops)
         best: dict[str, list[SummaryItem]] | None = None
+        # The estimate runs a few percent high on typical summaries; starting from that
+        # ratio, the first probe usually lands within the budget and close to it.
         ratio = 0.94
         target = budget * 0.97
         probes = 0
