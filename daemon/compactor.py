@@ -294,7 +294,11 @@ class Compactor:
         cid: str,
     ) -> Summary:
         e = self.engine
-        chunk = max(1, self.policy.rebuild_chunk_messages)
+        # a summarizer may say how much it takes at once (the built-in one takes large
+        # batches: one hop to its worker thread instead of one per 200 messages)
+        chunk = max(
+            1, getattr(e.summarizer, "chunk_messages", 0) or self.policy.rebuild_chunk_messages
+        )
         summary = previous
         allowed = previous.all_sources()
         for start in range(0, len(leaving), chunk):

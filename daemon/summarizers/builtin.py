@@ -708,6 +708,8 @@ class BuiltinSummarizer:
     # extractive and deterministic: incremental summaries do not compound errors, so the
     # drift bound (periodic re-derivation from the archive) does not apply
     drifts = False
+    # messages per call when a compaction or rebuild has many to summarize
+    chunk_messages = 5000
 
     def __init__(
         self,
