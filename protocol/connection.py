@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,11 @@ def default_runtime_dir() -> Path:
     env = os.environ.get("CTXD_RUNTIME_DIR")
     if env:
         return Path(env).expanduser().resolve()
-    return Path(platformdirs.user_runtime_dir("ctxd")).resolve()
+    with warnings.catch_warnings():
+        # without XDG_RUNTIME_DIR platformdirs falls back to /tmp/runtime-<uid> and warns;
+        # the fallback is fine: the daemon makes the dir 0700 and checks its owner
+        warnings.simplefilter("ignore")
+        return Path(platformdirs.user_runtime_dir("ctxd")).resolve()
 
 
 def ensure_private_dir(path: Path) -> Path:
