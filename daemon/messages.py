@@ -118,16 +118,36 @@ def normalize_message(raw: Any, index: int, max_bytes: int) -> tuple[dict[str, A
     return msg, body
 
 
+def content_text(content: Any, *, mark_other_parts: bool = False) -> str:
+    """The text of a message's content: a string, or its text parts joined by newlines.
+
+    With `mark_other_parts`, parts that are not text (images, audio, files) appear as
+    `[type]`, so a summary can at least say they were there.
+    """
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict):
+                if isinstance(part.get("text"), str):
+                    parts.append(part["text"])
+                elif mark_other_parts and part.get("type"):
+                    parts.append(f"[{part['type']}]")
+        return "\n".join(parts)
+    return str(content)
+
+
 def message_text(msg: dict[str, Any]) -> str:
     """All searchable text of a message: content, tool call names and arguments."""
     parts: list[str] = []
-    content = msg.get("content")
-    if isinstance(content, str):
-        parts.append(content)
-    elif isinstance(content, list):
-        parts.extend(
-            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
-        )
+    text = content_text(msg.get("content"))
+    if text:
+        parts.append(text)
     for call in msg.get("tool_calls") or ():
         fn = call["function"]
         parts.append(f"{fn['name']} {fn.get('arguments', '')}")

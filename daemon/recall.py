@@ -11,6 +11,7 @@ from typing import Any
 from ctxd.protocol.errors import InvalidParams, NotFound
 
 from .engine import Engine
+from .messages import content_text
 
 SEARCH_TOOL_NAME = "search_past_messages"
 
@@ -117,9 +118,7 @@ def explain(engine: Engine, session_id: str) -> dict[str, Any]:
                 broken += 1
                 sources.append({"id": sid, "broken": True})
                 continue
-            text = m.get("content")
-            if isinstance(text, list):
-                text = " ".join(p.get("text", "") for p in text if isinstance(p, dict))
+            text = content_text(m.get("content"))
             if not text and m.get("tool_calls"):
                 text = " ".join(c["function"]["name"] for c in m["tool_calls"])
             sources.append(

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from ctxd.daemon.messages import content_text
 from ctxd.daemon.summary import SECTIONS, Summary, SummaryItem, SummaryRequest
 
 # --------------------------------------------------------------------------- cues
@@ -265,22 +266,6 @@ _DENSE_COST = 0.72
 _WIDE_COST = 1.15
 _DENSE_CHARS = str.maketrans("", "", string.digits + string.punctuation)
 _CALL_ID_NOTE = re.compile(r"\(call_id ([^\s()]+)\)\s*$")
-
-
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts: list[str] = []
-        for part in content:
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-        return "\n".join(parts)
-    return str(content)
 
 
 def _norm(text: str) -> str:
@@ -751,7 +736,7 @@ class BuiltinSummarizer:
         activity: list[_Call] = []
         for mid, msg in messages:
             role = msg.get("role")
-            text = _content_text(msg.get("content"))
+            text = content_text(msg.get("content"))
             # Prose names the files it means; tool output (listings, tracebacks) names
             # many in passing, so it gets a tighter bound.
             limit = self.max_paths_per_message * 2

@@ -33,6 +33,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from ctxd.daemon.config import OpenAISummarizerConfig
+from ctxd.daemon.messages import content_text
 from ctxd.daemon.summary import SECTIONS, Summary, SummaryItem, SummaryRequest
 
 log = logging.getLogger("ctxd.summarizer.openai")
@@ -106,26 +107,6 @@ _PART_NOTE = (
 )
 
 
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts: list[str] = []
-        for part in content:
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, dict):
-                if isinstance(part.get("text"), str):
-                    parts.append(part["text"])
-                elif part.get("type"):
-                    # images, audio, files: the summary can only say they were there
-                    parts.append(f"[{part['type']}]")
-        return "\n".join(parts)
-    return str(content)
-
-
 def trim_middle(text: str, limit: int) -> str:
     """`text` cut to about `limit` characters, saying how much was left out.
 
@@ -159,7 +140,7 @@ def format_messages(
     for msg in messages:
         mid = _message_id(msg)
         role = str(msg.get("role") or "unknown")
-        text = _content_text(msg.get("content"))
+        text = content_text(msg.get("content"), mark_other_parts=True)
         label = role
         if role == "tool":
             call_id = msg.get("tool_call_id")
@@ -828,7 +809,7 @@ def _read_choice(body: bytes, endpoint: str, key: str) -> tuple[str, str | None]
         data = json.loads(body)
         choice = data["choices"][0]
         message = choice.get("message") or {}
-        content = _content_text(message.get("content"))
+        content = content_text(message.get("content"), mark_other_parts=True)
         return content, choice.get("finish_reason")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         snippet = _redact(body[:200].decode("utf-8", "replace"), key)
