@@ -180,9 +180,16 @@ class _Methods(Generic[R]):
             ),
         )
 
-    def read(self, session_id: str, after_id: int | None = None, limit: int | None = None) -> R:
+    def read(
+        self,
+        session_id: str,
+        after_id: int | None = None,
+        limit: int | None = None,
+        before_id: int | None = None,
+    ) -> R:
         return self.call(
-            "archive/read", _drop_none(sessionId=session_id, afterId=after_id, limit=limit)
+            "archive/read",
+            _drop_none(sessionId=session_id, afterId=after_id, limit=limit, beforeId=before_id),
         )
 
     def search(

@@ -216,6 +216,19 @@ class ArchiveStore:
             )
         ]
 
+    def read_before(
+        self, session_id: str, before_id: int, after_id: int, limit: int
+    ) -> list[dict[str, Any]]:
+        """The latest `limit` messages with after_id < id < before_id, oldest first."""
+        rows = list(
+            self.conn.execute(
+                "SELECT id, batch_id, body, tokens, created_at FROM messages "
+                "WHERE session_id = ? AND id > ? AND id < ? ORDER BY id DESC LIMIT ?",
+                (session_id, after_id, before_id, limit),
+            )
+        )
+        return [_row_to_message(r) for r in reversed(rows)]
+
     def read_from(
         self, session_id: str, from_id: int, to_id: int | None = None
     ) -> list[dict[str, Any]]:

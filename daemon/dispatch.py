@@ -60,7 +60,7 @@ class Dispatcher:
             "session/unsubscribe": self.unsubscribe,
             "messages/append": self.append,
             "archive/read": lambda c, p: engine.read_archive(
-                p["sessionId"], p["afterId"], p["limit"]
+                p["sessionId"], p["afterId"], p["limit"], p["beforeId"]
             ),
             "archive/search": self.search,
             "context/get": lambda c, p: engine.get_context(

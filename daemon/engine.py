@@ -319,8 +319,14 @@ class Engine:
 
     # reading
 
-    def read_archive(self, session_id: str, after_id: int = 0, limit: int = 200) -> dict[str, Any]:
+    def read_archive(
+        self, session_id: str, after_id: int = 0, limit: int = 200, before_id: int | None = None
+    ) -> dict[str, Any]:
         self.require_session(session_id)
+        if before_id is not None:
+            msgs = self.archive.read_before(session_id, before_id, after_id, limit)
+            next_before = msgs[0]["id"] if len(msgs) == limit else None
+            return {"messages": msgs, "nextAfterId": None, "nextBeforeId": next_before}
         msgs = self.archive.read(session_id, after_id, limit)
         next_after = msgs[-1]["id"] if len(msgs) == limit else None
         return {"messages": msgs, "nextAfterId": next_after}

@@ -327,9 +327,19 @@ _METHOD_LIST: tuple[Method, ...] = (
                 min=0,
             ),
             _limit(200, READ_LIMIT_MAX, "Most messages to return."),
+            Param(
+                "beforeId",
+                "integer",
+                False,
+                "Page backwards: return the latest `limit` messages with an archive id "
+                "smaller than this (still oldest first).",
+                min=1,
+            ),
         ),
         "`messages` (each with `id`, `batchId`, `createdAt`, `tokens` and its chat fields), "
-        "`nextAfterId` (pass as `afterId` for the next page; null when there is no more).",
+        "`nextAfterId` (pass as `afterId` for the next page; null when there is no more). "
+        "With `beforeId`: `nextAfterId` is null and `nextBeforeId` (pass as `beforeId` for "
+        "the page of older messages; null when there is none) is added.",
         "Reads the full archived history in order, whether or not it is still in context.",
         (_E.SESSION_NOT_FOUND,),
         True,

@@ -195,3 +195,23 @@ def test_sessions_archived_before_contexts_existed_are_backfilled_once(tmp_path:
     e2 = Engine(make_config(tmp_path))
     assert e2.status("old")["version"] == version
     e2.close()
+
+
+def test_read_pages_backwards_with_before_id(engine: Engine) -> None:
+    a = engine.create_session()["sessionId"]
+    b = engine.create_session()["sessionId"]
+    ids = []
+    for i in range(7):
+        ids += engine.append(a, [{"role": "user", "content": f"a{i}"}])["messageIds"]
+        engine.append(b, [{"role": "user", "content": f"b{i}"}])
+    page = engine.read_archive(a, limit=3, before_id=ids[5])
+    assert [m["content"] for m in page["messages"]] == ["a2", "a3", "a4"]
+    assert page["nextBeforeId"] == ids[2] and page["nextAfterId"] is None
+    older = engine.read_archive(a, limit=3, before_id=page["nextBeforeId"])
+    assert [m["content"] for m in older["messages"]] == ["a0", "a1"]
+    assert older["nextBeforeId"] is None
+    # afterId and beforeId together bound a window
+    window = engine.read_archive(a, after_id=ids[1], limit=10, before_id=ids[4])
+    assert [m["id"] for m in window["messages"]] == ids[2:4]
+    # the latest messages: beforeId past the end
+    assert engine.read_archive(a, limit=1, before_id=10**9)["messages"][0]["content"] == "a6"

@@ -31,7 +31,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "session/subscribe": ("sessionId",),
     "session/unsubscribe": ("sessionId",),
     "messages/append": ("sessionId", "messages", "runId", "clientBatchId"),
-    "archive/read": ("sessionId", "afterId", "limit"),
+    "archive/read": ("sessionId", "afterId", "limit", "beforeId"),
     "archive/search": (
         "query",
         "sessionId",
@@ -100,7 +100,7 @@ GOOD: dict[str, dict[str, Any]] = {
         "runId": "r1",
         "clientBatchId": "b1",
     },
-    "archive/read": {"sessionId": "s1", "afterId": 0, "limit": 5000},
+    "archive/read": {"sessionId": "s1", "afterId": 0, "limit": 5000, "beforeId": 9},
     "archive/search": {
         "query": "deploy",
         "sessionId": "s1",
@@ -237,6 +237,7 @@ def test_defaults_are_filled() -> None:
         "sessionId": "s",
         "afterId": 0,
         "limit": 200,
+        "beforeId": None,
     }
     assert validate_params("context/get", {"sessionId": "s"})["format"] == "openai"
     assert validate_params("context/compact", {"sessionId": "s"})["force"] is False
