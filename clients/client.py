@@ -209,8 +209,19 @@ class _Methods(Generic[R]):
             ),
         )
 
-    def context_get(self, session_id: str, format: str | None = None) -> R:
-        return self.call("context/get", _drop_none(sessionId=session_id, format=format))
+    def context_get(
+        self, session_id: str, format: str | None = None, include_metadata: bool | None = None
+    ) -> R:
+        return self.call(
+            "context/get",
+            _drop_none(sessionId=session_id, format=format, includeMetadata=include_metadata),
+        )
+
+    def context_clear(self, session_id: str) -> R:
+        return self.call("context/clear", {"sessionId": session_id})
+
+    def context_pop(self, session_id: str, count: int | None = None) -> R:
+        return self.call("context/pop", _drop_none(sessionId=session_id, count=count))
 
     def context_status(self, session_id: str) -> R:
         return self.call("context/status", {"sessionId": session_id})

@@ -153,9 +153,7 @@ class Compactor:
             and self.policy.rederive_after > 0
             and st.summary.depth >= self.policy.rederive_after
         )
-        tail_region = (
-            [] if st.tail_start_id is None else e.archive.read_from(session_id, st.tail_start_id)
-        )
+        tail_region = e.tail_messages(session_id, st)
         region = (
             await self._non_system_messages(session_id, st) if trigger == "rebuild" else tail_region
         )
@@ -267,11 +265,13 @@ class Compactor:
     async def _non_system_messages(
         self, session_id: str, st: ContextState, before_id: int | None = None
     ) -> list[dict[str, Any]]:
-        """The session's archive but its leading system messages, read page by page so
-        the daemon keeps serving other requests while a long history loads."""
-        system = set(st.system_ids)
+        """The session's archive since the context began, but its leading system messages,
+        read page by page so the daemon keeps serving other requests while a long history
+        loads."""
+        # neither cleared (context/clear) nor popped (context/pop) messages are in it
+        system = set(st.system_ids) | set(st.dropped_ids)
         out: list[dict[str, Any]] = []
-        after = 0
+        after = st.base_id
         while True:
             page = self.engine.archive.read(session_id, after, ARCHIVE_PAGE)
             for m in page:
@@ -359,6 +359,12 @@ class Compactor:
             new.tail_start_id = region[boundary]["id"]
             # appends made meanwhile only added to the counters: subtract what left
             count, tokens = e.archive.sums_from(session_id, new.tail_start_id)
+            # popped messages (context/pop) stay out; those before the new tail are gone
+            new.dropped_ids = [i for i in now_st.dropped_ids if i >= new.tail_start_id]
+            if new.dropped_ids:
+                dropped = e.archive.get_many(new.dropped_ids).values()
+                count -= len(dropped)
+                tokens -= sum(m["tokens"] for m in dropped)
             system_tokens = sum(m["tokens"] for m in e.archive.get_many(now_st.system_ids).values())
             new.active_messages = len(now_st.system_ids) + count
             new.active_tokens = system_tokens + tokens

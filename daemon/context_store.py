@@ -3,6 +3,9 @@
 The active messages are the session's leading system messages (`system_ids`) plus
 every archived message from `tail_start_id` on: the tail is always a suffix of the
 archive, so an append only bumps counters and a compaction only moves the start.
+Two exceptions, both asked for by a client: `context/clear` starts a fresh context
+after `base_id` (older messages belong to no context any more), and `context/pop`
+leaves the newest messages out (`dropped_ids`) while the archive keeps them.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ class ContextState:
     active_tokens: int = 0
     compaction_count: int = 0
     last_compacted_at: float | None = None
+    base_id: int = 0  # messages with id <= base_id were cleared out by context/clear
+    dropped_ids: list[int] = field(default_factory=list)  # tail ids left out by context/pop
 
     @property
     def has_summary_message(self) -> bool:
@@ -45,12 +50,16 @@ class ContextState:
     def in_active_context(self, message_id: int) -> bool:
         if message_id in self.system_ids:
             return True
-        return self.tail_start_id is not None and message_id >= self.tail_start_id
+        return (
+            self.tail_start_id is not None
+            and message_id >= self.tail_start_id
+            and message_id not in self.dropped_ids
+        )
 
 
 _COLUMNS = (
     "session_id, version, system_ids, tail_start_id, summary, summary_tokens, "
-    "active_messages, active_tokens, compaction_count, last_compacted_at"
+    "active_messages, active_tokens, compaction_count, last_compacted_at, base_id, dropped_ids"
 )
 
 
@@ -71,6 +80,8 @@ def load_context(conn: apsw.Connection, session_id: str) -> ContextState | None:
         active_tokens,
         compaction_count,
         last_compacted_at,
+        base_id,
+        dropped_ids,
     ) = row
     return ContextState(
         session_id=sid,
@@ -83,13 +94,15 @@ def load_context(conn: apsw.Connection, session_id: str) -> ContextState | None:
         active_tokens=active_tokens,
         compaction_count=compaction_count,
         last_compacted_at=last_compacted_at,
+        base_id=base_id,
+        dropped_ids=json.loads(dropped_ids) if dropped_ids else [],
     )
 
 
 def save_context(conn: apsw.Connection, st: ContextState) -> None:
     conn.execute(
         f"INSERT OR REPLACE INTO conversation_context({_COLUMNS}, updated_at) "
-        "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (
             st.session_id,
             st.version,
@@ -101,6 +114,8 @@ def save_context(conn: apsw.Connection, st: ContextState) -> None:
             st.active_tokens,
             st.compaction_count,
             st.last_compacted_at,
+            st.base_id,
+            json.dumps(st.dropped_ids) if st.dropped_ids else None,
             time.time(),
         ),
     )

@@ -19,7 +19,7 @@ from ctxd import __version__
 from ctxd.protocol.errors import RunActive, Unauthorized
 from ctxd.protocol.methods import NOTIFICATIONS, PROTOCOL_VERSION, SERVER_NAME, validate_params
 
-from . import recall
+from . import context_edit, recall
 from .engine import Engine
 from .scheduler import AutoCompactor
 from .servers.base import Connection, EventHub
@@ -64,8 +64,10 @@ class Dispatcher:
             ),
             "archive/search": self.search,
             "context/get": lambda c, p: engine.get_context(
-                p["sessionId"], p["budgetTokens"], p["query"]
+                p["sessionId"], p["budgetTokens"], p["query"], bool(p["includeMetadata"])
             ),
+            "context/clear": lambda c, p: context_edit.clear(engine, p["sessionId"]),
+            "context/pop": lambda c, p: context_edit.pop(engine, p["sessionId"], p["count"]),
             "context/status": lambda c, p: engine.status(p["sessionId"]),
             "context/compact": self.compact,
             "context/rebuild": self.rebuild,

@@ -267,7 +267,10 @@ class Engine:
         call_ids = [c["id"] for m in msgs for c in m.get("tool_calls") or ()]
         result_ids = [m["tool_call_id"] for m in msgs if m["role"] == "tool"]
         existing = self.archive.call_message_ids(session_id, call_ids + result_ids)
-        tail_start = self.context_state(session_id).tail_start_id
+        st = self.context_state(session_id)
+        tail_start = st.tail_start_id
+        # calls that left the context without a summary: cleared or popped
+        gone = set(st.dropped_ids)
         answered = self.archive.answered_tool_calls(session_id, result_ids)
         pending = {a["toolCallId"]: a for a in self.runs.list_approvals(session_id, "pending")}
         seen_calls: set[str] = set()
@@ -299,6 +302,14 @@ class Engine:
                 if cid in seen_results or cid in answered:
                     raise InvalidMessage(
                         f"message {i}: tool call {cid!r} already has a result",
+                        {"index": i, "toolCallId": cid},
+                    )
+                if cid not in seen_calls and (
+                    existing[cid] <= st.base_id or existing[cid] in gone
+                ):
+                    raise InvalidMessage(
+                        f"message {i}: tool call {cid!r} was cleared or popped from the "
+                        "active context; its result can no longer be added",
                         {"index": i, "toolCallId": cid},
                     )
                 if cid not in seen_calls and tail_start is not None and existing[cid] < tail_start:
@@ -388,22 +399,40 @@ class Engine:
         """The exact tail, as archived (with ids and token counts)."""
         if st.tail_start_id is None:
             return []
-        return self.archive.read_from(session_id, st.tail_start_id)
+        tail = self.archive.read_from(session_id, st.tail_start_id)
+        if st.dropped_ids:
+            dropped = set(st.dropped_ids)
+            tail = [m for m in tail if m["id"] not in dropped]
+        return tail
 
     def pin_texts(self, session_id: str) -> list[str]:
         return [p["text"] for p in cs.list_pins(self.conn, session_id)]
 
     def get_context(
-        self, session_id: str, budget_tokens: int | None = None, query: str | None = None
+        self,
+        session_id: str,
+        budget_tokens: int | None = None,
+        query: str | None = None,
+        include_metadata: bool = False,
     ) -> dict[str, Any]:
         if budget_tokens is None and not query:
             messages, ids = self.render_with_ids(session_id, self.context_state(session_id))
-            return {"messages": messages, "messageIds": ids, "status": self.status(session_id)}
-        # a step projection: the stored context is never changed by it
-        return {
-            **project(self, session_id, budget_tokens, query),
-            "status": self.status(session_id),
-        }
+            result = {"messages": messages, "messageIds": ids}
+        else:
+            # a step projection: the stored context is never changed by it
+            result = project(self, session_id, budget_tokens, query)
+        if include_metadata:
+            self._attach_metadata(result["messages"], result["messageIds"])
+        return {**result, "status": self.status(session_id)}
+
+    def _attach_metadata(self, messages: list[dict[str, Any]], ids: list[int | None]) -> None:
+        """Give back each archived message's `metadata`, where a client keeps its own form
+        of the message (an agent framework's item, say)."""
+        by_id = self.archive.get_many([i for i in ids if i is not None])
+        for i, mid in enumerate(ids):
+            meta = by_id.get(mid, {}).get("metadata") if mid is not None else None
+            if meta is not None:
+                messages[i] = {**messages[i], "metadata": meta}
 
     def search(
         self, query: str, *, session_id: str | None = None, **kw: Any

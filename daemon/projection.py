@@ -67,7 +67,7 @@ def project(
         }
     return {
         "messages": messages,
-        "messageIds": ids,
+        "messageIds": ids + ([None] if recall_msg else []) + [m["id"] for m in kept],
         "estimatedTokens": used,
         "budgetTokens": budget_tokens,
         "overBudget": budget_tokens is not None and used > budget_tokens,

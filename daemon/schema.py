@@ -141,6 +141,11 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX compactions_by_session ON compactions(session_id, started_at);
     """,
+    # 3: context/clear and context/pop
+    """
+    ALTER TABLE conversation_context ADD COLUMN base_id INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE conversation_context ADD COLUMN dropped_ids TEXT;  -- JSON list or NULL
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -407,6 +407,14 @@ _METHOD_LIST: tuple[Method, ...] = (
                 min=1,
                 max=QUERY_MAX,
             ),
+            Param(
+                "includeMetadata",
+                "boolean",
+                False,
+                "Give each archived message back with its `metadata` (where a client keeps "
+                "its own form of the message); strip it before sending to a model.",
+                default=False,
+            ),
         ),
         "`messages` ready to send to the model (the session's leading system messages, "
         "one system message with pins and summary, then the exact tail), `messageIds` (the "
@@ -482,6 +490,39 @@ _METHOD_LIST: tuple[Method, ...] = (
             _E.COMPACTION_IN_PROGRESS,
             _E.SUMMARIZER_FAILED,
         ),
+        True,
+    ),
+    Method(
+        "context/clear",
+        _SESSION_ONLY,
+        "`before` (`{messages, tokens}` of the context it replaced), `status` (as from "
+        "`context/status`).",
+        "Starts a fresh active context: no system messages, summary or tail; pins stay. "
+        "The archive keeps every message and search still finds them; messages appended "
+        "from now on make up the new context.",
+        (_E.SESSION_NOT_FOUND, _E.APPROVAL_PENDING),
+        True,
+    ),
+    Method(
+        "context/pop",
+        (
+            _session_id(),
+            Param(
+                "count",
+                "integer",
+                False,
+                "How many of the newest messages to take out.",
+                default=1,
+                min=1,
+                max=APPEND_MAX_MESSAGES,
+            ),
+        ),
+        "`messages`: the messages taken out, oldest first, as from `archive/read` (none "
+        "when the tail is empty), `status` (as from `context/status`).",
+        "Takes the newest messages of the tail out of the active context (the archive keeps "
+        "them). The cut is widened so that a tool result never stays without its call: "
+        "popping a result also pops the assistant message that made the call and all after.",
+        (_E.SESSION_NOT_FOUND, _E.APPROVAL_PENDING),
         True,
     ),
     Method(
@@ -656,6 +697,12 @@ _NOTIFICATION_LIST: tuple[Notification, ...] = (
         "`sessionId`, `compactionId`, `trigger` (`auto`, `manual` or `rebuild`), `before` "
         "and `after` (`{messages, tokens}`).",
         "A compaction or rebuild changed the active context.",
+    ),
+    Notification(
+        "context/didChange",
+        "`sessionId`, `change` (`clear` or `pop`), `messageIds` (the messages taken out), "
+        "`status` (as from `context/status`).",
+        "A client cleared the active context or popped messages from it.",
     ),
     Notification(
         "context/compactionFailed",
