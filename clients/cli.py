@@ -69,6 +69,13 @@ def _spawn_daemon(args: argparse.Namespace) -> None:
                          start_new_session=True, env=os.environ.copy())
 
 
+def _connect(args: argparse.Namespace) -> Any:
+    """A client of the shared daemon, started if none runs (as for `ctxd stdio`)."""
+    from ctxd.clients.daemon_link import connect_or_start
+
+    return connect_or_start(_connection_file(args), lambda: _spawn_daemon(args))
+
+
 def cmd_stdio(args: argparse.Namespace) -> int:
     from ctxd.clients.stdio_proxy import run_stdio_proxy
 
@@ -103,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     from ctxd.clients import commands
 
     commands.register(sub, _common)
+
+    from ctxd.clients import importers
+
+    importers.register(sub, _common, _connect)
     return parser
 
 

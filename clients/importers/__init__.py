@@ -1,0 +1,137 @@
+"""`ctxd import claude-code|codex [PATH…]`: agent transcripts into ctxd sessions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ctxd.protocol.errors import CtxdError
+
+from . import claude_code, codex
+from .common import FileImporter, Mapper, Options, Report, find_files
+
+__all__ = ["FORMATS", "import_paths", "register"]
+
+# name -> (mapper class, file pattern, default paths)
+FORMATS: dict[str, tuple[Callable[[Path, Options], Mapper], str, Callable[[], list[Path]]]] = {
+    "claude-code": (claude_code.ClaudeCodeMapper, claude_code.PATTERN,
+                    claude_code.default_paths),
+    "codex": (codex.CodexMapper, codex.PATTERN, codex.default_paths),
+}
+
+
+def import_paths(client: Any, fmt: str, paths: list[Path], options: Options,
+                 report: Report | None = None,
+                 seen: dict[Path, tuple[int, float]] | None = None) -> Report:
+    """Import every transcript under `paths`; with `seen`, only files changed since."""
+    make, pattern, _ = FORMATS[fmt]
+    report = report or Report(verbose=options.verbose)
+    for path in find_files(paths, pattern):
+        if seen is not None:
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            key = (st.st_size, st.st_mtime)
+            if seen.get(path) == key:
+                continue
+            seen[path] = key
+        try:
+            FileImporter(client, make(path, options), path, report, options).run()
+        except CtxdError as exc:
+            report.notes.append(f"{path}: the daemon refused an append: {exc.message}")
+    return report
+
+
+def _print_report(report: Report, as_json: bool, out: Any = None) -> None:
+    out = out or sys.stdout
+    if as_json:
+        print(json.dumps(report.to_dict(), ensure_ascii=False), file=out, flush=True)
+        return
+    print(f"imported {report.messages} message(s) in {report.batches} batch(es) from "
+          f"{report.files} file(s), {report.lines} line(s) read; "
+          f"{report.sessions_created} new session(s)", file=out)
+    for title, counter in (("skipped (not conversation)", report.skipped),
+                           ("unmappable", report.unmappable),
+                           ("repaired", report.repaired)):
+        if counter:
+            kinds = ", ".join(f"{k}: {n}" for k, n in counter.most_common())
+            print(f"  {title}: {kinds}", file=out)
+    if report.deferred:
+        print(f"  {report.deferred} unfinished message(s) left for the next import (their "
+              "transcript is still being written)", file=out)
+    for note in report.notes:
+        print(f"  note: {note}", file=out)
+    if report.verbose or report.unmappable:
+        for d in report.details[:200 if not report.verbose else None]:
+            print(f"    {d}", file=out)
+    out.flush()
+
+
+def cmd_import(args: argparse.Namespace, connect: Callable[[], Any]) -> int:
+    from ctxd.clients.client import DaemonNotRunning
+
+    fmt = args.format
+    paths = [Path(p).expanduser() for p in args.paths] or FORMATS[fmt][2]()
+    missing = [p for p in paths if not p.exists()]
+    if missing and not args.follow:
+        for p in missing:
+            print(f"ctxd: {p} does not exist", file=sys.stderr)
+        if len(missing) == len(paths):
+            return 2
+    options = Options(drop_reasoning=args.drop_reasoning, verbose=args.verbose,
+                      sidechains=args.sidechains)
+    try:
+        client = connect()
+    except (DaemonNotRunning, ConnectionError) as exc:
+        print(f"ctxd: {exc}", file=sys.stderr)
+        return 1
+    try:
+        seen: dict[Path, tuple[int, float]] = {}
+        report = import_paths(client, fmt, paths, options, seen=seen)
+        _print_report(report, args.json)
+        while args.follow:
+            time.sleep(args.interval)
+            report = import_paths(client, fmt, paths, options, seen=seen)
+            if report.messages or report.notes or report.unmappable:
+                _print_report(report, args.json)
+    except KeyboardInterrupt:
+        return 0
+    except ConnectionError as exc:
+        print(f"ctxd: lost the daemon: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    return 0
+
+
+def register(sub: Any, common: Callable[[argparse.ArgumentParser], None],
+             connect: Callable[[argparse.Namespace], Any]) -> None:
+    p = sub.add_parser("import", help="import Claude Code or Codex CLI transcripts as "
+                       "sessions (idempotent; --follow keeps importing as agents write)")
+    formats = p.add_subparsers(dest="format", required=True)
+    for name, where in (("claude-code", "~/.claude/projects"),
+                        ("codex", "~/.codex/sessions")):
+        f = formats.add_parser(name, help=f"transcripts under {where} (the default) or "
+                               "the given files and folders")
+        common(f)
+        f.add_argument("paths", nargs="*", metavar="PATH",
+                       help=f"transcript files or folders (default: {where})")
+        f.add_argument("--follow", action="store_true",
+                       help="keep watching and import new lines as they are written")
+        f.add_argument("--interval", type=float, default=1.0,
+                       help="seconds between checks with --follow (default 1)")
+        f.add_argument("--drop-reasoning", action="store_true",
+                       help="leave out the model's reasoning (kept as metadata by default)")
+        f.add_argument("--sidechains", choices=["sessions", "mark"], default="sessions",
+                       help="subagent conversations as their own sessions (default) or "
+                       "kept in the main session, marked")
+        f.add_argument("--verbose", action="store_true",
+                       help="list every line that was skipped, with its file and number")
+        f.add_argument("--json", action="store_true", help="print the report as JSON")
+        f.set_defaults(func=lambda a: cmd_import(a, lambda: connect(a)))

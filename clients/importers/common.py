@@ -1,0 +1,396 @@
+"""What every transcript importer shares: reading JSONL incrementally, batching appends,
+resuming where the last import stopped, and reporting what could not be mapped.
+
+Where an import stopped is kept in the archive itself, so it cannot drift from what was
+stored: the last message of every batch carries `metadata.import = {offset, line}`, the
+byte offset and line count of the transcript consumed up to that batch. A batch is
+stored whole or not at all and carries a `clientBatchId` derived from its source range,
+so a crash mid-import leaves no half batch and a retry of a batch stores it once. The
+next import reads the session's last message (`archive/read` with `beforeId`) and goes
+on from its offset: a file read twice adds nothing, a grown file adds only its new lines.
+
+The file is read line by line with bounded batches, so memory stays flat however big the
+transcript is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ctxd.protocol.errors import Conflict, CtxdError, InvalidMessage, PayloadTooLarge
+
+# A batch is flushed at this many messages or bytes, whichever comes first.
+BATCH_MESSAGES = 500
+BATCH_BYTES = 4 * 1024 * 1024
+# Text longer than this (a whole file a tool read, a huge command output) is cut: the
+# archive is for finding and following history, and the transcript keeps the rest.
+MAX_TEXT_CHARS = 200_000
+# ids the daemon accepts are at most 200 characters
+_ID_MAX = 200
+# the latest message of a session: any id the archive will ever reach is below this
+_END_ID = 2**62
+
+
+@dataclass
+class Options:
+    drop_reasoning: bool = False
+    verbose: bool = False
+    sidechains: str = "sessions"  # "sessions": own sessions; "mark": kept in place, marked
+
+
+@dataclass
+class Emit:
+    """One message produced from a line, and which of the file's sessions it goes to
+    (`None`: the main one; otherwise a suffix such as "sidechain")."""
+
+    message: dict[str, Any]
+    target: str | None = None
+
+
+class Skip(Exception):
+    """A line that maps to no message; `kind` names why, for the report."""
+
+    def __init__(self, kind: str, note: str = "", unmappable: bool = False) -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.note = note
+        self.unmappable = unmappable
+
+
+class Mapper(Protocol):
+    """Turns one parsed transcript line into messages. One instance per file."""
+
+    source: str
+
+    def session_id(self, target: str | None) -> str: ...
+
+    def targets(self) -> Iterable[str | None]:
+        """Every target this file may have written to (for resuming)."""
+        ...
+
+    def session_info(self, target: str | None) -> tuple[str, dict[str, Any]]:
+        """Title and metadata of a session, from what the mapper has seen so far."""
+        ...
+
+    def map_line(self, obj: dict[str, Any], line: int) -> list[Emit]: ...
+
+    def merge(self, prev: dict[str, Any], new: dict[str, Any]) -> bool:
+        """Fold `new` into `prev` when they are parts of one message; True if folded."""
+        ...
+
+    def incomplete(self, msg: dict[str, Any]) -> bool:
+        """True when a message last in the file may still grow (more lines to merge)."""
+        ...
+
+
+@dataclass
+class Report:
+    files: int = 0
+    sessions_created: int = 0
+    messages: int = 0
+    batches: int = 0
+    lines: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    unmappable: Counter[str] = field(default_factory=Counter)
+    repaired: Counter[str] = field(default_factory=Counter)
+    deferred: int = 0
+    notes: list[str] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+    verbose: bool = False
+
+    def skip(self, path: Path, line: int, exc: Skip) -> None:
+        (self.unmappable if exc.unmappable else self.skipped)[exc.kind] += 1
+        if self.verbose or exc.unmappable:
+            if len(self.details) < 10_000:  # bounded, even for a hostile file
+                note = f": {exc.note}" if exc.note else ""
+                self.details.append(f"{path}:{line}: {exc.kind}{note}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "files": self.files,
+            "lines": self.lines,
+            "sessionsCreated": self.sessions_created,
+            "messages": self.messages,
+            "batches": self.batches,
+            "skipped": dict(self.skipped),
+            "unmappable": dict(self.unmappable),
+            "repaired": dict(self.repaired),
+            "deferred": self.deferred,
+            "notes": self.notes,
+        }
+        if self.verbose:
+            out["details"] = self.details
+        return out
+
+
+def cut_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[… {len(text) - limit} more characters not imported]"
+
+
+def safe_id(*parts: str) -> str:
+    """A session id from parts, hashed when it would be too long for the daemon."""
+    sid = "-".join(p for p in parts if p)
+    if len(sid) <= _ID_MAX:
+        return sid
+    digest = hashlib.sha1(sid.encode()).hexdigest()[:16]
+    return sid[: _ID_MAX - 17] + "-" + digest
+
+
+def image_reference(media_type: str | None, data: Any, where: str) -> str:
+    """What stands in for an inline image: its type, size and hash, never its bytes."""
+    size = len(data) if isinstance(data, str) else 0
+    digest = hashlib.sha256(data.encode()).hexdigest()[:16] if isinstance(data, str) else "?"
+    approx = size * 3 // 4
+    return f"[image {media_type or 'unknown type'}, ~{approx} bytes, sha256:{digest}, {where}]"
+
+
+def iso_to_unix(value: Any) -> float | None:
+    from datetime import datetime
+
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def iter_lines(path: Path, start: int) -> Iterator[tuple[int, bytes]]:
+    """(end offset, line) of each complete line from `start`. A last line without its
+    newline is returned only when it parses: a writer may be in the middle of it."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        pos = start
+        for raw in f:
+            pos += len(raw)
+            if not raw.endswith(b"\n"):
+                try:
+                    json.loads(raw)
+                except ValueError:
+                    return
+            yield pos, raw
+
+
+class _Pending:
+    def __init__(self) -> None:
+        self.target: str | None = None
+        self.messages: list[dict[str, Any]] = []
+        # where each message's first line starts: (offset, lines before it)
+        self.starts: list[tuple[int, int]] = []
+        self.nbytes = 0
+        self.first_offset = 0
+
+    def clear(self) -> None:
+        self.messages = []
+        self.starts = []
+        self.nbytes = 0
+
+
+class FileImporter:
+    """Imports one transcript file into its session(s) through a ctxd client."""
+
+    def __init__(self, client: Any, mapper: Mapper, path: Path, report: Report,
+                 options: Options) -> None:
+        self.client = client
+        self.mapper = mapper
+        self.path = path
+        self.report = report
+        self.options = options
+        self.existing: set[str] = set()
+        self.pending = _Pending()
+
+    # resuming
+
+    def _last_position(self) -> tuple[int, int]:
+        """(offset, line) this file was imported up to, from the sessions' last messages."""
+        best = (0, 0)
+        for target in self.mapper.targets():
+            sid = self.mapper.session_id(target)
+            try:
+                page = self.client.read(sid, before_id=_END_ID, limit=1)
+            except CtxdError as exc:
+                if exc.code == -32010:  # SESSION_NOT_FOUND: nothing imported there yet
+                    continue
+                raise
+            self.existing.add(sid)
+            for m in page["messages"]:
+                pos = (m.get("metadata") or {}).get("import") or {}
+                off, line = pos.get("offset"), pos.get("line")
+                if isinstance(off, int) and isinstance(line, int) and off > best[0]:
+                    best = (off, line)
+        return best
+
+    # batching
+
+    def _flush(self, end_offset: int, end_line: int) -> None:
+        p = self.pending
+        if not p.messages:
+            return
+        sid = self.mapper.session_id(p.target)
+        if sid not in self.existing:
+            title, metadata = self.mapper.session_info(p.target)
+            try:
+                self.client.create_session(sid, title=title[:1000], metadata=metadata)
+                self.report.sessions_created += 1
+            except Conflict:
+                pass  # made by an earlier import, or by a concurrent one
+            self.existing.add(sid)
+        last = p.messages[-1]
+        last["metadata"] = {**(last.get("metadata") or {}),
+                            "import": {"offset": end_offset, "line": end_line}}
+        batch_id = safe_id("import", sid, f"{p.first_offset}-{end_offset}")
+        messages = p.messages
+        for _ in range(len(messages) + 1):
+            try:
+                result = self.client.append(sid, messages, client_batch_id=batch_id)
+                break
+            except (InvalidMessage, PayloadTooLarge) as exc:
+                index = (exc.data or {}).get("index")
+                if not isinstance(index, int) or not 0 <= index < len(messages):
+                    raise
+                messages[index] = self._repair(messages[index], exc)
+        else:  # pragma: no cover - every retry repairs one message, so this cannot loop
+            raise RuntimeError("could not repair the batch")
+        self.report.messages += len(result["messageIds"])
+        self.report.batches += 1
+        p.clear()
+        p.first_offset = end_offset
+
+    def _repair(self, msg: dict[str, Any], exc: CtxdError) -> dict[str, Any]:
+        """A message the daemon refused, turned into one it accepts, keeping the text.
+
+        A tool result whose call is not in this transcript (it began in an earlier file)
+        or a reused call id cannot be linked; it is kept as plain text and marked."""
+        kind = "too large" if isinstance(exc, PayloadTooLarge) else exc.message.split(": ", 1)[-1]
+        kind = kind.split("'")[0].strip()[:60]
+        self.report.repaired[kind] += 1
+        text = _plain_text(msg)
+        meta = {**(msg.get("metadata") or {}), "repaired": exc.message[:300]}
+        if isinstance(exc, PayloadTooLarge):
+            text = cut_text(text, 100_000)
+        role = "assistant" if msg["role"] in ("assistant", "tool") else msg["role"]
+        if msg["role"] == "tool":
+            text = f"[result of tool call {msg.get('tool_call_id')}]\n{text}"
+        return {"role": role, "content": text or "(empty)", "metadata": meta}
+
+    def add(self, emit: Emit, line_start: int, line_end: int, line_no: int) -> None:
+        p = self.pending
+        if p.messages and emit.target != p.target:
+            self._flush(line_start, line_no - 1)
+        if p.messages and self.mapper.merge(p.messages[-1], emit.message):
+            return
+        if not p.messages:
+            p.target = emit.target
+            p.first_offset = line_start
+        p.messages.append(emit.message)
+        p.starts.append((line_start, line_no - 1))
+        p.nbytes += _approx_size(emit.message)
+
+    def run(self) -> None:
+        start, line_no = self._last_position()
+        try:
+            size = self.path.stat().st_size
+        except OSError as exc:
+            self.report.notes.append(f"{self.path}: cannot read ({exc})")
+            return
+        if start > size:
+            self.report.notes.append(
+                f"{self.path}: shorter than what was imported from it ({size} < {start} "
+                "bytes); it was rewritten, so it is left alone")
+            return
+        self.report.files += 1
+        self.pending.first_offset = start
+        end = start
+        for end_off, raw in iter_lines(self.path, end):
+            line_no += 1
+            self.report.lines += 1
+            line_start = end
+            end = end_off
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+                if not isinstance(obj, dict):
+                    raise Skip("not an object", unmappable=True)
+                emits = self.mapper.map_line(obj, line_no)
+            except ValueError as exc:
+                self.report.skip(self.path, line_no, Skip("corrupt JSON", str(exc)[:120], True))
+                emits = []
+            except Skip as exc:
+                self.report.skip(self.path, line_no, exc)
+                emits = []
+            for e in emits:
+                e.message.setdefault("metadata", {})["line"] = line_no
+                self.add(e, line_start, end_off, line_no)
+            p = self.pending
+            if len(p.messages) >= BATCH_MESSAGES or p.nbytes >= BATCH_BYTES:
+                if len(p.messages) > 1 and self.mapper.incomplete(p.messages[-1]):
+                    # a message the next lines may still add to opens the next batch
+                    target, msg, start = p.target, p.messages.pop(), p.starts.pop()
+                    self._flush(*start)
+                    p.target, p.first_offset = target, start[0]
+                    p.messages, p.starts = [msg], [start]
+                    p.nbytes = _approx_size(msg)
+                else:
+                    self._flush(end, line_no)
+        p = self.pending
+        if p.messages and self.mapper.incomplete(p.messages[-1]):
+            # the writer is still on this message (more blocks, or its tool results, are
+            # to come): leave it for the next import, which reads it again from its start
+            end, line_no = p.starts.pop()
+            p.messages.pop()
+            self.report.deferred += 1
+        self._flush(end, line_no)
+
+
+def _approx_size(msg: dict[str, Any]) -> int:
+    content = msg.get("content")
+    n = len(content) if isinstance(content, str) else 200
+    if isinstance(content, list):
+        n = sum(len(p.get("text", "")) for p in content if isinstance(p, dict))
+    for c in msg.get("tool_calls") or ():
+        n += len(c["function"].get("arguments", ""))
+    meta = msg.get("metadata") or {}
+    n += len(meta.get("reasoning", "")) if isinstance(meta.get("reasoning"), str) else 0
+    return n * 3 + 200  # worst case UTF-8 plus the JSON around it
+
+
+def _plain_text(msg: dict[str, Any]) -> str:
+    parts: list[str] = []
+    content = msg.get("content")
+    if isinstance(content, str):
+        parts.append(content)
+    elif isinstance(content, list):
+        parts += [p.get("text", "") for p in content if isinstance(p, dict)]
+    for c in msg.get("tool_calls") or ():
+        parts.append(f"[tool call {c['id']}] {c['function']['name']} "
+                     f"{c['function'].get('arguments', '')}")
+    return "\n".join(p for p in parts if p)
+
+
+def find_files(paths: list[Path], pattern: str) -> list[Path]:
+    """The transcript files named or found below the given paths, oldest first."""
+    found: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            found += [f for f in p.rglob(pattern) if f.is_file()]
+        elif p.is_file():
+            found.append(p)
+    uniq = {os.path.realpath(f): f for f in found}
+
+    def mtime(f: Path) -> float:
+        try:
+            return f.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    return sorted(uniq.values(), key=lambda f: (mtime(f), str(f)))

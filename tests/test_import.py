@@ -1,0 +1,324 @@
+"""`ctxd import claude-code|codex`: transcripts into sessions, against a real daemon.
+
+The fixtures under tests/fixtures/transcripts are written from the published formats:
+tool use, failing tool results, compaction summaries, sidechains and subagent files,
+multi-part content with images, Chinese and emoji, corrupt lines and unknown line types.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import DaemonProcess
+from transcript_gen import claude_code_lines, write_claude_code
+
+from ctxd.clients.client import Client
+
+FIXTURES = Path(__file__).parent / "fixtures" / "transcripts"
+CC_DIR = FIXTURES / "claude-code"
+CODEX_DIR = FIXTURES / "codex"
+CC_MAIN = "claude-code-7f1c2a9e-4b1d-4c53-9a11-2f7a0c6e9b10"
+CODEX_SID = "codex-2025-10-29T00-59-38-0199a213-81c0-7800-8aa1-bbab2a035a53"
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    d = DaemonProcess(tmp_path_factory.mktemp("import")).start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+@pytest.fixture(scope="module")
+def client(daemon: DaemonProcess) -> Iterator[Client]:
+    with daemon.client() as c:
+        yield c
+
+
+def ctxd_import(d: DaemonProcess, *args: str) -> dict[str, Any]:
+    r = subprocess.run(
+        [sys.executable, "-m", "ctxd.clients.cli", "import", *args, "--json",
+         "--connection-file", str(d.connection_file)],
+        env=d.env, capture_output=True, text=True, timeout=120, encoding="utf-8")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def archive(c: Client, sid: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    after = 0
+    while True:
+        page = c.read(sid, after_id=after, limit=5000)
+        out += page["messages"]
+        if page["nextAfterId"] is None:
+            return out
+        after = page["nextAfterId"]
+
+
+@pytest.fixture(scope="module")
+def claude_report(daemon: DaemonProcess) -> dict[str, Any]:
+    return ctxd_import(daemon, "claude-code", str(CC_DIR), "--verbose")
+
+
+@pytest.fixture(scope="module")
+def codex_report(daemon: DaemonProcess) -> dict[str, Any]:
+    return ctxd_import(daemon, "codex", str(CODEX_DIR))
+
+
+def test_claude_code_messages_in_openai_shape(claude_report: dict[str, Any],
+                                              client: Client) -> None:
+    assert claude_report["sessionsCreated"] == 3
+    session = client.get_session(CC_MAIN)["session"]
+    assert session["title"] == "Fix checkout total rounding"  # from the summary line
+    meta = session["metadata"]
+    assert meta["cwd"] == "/home/dev/shop" and meta["source"] == "claude-code"
+    assert meta["startedAt"] > 1.7e9 and meta["gitBranch"] == "main"
+    msgs = archive(client, CC_MAIN)
+    roles = [m["role"] for m in msgs]
+    assert roles[:3] == ["user", "assistant", "tool"]
+    assert "结账测试失败了" in msgs[0]["content"]
+    # thinking, text and tool_use lines of one API message are one assistant message
+    first = msgs[1]
+    assert first["content"] == "Let me run the tests first."
+    assert first["metadata"]["reasoning"] == "The checkout total probably rounds twice."
+    call = first["tool_calls"][0]
+    assert call["id"] == "toolu_01" and call["function"]["name"] == "Bash"
+    assert json.loads(call["function"]["arguments"])["command"].startswith("pytest")
+    # a failing tool result keeps its link and is marked
+    assert msgs[2]["tool_call_id"] == "toolu_01" and msgs[2]["metadata"]["isError"] is True
+    assert "1 failed" in msgs[2]["content"]
+    # parallel calls on two lines become one message; both results follow, linked
+    parallel = msgs[3]
+    assert [c["id"] for c in parallel["tool_calls"]] == ["toolu_02", "toolu_03"]
+    assert [(m["role"], m["tool_call_id"]) for m in msgs[4:6]] == [
+        ("tool", "toolu_02"), ("tool", "toolu_03")]
+    assert "round(sum(" in msgs[4]["content"]
+    # compaction summary kept and marked; image referenced, not inlined
+    summary = [m for m in msgs if (m.get("metadata") or {}).get("compactSummary")]
+    assert len(summary) == 1 and "continued from a previous conversation" in summary[0]["content"]
+    image_msg = next(m for m in msgs if "receipt 🧾" in str(m["content"]))
+    assert "[image image/png" in image_msg["content"] and "iVBOR" not in image_msg["content"]
+    assert msgs[-1]["content"].startswith("已修复 ✅")
+    # the sidechain lines are not in the main session
+    assert not any("sidechain answer" in str(m["content"]) for m in msgs)
+
+
+def test_claude_code_sidechains_and_subagents_are_their_own_sessions(
+        claude_report: dict[str, Any], client: Client) -> None:
+    side = client.get_session(f"{CC_MAIN}-sidechain")["session"]
+    assert side["metadata"]["sidechain"] is True
+    assert side["metadata"]["parentSessionId"] == CC_MAIN
+    assert [m["role"] for m in archive(client, f"{CC_MAIN}-sidechain")] == ["user", "assistant"]
+    agent = client.get_session("claude-code-agent-a1b2c3d4")["session"]
+    assert agent["metadata"]["agentId"] == "a1b2c3d4"
+    assert agent["metadata"]["parentSessionId"] == CC_MAIN
+    msgs = archive(client, "claude-code-agent-a1b2c3d4")
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant"]
+
+
+def test_claude_code_report_counts_what_was_not_mapped(claude_report: dict[str, Any]) -> None:
+    assert claude_report["unmappable"] == {"corrupt JSON": 1,
+                                           "unknown line type 'future-thing'": 1}
+    assert claude_report["skipped"] == {"summary": 1, "file-history-snapshot": 1,
+                                        "system:compact_boundary": 1}
+    details = "\n".join(claude_report["details"])
+    assert ".jsonl:15: corrupt JSON" in details and ".jsonl:20: unknown line type" in details
+    # lines after the corrupt one were imported: the file did not stop there
+    assert claude_report["messages"] == 11 + 2 + 4
+
+
+def test_codex_rollout(codex_report: dict[str, Any], client: Client) -> None:
+    session = client.get_session(CODEX_SID)["session"]
+    assert session["metadata"]["cwd"] == "/home/dev/tool"
+    assert session["metadata"]["sourceSessionId"] == "0199a213-81c0-7800-8aa1-bbab2a035a53"
+    assert session["title"].startswith("Rename the config loader")
+    msgs = archive(client, CODEX_SID)
+    assert msgs[0]["role"] == "system" and msgs[0]["metadata"]["originalRole"] == "developer"
+    assert msgs[1]["metadata"]["context"] is True  # <environment_context>
+    calls = {c["id"]: (m, c) for m in msgs for c in m.get("tool_calls") or ()}
+    assert set(calls) == {"call_A1", "call_L1", "call_P1", "call_A2"}
+    m, c = calls["call_A1"]
+    assert json.loads(c["function"]["arguments"])["command"] == ["rg", "load_config"]
+    assert "grep for load_config" in m["metadata"]["reasoning"]
+    assert calls["call_L1"][1]["function"]["name"] == "local_shell"
+    assert "*** Begin Patch" in calls["call_P1"][1]["function"]["arguments"]
+    results = {m["tool_call_id"]: m for m in msgs if m["role"] == "tool"}
+    assert set(results) == set(calls)
+    assert results["call_A2"]["metadata"]["isError"] is True
+    assert "ImportError" in results["call_A2"]["content"]
+    # every result comes after its call
+    pos = {id(m): i for i, m in enumerate(msgs)}
+    assert all(pos[id(results[k])] > pos[id(calls[k][0])] for k in calls)
+    assert any((m.get("metadata") or {}).get("compactSummary") for m in msgs)
+    img = next(m for m in msgs if "📎" in str(m["content"]))
+    assert "[image image/png" in img["content"] and "base64" not in img["content"]
+    assert codex_report["unmappable"] == {"corrupt JSON": 1,
+                                          "unknown line type 'future_item'": 1,
+                                          "response_item:ghost_snapshot": 1}
+    assert codex_report["skipped"]["event_msg:token_count"] == 1
+
+
+def test_reimport_adds_nothing(claude_report: dict[str, Any], codex_report: dict[str, Any],
+                               daemon: DaemonProcess, client: Client) -> None:
+    before = {s: len(archive(client, s)) for s in (CC_MAIN, CODEX_SID)}
+    again = ctxd_import(daemon, "claude-code", str(CC_DIR))
+    assert again["messages"] == 0 and again["sessionsCreated"] == 0
+    assert ctxd_import(daemon, "codex", str(CODEX_DIR))["messages"] == 0
+    assert {s: len(archive(client, s)) for s in before} == before
+
+
+def test_search_finds_imported_text_in_chinese(claude_report: dict[str, Any],
+                                               codex_report: dict[str, Any],
+                                               client: Client) -> None:
+    hits = client.search("结账测试")["hits"]
+    assert any(h["sessionId"] == CC_MAIN for h in hits)
+    hits = client.search("重命名")["hits"]
+    assert any(h["sessionId"] == CODEX_SID for h in hits)
+    found = client.call_tool(CC_MAIN, "search_past_messages",
+                             {"query": "数据库", "scope": "all"})
+    assert "sidechain" in found["content"]
+
+
+def test_grown_file_adds_only_new_lines(daemon: DaemonProcess, client: Client,
+                                        tmp_path: Path) -> None:
+    lines = list(claude_code_lines("grow0001-aaaa", 30))
+    path = tmp_path / "grow0001-aaaa.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines[:47]) + "\n")
+        f.write(lines[47][:40])  # a writer in the middle of a line
+    first = ctxd_import(daemon, "claude-code", str(path))
+    sid = "claude-code-grow0001-aaaa"
+    n1 = len(archive(client, sid))
+    assert first["messages"] == n1 > 0
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(lines[47][40:] + "\n" + "\n".join(lines[48:]) + "\n")
+    second = ctxd_import(daemon, "claude-code", str(path))
+    msgs = archive(client, sid)
+    assert second["messages"] == len(msgs) - n1 > 0
+    # the same messages as a single import of the whole file, none twice
+    whole = tmp_path / "grow0002-aaaa.jsonl"
+    whole.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ctxd_import(daemon, "claude-code", str(whole))
+    one = archive(client, "claude-code-grow0002-aaaa")
+    assert [m["role"] for m in msgs] == [m["role"] for m in one]
+    assert [str(m["content"]) for m in msgs] == [str(m["content"]) for m in one]
+    ids = [c["id"] for m in msgs for c in m.get("tool_calls") or ()]
+    assert len(ids) == len(set(ids)) == 30
+
+
+def test_drop_reasoning_and_mark_sidechains(daemon: DaemonProcess, client: Client,
+                                            tmp_path: Path) -> None:
+    src = next(CC_DIR.rglob("7f1c*.jsonl"))
+    path = tmp_path / "copy0001.jsonl"
+    shutil.copy(src, path)
+    ctxd_import(daemon, "claude-code", str(path), "--drop-reasoning", "--sidechains", "mark")
+    msgs = archive(client, "claude-code-copy0001")
+    assert not any("reasoning" in (m.get("metadata") or {}) for m in msgs)
+    marked = [m for m in msgs if (m.get("metadata") or {}).get("sidechain")]
+    assert [m["role"] for m in marked] == ["user", "assistant"]
+
+
+def test_killed_import_leaves_no_half_batch(daemon: DaemonProcess, client: Client,
+                                            tmp_path: Path) -> None:
+    folder = tmp_path / "big"
+    expected = sum(write_claude_code(folder / f"crash{i:04d}-aaaa.jsonl", f"crash{i:04d}-aaaa",
+                                     400) for i in range(3))
+    cmd = [sys.executable, "-m", "ctxd.clients.cli", "import", "claude-code", str(folder),
+           "--connection-file", str(daemon.connection_file)]
+    proc = subprocess.Popen(cmd, env=daemon.env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    sids = [f"claude-code-crash{i:04d}-aaaa" for i in range(3)]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        done = sum(client.context_status(s)["archiveMessages"]
+                   for s in sids if _exists(client, s))
+        if done > 0:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    partial = sum(len(archive(client, s)) for s in sids if _exists(client, s))
+    assert partial % 4 == 0 or partial < expected  # whatever landed, landed whole
+    ctxd_import(daemon, "claude-code", str(folder))
+    for s in sids:
+        msgs = archive(client, s)
+        assert len(msgs) == 400 * 4
+        ids = [c["id"] for m in msgs for c in m.get("tool_calls") or ()]
+        assert len(ids) == len(set(ids)) == 400
+    assert sum(len(archive(client, s)) for s in sids) == expected
+
+
+def _exists(client: Client, sid: str) -> bool:
+    try:
+        client.get_session(sid)
+        return True
+    except Exception:
+        return False
+
+
+def test_imported_sessions_compact_like_any_other(daemon: DaemonProcess, client: Client,
+                                                  tmp_path: Path) -> None:
+    path = tmp_path / "compact1-aaaa.jsonl"
+    write_claude_code(path, "compact1-aaaa", 60)
+    ctxd_import(daemon, "claude-code", str(path))
+    sid = "claude-code-compact1-aaaa"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        st = client.context_status(sid)
+        if st["compactionCount"] >= 1 and not st["compacting"]:
+            break
+        time.sleep(0.1)
+    assert st["compactionCount"] >= 1, st
+    assert st["activeMessages"] < st["archiveMessages"] == 240
+
+
+def test_follow_imports_as_the_agent_writes(daemon: DaemonProcess, client: Client,
+                                            tmp_path: Path) -> None:
+    folder = tmp_path / "live"
+    folder.mkdir()
+    cmd = [sys.executable, "-m", "ctxd.clients.cli", "import", "claude-code", str(folder),
+           "--follow", "--interval", "0.1", "--connection-file", str(daemon.connection_file)]
+    proc = subprocess.Popen(cmd, env=daemon.env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    sid = "claude-code-follow01-aaaa"
+    try:
+        lines = list(claude_code_lines("follow01-aaaa", 6))
+        path = folder / "follow01-aaaa.jsonl"
+        for k in (10, 20, 30):  # three writes, the last ends the file
+            with open(path, "a", encoding="utf-8") as f:
+                f.write("".join(ln + "\n" for ln in lines[k - 10:k]))
+            expected = k // 5 * 4
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                if _exists(client, sid) and len(archive(client, sid)) >= expected:
+                    break
+                time.sleep(0.05)
+            assert len(archive(client, sid)) == expected
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        assert proc.stderr is not None
+        proc.stderr.close()
+
+
+def test_missing_path_is_a_clear_error(daemon: DaemonProcess, tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "ctxd.clients.cli", "import", "codex", str(tmp_path / "nope"),
+         "--connection-file", str(daemon.connection_file)],
+        env={**os.environ, **daemon.env}, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "does not exist" in r.stderr
