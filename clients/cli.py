@@ -114,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     from ctxd.clients import importers
 
     importers.register(sub, _common, _connect)
+
+    from ctxd.clients import mcp_server
+
+    mcp_server.register(sub, _common, _connect, _connection_file)
     return parser
 
 

@@ -1,0 +1,437 @@
+"""`ctxd mcp`: the ctxd archive as an MCP server, for Claude Code, Codex CLI or any MCP client.
+
+Built on the official `mcp` SDK (`MCPServer`). It is a thin client of the shared daemon,
+like `ctxd stdio`: it never opens the database, so any number of agents can each spawn
+one without racing on a file. stdio by default; `--http` serves streamable HTTP on a
+loopback address only, with a bearer token and the SDK's Host/Origin checks.
+
+Tools: `search_past_messages` (the daemon's own tool: same schema, same results),
+`read_past_messages` (a message and its neighbours by id), `context_status` and
+`pin_invariant`. Resources: `ctxd://session/<id>/context`, each session's active context
+(pins, summary, recent tail) fitted to a token budget. Every read is bounded, and the
+defaults stay far below the 10,000 tokens at which Claude Code starts to warn.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from ctxd.clients.client import Client
+from ctxd.protocol.errors import CtxdError
+
+SERVER_NAME = "ctxd"
+# per message shown by read_past_messages, and the context resource's token budget
+DEFAULT_MESSAGE_CHARS = 1500
+MAX_MESSAGE_CHARS = 8000
+MAX_NEIGHBOURS = 10
+CONTEXT_BUDGET_TOKENS = 6000
+# sessions offered in resources/list (newest first) and scanned to map a directory
+LISTED_SESSIONS = 100
+SCANNED_SESSIONS = 5000
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+INSTRUCTIONS = (
+    "ctxd keeps the full history of your past agent sessions (this project's Claude Code "
+    "and Codex transcripts, and any agent using ctxd), including tool calls and their "
+    "results. Search it before redoing work or when the user refers to something from "
+    "earlier; read a hit with its neighbours before relying on it."
+)
+
+SEARCH_DESCRIPTION = (
+    "Search past messages of this project's agent sessions, including tool calls and tool "
+    "results that are no longer in your context. Use it when the user refers to something "
+    "from before ('the error we saw', 'like last time'), before redoing work that may "
+    "already have been done, or to follow a [msg N] pointer in a summary. Query with plain "
+    "words or a phrase, English or Chinese; scope 'session' (default) is this session, "
+    "'all' every session. Each hit reads [msg ID · role · time (· session S)] snippet: a "
+    "hit is a pointer to one message, not the whole story; call read_past_messages with "
+    "its id (and the session shown, if any) to read it and what surrounds it."
+)
+
+
+class DaemonLink:
+    """One blocking ctxd client, reconnected (and the daemon restarted) when lost."""
+
+    def __init__(self, connect: Callable[[], Client]) -> None:
+        self._connect = connect
+        self._lock = threading.Lock()
+        self._client: Client | None = None
+
+    def client(self) -> Client:
+        with self._lock:
+            if self._client is None:
+                self._client = self._connect()
+            return self._client
+
+    def call(self, method: str, params: dict[str, Any]) -> Any:
+        try:
+            return self.client().call(method, params)
+        except ConnectionError:
+            with self._lock:
+                old, self._client = self._client, None
+            if old is not None:
+                old.close()
+            return self.client().call(method, params)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+
+@dataclass
+class SessionChoice:
+    """Which session the tools work on: given, mapped from a directory, or the newest."""
+
+    session_id: str | None = None
+    cwd: str | None = None
+    how: str = ""
+
+    def resolve(self, link: DaemonLink) -> str:
+        if self.session_id:
+            return self.session_id
+        sid, how = _pick_session(link, self.cwd)
+        if sid is None:
+            title = f"mcp: {self.cwd}" if self.cwd else "mcp"
+            meta = {"source": "mcp", **({"cwd": self.cwd} if self.cwd else {})}
+            sid = link.call("session/create", {"title": title, "metadata": meta})["sessionId"]
+            how = "created: no session existed"
+        self.session_id, self.how = sid, how
+        return sid
+
+
+def _pick_session(link: DaemonLink, cwd: str | None) -> tuple[str | None, str]:
+    """The newest session whose metadata `cwd` is this directory (or the nearest parent
+    of it), else the newest session of all."""
+    newest: str | None = None
+    best: tuple[int, str] | None = None
+    cursor = None
+    seen = 0
+    here = os.path.realpath(cwd) if cwd else None
+    while seen < SCANNED_SESSIONS:
+        page = link.call("session/list", {"limit": 1000, "cursor": cursor})
+        for s in page["sessions"]:
+            seen += 1
+            newest = newest or s["sessionId"]
+            where = (s.get("metadata") or {}).get("cwd")
+            if here and isinstance(where, str) and where:
+                there = os.path.realpath(where)
+                if here == there or here.startswith(there.rstrip("/") + "/"):
+                    if best is None or len(there) > best[0]:
+                        best = (len(there), s["sessionId"])
+        cursor = page.get("nextCursor")
+        if not cursor:
+            break
+    if best is not None:
+        return best[1], f"mapped from the working directory {cwd}"
+    return newest, "the most recent session"
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f" […{len(text) - limit} more characters]"
+
+
+def _when(ts: Any) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(ts)) if isinstance(ts, int | float) \
+        else "?"
+
+
+def render_message(m: dict[str, Any], limit: int) -> str:
+    """One archived message as a model reads it: header, text, calls, result link."""
+    from ctxd.daemon.messages import content_text
+
+    meta = m.get("metadata") or {}
+    # an imported message's own time, not when it was imported
+    when = meta.get("timestamp") if isinstance(meta.get("timestamp"), int | float) \
+        else m.get("createdAt")
+    head = f"[msg {m['id']} · {m['role']}" + (f" · {_when(when)}" if when else "")
+    if m.get("tool_call_id"):
+        head += f" · result of {m['tool_call_id']}"
+    if meta.get("isError"):
+        head += " · error"
+    lines = [head + "]"]
+    text = content_text(m.get("content"), mark_other_parts=True)
+    if text:
+        lines.append(_clip(text, limit))
+    for call in m.get("tool_calls") or ():
+        fn = call["function"]
+        lines.append(f"→ call {call['id']}: {fn['name']}({_clip(fn.get('arguments', ''), 600)})")
+    return "\n".join(lines)
+
+
+def build_server(link: DaemonLink, choice: SessionChoice) -> Any:
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+    from mcp_types import Resource
+
+    def session(given: str | None = None) -> str:
+        return given or choice.resolve(link)
+
+    def call(method: str, params: dict[str, Any]) -> Any:
+        try:
+            return link.call(method, params)
+        except CtxdError as exc:
+            raise ToolError(exc.message) from None
+        except ConnectionError as exc:
+            raise ToolError(f"the ctxd daemon cannot be reached: {exc}") from None
+
+    class CtxdMCPServer(MCPServer):
+        async def list_resources(self) -> list[Any]:
+            """The newest sessions' contexts (read through the resource template)."""
+            import anyio
+
+            page = await anyio.to_thread.run_sync(
+                lambda: link.call("session/list", {"limit": LISTED_SESSIONS}))
+            return [*await super().list_resources(), *(
+                Resource(
+                    uri=f"ctxd://session/{s['sessionId']}/context",
+                    name=f"context of {s['sessionId']}",
+                    title=f"Context: {s.get('title') or s['sessionId']}",
+                    description="The session's active context: pins, the summary of older "
+                    "history (with [msg N] pointers) and the recent messages.",
+                    mime_type="text/markdown",
+                ) for s in page["sessions"])]
+
+    server = CtxdMCPServer(SERVER_NAME, instructions=INSTRUCTIONS)
+
+    def context_text(sid: str) -> str:
+        try:
+            got = link.call("context/get", {"sessionId": sid, "includeMetadata": True,
+                                            "budgetTokens": CONTEXT_BUDGET_TOKENS})
+        except CtxdError as exc:
+            raise ResourceError(exc.message) from None
+        parts = [f"# Context of session {sid}",
+                 f"{got['status']['activeMessages']} messages, about "
+                 f"{got['status']['estimatedTokens']} tokens in the active context; "
+                 f"{got['status']['archiveMessages']} in the archive."]
+        if got.get("truncated"):
+            t = got["truncated"]
+            parts.append(f"(Left out to fit {CONTEXT_BUDGET_TOKENS} tokens: {t['messages']} "
+                         f"messages, msg {t['fromId']}..{t['toId']}; read them with "
+                         "read_past_messages.)")
+        for mid, m in zip(got["messageIds"], got["messages"], strict=False):
+            shown = {**m, "id": mid if mid is not None else "-"}
+            parts.append(render_message(shown, DEFAULT_MESSAGE_CHARS))
+        return "\n\n".join(parts)
+
+    @server.resource("ctxd://session/{session_id}/context", name="session context",
+                     mime_type="text/markdown",
+                     description="A session's active context: pins, summary, recent tail.")
+    def session_context(session_id: str) -> str:
+        return context_text(session_id)
+
+    @server.tool(name="search_past_messages", description=SEARCH_DESCRIPTION)
+    def search_past_messages(
+        query: Annotated[str, Field(description="Words or a phrase to find.")],
+        scope: Annotated[Literal["session", "all"],
+                         Field(description="This conversation only, or all.")] = "session",
+        limit: Annotated[int, Field(ge=1, le=20)] = 5,
+        role: Literal["user", "assistant", "tool", "system"] | None = None,
+    ) -> str:
+        sid = session()
+        args: dict[str, Any] = {"query": query, "scope": scope, "limit": limit}
+        if role is not None:
+            args["role"] = role
+        out = call("tools/call", {"sessionId": sid, "name": "search_past_messages",
+                                  "arguments": args})
+        text = out["content"]
+        if out["data"]["hits"]:
+            text += ("\n\nRead a hit in full with read_past_messages(message_id=ID"
+                     + (", session_id=S" if scope == "all" else "") + ").")
+        return str(text)
+
+    # the same input schema as the daemon's tools/list entry, word for word
+    daemon_tools = link.call("tools/list", {})["tools"]
+    schema = next(t["function"]["parameters"] for t in daemon_tools
+                  if t["function"]["name"] == "search_past_messages")
+    tool = server._tool_manager.get_tool("search_past_messages")
+    if tool is not None:
+        tool.parameters = schema
+
+    @server.tool(description=(
+        "Read one past message in full with the messages around it, by the id from a "
+        "search hit or a [msg N] pointer in a summary. Shows each message's role, time, "
+        "text, tool calls with their arguments, and which call a tool result answers. "
+        "Call again with the first or last id shown to read further back or on."))
+    def read_past_messages(
+        message_id: Annotated[int, Field(ge=1, description="The message id (N of [msg N]).")],
+        before: Annotated[int, Field(ge=0, le=MAX_NEIGHBOURS,
+                                     description="Messages to show before it.")] = 2,
+        after: Annotated[int, Field(ge=0, le=MAX_NEIGHBOURS,
+                                    description="Messages to show after it.")] = 2,
+        session_id: Annotated[str | None, Field(
+            description="The session the hit named; default: this session.")] = None,
+        max_chars: Annotated[int, Field(ge=200, le=MAX_MESSAGE_CHARS,
+                                        description="Characters shown per message.")]
+        = DEFAULT_MESSAGE_CHARS,
+    ) -> str:
+        sid = session(session_id)
+        page = call("archive/read", {"sessionId": sid, "afterId": message_id - 1,
+                                     "limit": after + 1})
+        msgs = page["messages"]
+        if not msgs or msgs[0]["id"] != message_id:
+            raise ToolError(
+                f"message {message_id} is not in session {sid}; if the search hit named "
+                "another session, pass it as session_id")
+        if before:
+            older = call("archive/read", {"sessionId": sid, "beforeId": message_id,
+                                          "limit": before})["messages"]
+            msgs = older + msgs
+        body = "\n\n".join(render_message(m, max_chars) for m in msgs)
+        return (f"Session {sid}, messages {msgs[0]['id']}..{msgs[-1]['id']} "
+                f"(asked for {message_id}):\n\n{body}")
+
+    @server.tool(description=(
+        "Show which ctxd session you are attached to and the state of its context: "
+        "messages and tokens in the active context, messages in the archive, how often "
+        "it was compacted, pins. Use it to know whether older history was summarized "
+        "away (then search_past_messages can bring details back)."))
+    def context_status() -> str:
+        sid = session()
+        st = call("context/status", {"sessionId": sid})
+        got = call("session/get", {"sessionId": sid})["session"]
+        pins = call("context/pins/list", {"sessionId": sid})["pins"]
+        return json.dumps({"sessionId": sid, "title": got.get("title"),
+                           "chosen": choice.how or "given with --session",
+                           "cwd": (got.get("metadata") or {}).get("cwd"),
+                           "pins": len(pins), **st}, ensure_ascii=False)
+
+    @server.tool(description=(
+        "Pin a short fact that must survive every compaction of this session's context: "
+        "a rule the user set, a constraint, a decision that must not be revisited "
+        "('never touch the production database'). Pinned text stays in the context "
+        "verbatim; do not pin things that are merely interesting."))
+    def pin_invariant(
+        text: Annotated[str, Field(min_length=1, max_length=4000,
+                                   description="The fact, in one or two sentences.")],
+    ) -> str:
+        sid = session()
+        pin = call("context/pins/add", {"sessionId": sid, "text": text})["pin"]
+        return f"Pinned as {pin['pinId']} in session {sid}."
+
+    return server
+
+
+# streamable HTTP
+
+
+def bearer_guard(app: Any, token: str) -> Any:
+    """ASGI wrapper: every HTTP request must carry `Authorization: Bearer <token>`."""
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            got = dict(scope.get("headers") or ()).get(b"authorization", b"")
+            if not hmac.compare_digest(got, expected):
+                body = b'{"error": "unauthorized: send Authorization: Bearer <token>"}'
+                await send({"type": "http.response.start", "status": 401, "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"www-authenticate", b'Bearer realm="ctxd"'),
+                    (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await app(scope, receive, send)
+
+    return guarded
+
+
+def serve_http(server: Any, host: str, port: int, token: str,
+               announce: Callable[[str], None]) -> None:
+    import anyio
+    import uvicorn
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    if host not in LOOPBACK:
+        raise ValueError(f"--host {host}: ctxd mcp serves HTTP on loopback only "
+                         f"({', '.join(LOOPBACK)})")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    bind = "127.0.0.1" if host == "localhost" else host
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((bind, port))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    hosts = [f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"]
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+        allowed_origins=[f"http://{h}" for h in hosts])
+    app = server.streamable_http_app(transport_security=security, host=bind)
+    url = f"http://{'[::1]' if family == socket.AF_INET6 else bind}:{port}/mcp"
+    announce(url)
+    config = uvicorn.Config(bearer_guard(app, token), log_level="warning", lifespan="on")
+    anyio.run(lambda: uvicorn.Server(config).serve(sockets=[sock]))
+
+
+def run(args: Any, connect: Callable[[], Client], connection_file: Path) -> int:
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        print("ctxd: the MCP server needs the mcp extra: pip install 'ctxd[mcp]'",
+              file=sys.stderr)
+        return 2
+    link = DaemonLink(connect)
+    cwd = args.cwd or os.getcwd()
+    choice = SessionChoice(session_id=args.session, cwd=cwd)
+    try:
+        link.client()  # start the daemon now, not on the model's first call
+    except ConnectionError as exc:
+        print(f"ctxd: {exc}", file=sys.stderr)
+        return 1
+    server = build_server(link, choice)
+    try:
+        if not args.http:
+            server.run("stdio")
+            return 0
+        token = os.environ.get("CTXD_MCP_TOKEN") or ""
+        if not token and args.daemon_token:
+            token = json.loads(connection_file.read_text())["token"]
+        printed = not token
+        token = token or secrets.token_urlsafe(32)
+
+        def announce(url: str) -> None:
+            info = {"url": url, **({"token": token} if printed else {})}
+            print(f"ctxd mcp: {json.dumps(info)}", file=sys.stderr, flush=True)
+
+        serve_http(server, args.host, args.port, token, announce)
+        return 0
+    except ValueError as exc:
+        print(f"ctxd: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        link.close()
+
+
+def register(sub: Any, common: Callable[[Any], None], connect: Callable[[Any], Client],
+             connection_file: Callable[[Any], Path]) -> None:
+    p = sub.add_parser("mcp", help="serve the archive to Claude Code, Codex or any MCP "
+                       "client (stdio; --http for streamable HTTP on loopback)")
+    common(p)
+    p.add_argument("--session", help="the session the tools work on (default: the one "
+                   "imported from this directory, else the most recent)")
+    p.add_argument("--cwd", help="directory to map to a session (default: the current one)")
+    p.add_argument("--http", action="store_true",
+                   help="streamable HTTP instead of stdio, with a bearer token")
+    p.add_argument("--host", default="127.0.0.1", help="loopback address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    p.add_argument("--daemon-token", action="store_true",
+                   help="use the daemon's token from its connection file as the bearer "
+                   "token (else CTXD_MCP_TOKEN, else a random one printed once)")
+    p.set_defaults(func=lambda a: run(a, lambda: connect(a), connection_file(a)))
