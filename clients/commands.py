@@ -577,15 +577,18 @@ def cmd_search(ctx: Context) -> int:
         extra["advanced"] = True
     if args.newest:
         extra["newestFirst"] = True
-    hits = ctx.client.search(args.query, session_id=args.session, role=args.role,
-                             limit=args.limit, **extra)["hits"]
+    found = ctx.client.search(args.query, session_id=args.session, role=args.role,
+                              limit=args.limit, **extra)
+    hits, matched = found["hits"], found.get("matched", "all")
     out = ctx.out
     if out.json_mode:
-        out.document({"hits": hits})
+        out.document({"hits": hits, "matched": matched})
         return EXIT_OK
     if not hits:
         out.line("no matches")
         return EXIT_OK
+    if matched == "any":
+        out.line("no message has all the words; these have some of them (best first):")
     for hit in hits:
         where = "in context" if hit.get("inActiveContext") else "archive only"
         out.line(f"#{hit['messageId']}  {hit['sessionId']}  {hit.get('role', '?')}  "

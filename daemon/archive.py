@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import apsw
 
-from ctxd.protocol.errors import InvalidParams
+from ctxd.protocol.errors import InvalidParams, SearchTooBroad
 
 from . import fts
 from .messages import message_text
@@ -29,6 +30,31 @@ def strict_json(value: Any, what: str) -> str:
     except (ValueError, TypeError, RecursionError) as exc:
         raise InvalidParams(f"{what} is not storable as JSON: {exc}", {"param": what}) from None
     return text
+
+
+# SQLite virtual-machine steps between two looks at the clock: about a millisecond of work
+PROGRESS_STEPS = 10_000
+
+
+@contextmanager
+def _budget(conn: apsw.Connection, seconds: float | None) -> Iterator[None]:
+    """Interrupt the statements run inside when `seconds` have passed."""
+    if not seconds:
+        yield
+        return
+    deadline = time.monotonic() + seconds
+    conn.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_STEPS)
+    try:
+        yield
+    except apsw.InterruptError:
+        raise SearchTooBroad(
+            f"the search was stopped after its time budget of {seconds:g} s: the query is "
+            "too broad for this archive; use fewer, more specific words, or narrow it "
+            "with a session, a role or a time range",
+            {"budgetSeconds": seconds},
+        ) from None
+    finally:
+        conn.set_progress_handler(None)
 
 
 def _row_to_message(row: Sequence[Any]) -> dict[str, Any]:
@@ -294,23 +320,32 @@ class ArchiveStore:
         offset: int = 0,
         newest_first: bool = False,
         advanced: bool = False,
-    ) -> list[dict[str, Any]]:
+        budget_seconds: float | None = None,
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Hits and how they matched: "all" (every word, or the advanced query as
+        written) or "any" (no message has every word: ranked hits with some of them).
+
+        With `budget_seconds`, SQLite's progress handler stops the search when the budget
+        runs out and `SearchTooBroad` is raised."""
         if advanced:
             match = fts.advanced_query(query)
         else:
             match = fts.plain_query(query)
             if match is None:
-                return []
-        hits = self._search(
-            match, session_id, role, since, until, limit, offset, newest_first, advanced
-        )
-        if not hits and not advanced and offset == 0 and len(query.split()) > 1:
+                return [], "all"
+        args = (session_id, role, since, until, limit, offset, newest_first, advanced)
+        with _budget(self.conn, budget_seconds):
+            hits = self._search(match, *args)
+            if hits or advanced or len(query.split()) < 2:
+                return hits, "all"
+            # the fallback pages on its own: page 2 of "any" must not come back empty
+            # because page 2 of "all" is
+            if offset and self._search(match, *args[:4], 1, 0, newest_first, advanced):
+                return hits, "all"
             loose = fts.any_terms_query(query)
-            if loose:
-                hits = self._search(
-                    loose, session_id, role, since, until, limit, 0, newest_first, advanced
-                )
-        return hits
+            if not loose:
+                return hits, "all"
+            return self._search(loose, *args), "any"
 
     def _search(
         self,

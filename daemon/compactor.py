@@ -59,6 +59,10 @@ class Compactor:
         self.engine = engine
         self.policy = engine.policy
         self.running: set[str] = set()
+        # set while no compaction of the session runs: what a waiting one waits for
+        self._idle: dict[str, asyncio.Event] = {}
+        # manual compactions waiting per session: auto-compaction yields to them
+        self._waiting: dict[str, int] = {}
         # an auto-compaction that did not shrink the context waits for this many messages
         self._auto_retry_at: dict[str, int] = {}
         self.auto_failures: dict[str, int] = {}
@@ -77,7 +81,7 @@ class Compactor:
     def auto_due(self, session_id: str) -> bool:
         e = self.engine
         st = e.context_state(session_id)
-        if session_id in self.running or not self.over_limits(st):
+        if session_id in self.running or self._waiting.get(session_id) or not self.over_limits(st):
             return False
         if self.auto_paused(session_id):
             return False
@@ -99,7 +103,15 @@ class Compactor:
     ) -> dict[str, Any]:
         e = self.engine
         e.require_session(session_id)
+        cid = e.new_id("cmp")
+        begun = False
+        if session_id in self.running and trigger != "auto":
+            # a manual compaction or rebuild asked for while another one runs (often an
+            # automatic one) waits for it, then runs on what it left
+            begun = await self._wait_for_running(session_id, cid, trigger)
         if e.runs.pending_count(session_id):
+            if begun:
+                self._progress(session_id, cid, {"kind": "end", "message": "not started"})
             raise ApprovalPending(
                 "a tool call awaits approval in this session; compaction waits until "
                 "approval/resolve decides it"
@@ -109,14 +121,18 @@ class Compactor:
                 "a compaction of this session is running; wait for context/didCompact"
             )
         self.running.add(session_id)
+        self._idle.setdefault(session_id, asyncio.Event()).clear()
         try:
-            result = await self._attempt(session_id, force, instructions, trigger, dry_run)
+            result = await self._attempt(
+                session_id, force, instructions, trigger, dry_run, cid, begun
+            )
         except CtxdError:
             if trigger == "auto":
                 self.auto_failures[session_id] = self.auto_failures.get(session_id, 0) + 1
             raise
         finally:
             self.running.discard(session_id)
+            self._idle[session_id].set()
         if not dry_run:
             if result.get("compactionId"):
                 self.auto_failures.pop(session_id, None)
@@ -128,6 +144,51 @@ class Compactor:
             )
         return result
 
+    async def _wait_for_running(self, session_id: str, cid: str, trigger: str) -> bool:
+        """Wait, at most `wait_seconds`, until no compaction of the session runs; reports
+        the wait as progress under `cid`. Returns True (progress has begun)."""
+        title = "Rebuilding context" if trigger == "rebuild" else "Compacting context"
+        self._progress(
+            session_id,
+            cid,
+            {
+                "kind": "begin",
+                "title": title,
+                "message": "waiting for the compaction already running",
+                "percentage": 0,
+            },
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.policy.wait_seconds
+        self._waiting[session_id] = self._waiting.get(session_id, 0) + 1
+        try:
+            # several waiters may wake together: whoever starts first runs, the others
+            # wait on
+            while session_id in self.running:
+                left = deadline - loop.time()
+                try:
+                    if left <= 0:
+                        raise TimeoutError
+                    await asyncio.wait_for(self._idle[session_id].wait(), left)
+                except TimeoutError:
+                    self._progress(session_id, cid, {"kind": "end", "message": "timed out"})
+                    raise CompactionInProgress(
+                        f"a compaction of this session was still running after "
+                        f"{self.policy.wait_seconds:g} s of waiting; wait for "
+                        "context/didCompact and try again",
+                        {"waitedSeconds": self.policy.wait_seconds},
+                    ) from None
+        finally:
+            self._waiting[session_id] -= 1
+            if not self._waiting[session_id]:
+                del self._waiting[session_id]
+        self._progress(
+            session_id,
+            cid,
+            {"kind": "report", "message": "the running compaction finished", "percentage": 0},
+        )
+        return True
+
     # one attempt
 
     async def _attempt(
@@ -137,14 +198,16 @@ class Compactor:
         instructions: str | None,
         trigger: str,
         dry_run: bool,
+        cid: str,
+        begun: bool = False,
     ) -> dict[str, Any]:
         e = self.engine
         started = time.time()
-        cid = e.new_id("cmp")
         st = e.context_state(session_id)
         before = {"messages": st.rendered_messages, "tokens": st.rendered_tokens}
         title = "Rebuilding context" if trigger == "rebuild" else "Compacting context"
-        self._progress(session_id, cid, {"kind": "begin", "title": title, "percentage": 0})
+        if not begun:
+            self._progress(session_id, cid, {"kind": "begin", "title": title, "percentage": 0})
         # The drift bound is for summarizers whose errors compound (models); the built-in
         # one is extractive and deterministic, so re-deriving would only cost time.
         drifts = getattr(e.summarizer, "drifts", True)

@@ -25,6 +25,9 @@ class CompactionPolicy:
     # drift bound: after this many incremental compactions the next one re-derives the
     # summary from the archive (0 turns it off)
     rederive_after: int = 8
+    # a manual compaction or rebuild asked for while another runs waits this long for
+    # it, then fails with COMPACTION_IN_PROGRESS
+    wait_seconds: float = 300.0
 
 
 @dataclass
@@ -58,6 +61,9 @@ class Config:
     max_connections: int = 256
     # a connection that has not proven the token by then is closed
     auth_timeout_seconds: float = 5.0
+    # a search running longer is stopped with SEARCH_TOO_BROAD (it runs beside the event
+    # loop, so other clients are served meanwhile)
+    search_budget_seconds: float = 2.0
     # "normal": survives a process crash; "full": also survives power loss (fsync per commit)
     durability: str = "normal"
     summarizer: str = "builtin"  # "builtin" or "openai"

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ctxd import __version__
-from ctxd.protocol.errors import RunActive, Unauthorized
+from ctxd.protocol.errors import RunActive, SearchTooBroad, Unauthorized
 from ctxd.protocol.methods import NOTIFICATIONS, PROTOCOL_VERSION, SERVER_NAME, validate_params
 
-from . import context_edit, recall
+from . import context_edit, projection, recall
 from .engine import Engine
 from .scheduler import AutoCompactor
 from .servers.base import Connection, EventHub
@@ -63,9 +63,7 @@ class Dispatcher:
                 p["sessionId"], p["afterId"], p["limit"], p["beforeId"]
             ),
             "archive/search": self.search,
-            "context/get": lambda c, p: engine.get_context(
-                p["sessionId"], p["budgetTokens"], p["query"], bool(p["includeMetadata"])
-            ),
+            "context/get": self.context_get,
             "context/clear": lambda c, p: context_edit.clear(engine, p["sessionId"]),
             "context/pop": lambda c, p: context_edit.pop(engine, p["sessionId"], p["count"]),
             "context/status": lambda c, p: engine.status(p["sessionId"]),
@@ -80,14 +78,12 @@ class Dispatcher:
             "run/start": self.run_start,
             "run/finish": self.run_finish,
             "approval/request": self.approval_request,
-            "approval/resolve": lambda c, p: engine.resolve_approval(
-                p["approvalId"], p["decision"], p["reason"]
-            ),
+            "approval/resolve": self.approval_resolve,
             "approval/list": lambda c, p: {
                 "approvals": engine.list_approvals(p["sessionId"], p["status"])
             },
             "tools/list": lambda c, p: {"tools": [recall.SEARCH_TOOL_SCHEMA]},
-            "tools/call": lambda c, p: recall.call_tool(
+            "tools/call": lambda c, p: recall.call_tool_async(
                 engine, p["sessionId"], p["name"], p["arguments"]
             ),
         }
@@ -182,8 +178,8 @@ class Dispatcher:
             self.scheduler.maybe_schedule(sid)
         return result
 
-    def search(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
-        hits = self.engine.search(
+    async def search(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+        return await self.engine.search_async(
             p["query"],
             session_id=p["sessionId"],
             role=p["role"],
@@ -194,7 +190,23 @@ class Dispatcher:
             since=p["since"],
             until=p["until"],
         )
-        return {"hits": hits}
+
+    async def context_get(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+        sid, query = p["sessionId"], p["query"]
+        hits = None
+        if query:
+            try:
+                found = await self.engine.search_async(
+                    projection.recall_query(query),
+                    session_id=sid,
+                    limit=projection.RECALL_HITS * 3,
+                )
+                hits = found["hits"]
+            except SearchTooBroad:
+                hits = []  # no recall message rather than no context
+        return self.engine.get_context(
+            sid, p["budgetTokens"], query, bool(p["includeMetadata"]), recall_hits=hits
+        )
 
     async def compact(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
         return await self.engine.compact(
@@ -235,6 +247,13 @@ class Dispatcher:
                 result["run"]["sessionId"]
             )
         return result
+
+    def approval_resolve(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+        approval = self.engine.resolve_approval(p["approvalId"], p["decision"], p["reason"])
+        # a run that finished while this approval was pending scheduled nothing: with the
+        # last approval resolved and no run open, the held-back compaction is due now
+        self.scheduler.maybe_schedule(approval["sessionId"])
+        return approval
 
     def approval_request(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
         approval = self.engine.request_approval(

@@ -38,6 +38,7 @@ from .messages import normalize_message
 from .projection import project
 from .runs import RUN_OUTCOMES, RunStore
 from .schema import open_database, transaction
+from .search import Searcher
 from .summarizers import make_summarizer
 from .summary import Summarizer, Summary
 from .tokens import TokenCounter
@@ -63,6 +64,7 @@ class Engine:
         self.config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.conn = open_database(self.config.db_path, durability=self.config.durability)
         self.archive = ArchiveStore(self.conn)
+        self.searcher = Searcher(self.config.db_path, self.config.search_budget_seconds)
         self.runs = RunStore(self.conn)
         self.tokens = TokenCounter(self.config.encoding)
         self.summarizer: Summarizer = summarizer or make_summarizer(self.config)
@@ -80,6 +82,7 @@ class Engine:
         self._contexts[st.session_id] = st
 
     def close(self) -> None:
+        self.searcher.close()
         self.conn.close()
 
     # events
@@ -414,13 +417,16 @@ class Engine:
         budget_tokens: int | None = None,
         query: str | None = None,
         include_metadata: bool = False,
+        recall_hits: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
+        """`recall_hits`: the search for `query`, when the caller already ran it (the
+        daemon does, beside its event loop)."""
         if budget_tokens is None and not query:
             messages, ids = self.render_with_ids(session_id, self.context_state(session_id))
             result = {"messages": messages, "messageIds": ids}
         else:
             # a step projection: the stored context is never changed by it
-            result = project(self, session_id, budget_tokens, query)
+            result = project(self, session_id, budget_tokens, query, recall_hits)
         if include_metadata:
             self._attach_metadata(result["messages"], result["messageIds"])
         return {**result, "status": self.status(session_id)}
@@ -437,9 +443,30 @@ class Engine:
     def search(
         self, query: str, *, session_id: str | None = None, **kw: Any
     ) -> list[dict[str, Any]]:
+        """The hits of `search_result`, for library users."""
+        return self.search_result(query, session_id=session_id, **kw)["hits"]
+
+    def search_result(
+        self, query: str, *, session_id: str | None = None, **kw: Any
+    ) -> dict[str, Any]:
+        """`{hits, matched}` on this thread's connection, within the search budget."""
         if session_id is not None:
             self.require_session(session_id)
-        hits = self.archive.search(query, session_id=session_id, **kw)
+        hits, matched = self.archive.search(
+            query, session_id=session_id, budget_seconds=self.config.search_budget_seconds, **kw
+        )
+        return {"hits": self._annotate(hits), "matched": matched}
+
+    async def search_async(
+        self, query: str, *, session_id: str | None = None, **kw: Any
+    ) -> dict[str, Any]:
+        """`search_result` run beside the event loop, so other requests go on meanwhile."""
+        if session_id is not None:
+            self.require_session(session_id)
+        hits, matched = await self.searcher.search(query, session_id=session_id, **kw)
+        return {"hits": self._annotate(hits), "matched": matched}
+
+    def _annotate(self, hits: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for hit in hits:
             st = self.context_state(hit["sessionId"])
             hit["inActiveContext"] = st.in_active_context(hit["messageId"])

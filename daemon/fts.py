@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from ctxd.protocol.errors import InvalidParams
+from ctxd.protocol.methods import QUERY_TERMS_MAX
 
 # a position right after a CJK character; a lookbehind with a plain replacement avoids
 # Python's per-match template expansion (indexing runs 1.6x faster than with a group)
@@ -23,6 +24,12 @@ _AFTER_CJK = re.compile(
 )
 SEP = "\u200b"
 _WORDY = re.compile(r"\w")
+_TOKEN = re.compile(r"\w+")
+
+# Each term of a query costs a walk of its posting list (and in the any-word fallback a
+# rank computed over the union of them): a 5,000-word query kept SQLite busy for minutes.
+# Real queries, a pasted sentence included, stay far below this.
+MAX_QUERY_TERMS = QUERY_TERMS_MAX
 
 
 def index_text(text: str) -> str:
@@ -35,6 +42,34 @@ def clean_snippet(snippet: str) -> str:
     return snippet.replace(SEP, "")
 
 
+def term_count(text: str) -> int:
+    """How many index tokens a query names (each CJK character is one)."""
+    return len(_TOKEN.findall(index_text(text)))
+
+
+def check_terms(text: str) -> None:
+    """Refuse a query with more terms than any search is allowed to weigh."""
+    n = term_count(text)
+    if n > MAX_QUERY_TERMS:
+        raise InvalidParams(
+            f"the search query has {n} terms; at most {MAX_QUERY_TERMS} are allowed (each "
+            "Chinese or Japanese character counts as one): search for fewer, more specific "
+            "words",
+            {"param": "query", "terms": n, "limit": MAX_QUERY_TERMS},
+        )
+
+
+def cap_terms(text: str) -> str:
+    """The query cut after its first MAX_QUERY_TERMS terms (for best-effort recall)."""
+    indexed = index_text(text)
+    for i, m in enumerate(_TOKEN.finditer(indexed)):
+        if i + 1 == MAX_QUERY_TERMS:
+            # index_text only added separators (and blanked NULs): dropping them again
+            # gives the original text up to that term
+            return indexed[: m.end()].replace(SEP, "")
+    return text
+
+
 def plain_query(text: str) -> str | None:
     """Turn user text into an FTS5 query that cannot be read as syntax.
 
@@ -42,6 +77,7 @@ def plain_query(text: str) -> str | None:
     `-`, `:`, `NEAR`, `AND` and parentheses are plain text. Chunks are ANDed.
     Returns None when nothing searchable remains.
     """
+    check_terms(text)
     terms = [
         '"' + index_text(chunk).replace('"', '""') + '"'
         for chunk in text.split()
@@ -60,4 +96,5 @@ def advanced_query(text: str) -> str:
     """FTS5 syntax passed through, CJK split the same way as the index."""
     if not text.strip():
         raise InvalidParams("the search query is empty")
+    check_terms(text)
     return index_text(text)

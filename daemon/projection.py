@@ -1,18 +1,25 @@
 """Step projection: the model input for one step, fitted to a token budget.
 
-The stored active context is never changed by a projection. Pins and the summary come
-first, then the longest tail suffix that fits without splitting a tool call from its
-result; with a query, one clearly marked message recalls the most relevant archived
-messages that are no longer in the active context.
+The stored active context is never changed by a projection. The leading system
+messages and pins come first and always; then the summary, giving up its least important
+items when it does not fit the budget; then the longest tail suffix that fits without
+splitting a tool call from its result; with a query, one clearly marked message recalls
+the most relevant archived messages that are no longer in the active context.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from ctxd.protocol.errors import SearchTooBroad
+
+from . import fts
 from .compaction import render_summary_message, valid_boundaries
 from .compactor import strip_archive_fields
 from .messages import message_text
+from .summary import Summary
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -28,18 +35,25 @@ RECALL_CHARS = 600
 
 
 def project(
-    engine: Engine, session_id: str, budget_tokens: int | None, query: str | None
+    engine: Engine,
+    session_id: str,
+    budget_tokens: int | None,
+    query: str | None,
+    recall_hits: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     st = engine.context_state(session_id)
     count = engine.tokens.count_message
     head = engine.system_messages(st)
     ids: list[int | None] = list(st.system_ids[: len(head)])
-    summary_text = render_summary_message(engine.pin_texts(session_id), st.summary)
+    used = sum(count(m) for m in head)
+    budget = budget_tokens if budget_tokens is not None else 1 << 62
+    pins = engine.pin_texts(session_id)
+    summary, dropped = _fit_summary(pins, st.summary, budget - used, count)
+    summary_text = render_summary_message(pins, summary)
     if summary_text:
         head.append({"role": "system", "content": summary_text})
         ids.append(None)
-    used = sum(count(m) for m in head)
-    budget = budget_tokens if budget_tokens is not None else 1 << 62
+        used += count(head[-1])
 
     recall_msg: dict[str, Any] | None = None
     recalled: list[int] = []
@@ -47,7 +61,9 @@ def project(
         allowance = max(0, budget - used)
         if budget_tokens is not None:
             allowance = int(allowance * RECALL_SHARE)
-        recall_msg, recalled = _recall(engine, session_id, query, allowance)
+        if recall_hits is None:
+            recall_hits = recall_search(engine, session_id, query)
+        recall_msg, recalled = _recall(engine, recall_hits, allowance)
         if recall_msg is not None:
             used += count(recall_msg)
 
@@ -70,10 +86,60 @@ def project(
         "messageIds": ids + ([None] if recall_msg else []) + [m["id"] for m in kept],
         "estimatedTokens": used,
         "budgetTokens": budget_tokens,
+        # only when the system messages and pins alone exceed the budget: the summary
+        # gives up items and the tail messages until the rest fits
         "overBudget": budget_tokens is not None and used > budget_tokens,
         "truncated": truncated,
         "recalledIds": recalled,
+        "droppedSummaryItems": dropped,
     }
+
+
+# Which summary items a tight budget gives up first: least important sections first
+# (what tools did and which files were touched can be recalled from the archive; goals
+# and the user's constraints are what the agent must not lose).
+_DROP_ORDER = ("tool_activity", "files", "errors", "decisions", "open_items", "goals",
+               "constraints")
+
+
+def _fit_summary(
+    pins: list[str], summary: Summary, room: int, count: Callable[[dict[str, Any]], int]
+) -> tuple[Summary, int]:
+    """The summary with as few items dropped as needed for its message (pins included,
+    never dropped) to fit `room` tokens; and how many were dropped."""
+
+    def size(s: Summary) -> int:
+        text = render_summary_message(pins, s)
+        return count({"role": "system", "content": text}) if text else 0
+
+    if size(summary) <= room:
+        return summary, 0
+    rank = {name: i for i, name in enumerate(_DROP_ORDER)}
+    # superseded items first, then by section, then the oldest (by newest source)
+    order = sorted(
+        ((name, i, item) for name, items in summary.sections.items()
+         for i, item in enumerate(items)),
+        key=lambda e: (
+            e[2].status == "current",
+            rank.get(e[0], len(rank)),
+            max(e[2].sources, default=0),
+            e[1],
+        ),
+    )
+    gone: set[tuple[str, int]] = set()
+    kept = summary
+    for name, i, _ in order:
+        gone.add((name, i))
+        kept = replace(
+            summary,
+            sections={
+                sec: [it for j, it in enumerate(items) if (sec, j) not in gone]
+                for sec, items in summary.sections.items()
+            },
+        )
+        if size(kept) <= room:
+            break
+    return kept, len(gone)
 
 
 def _longest_fitting_suffix(tail: list[dict[str, Any]], room: int) -> int:
@@ -89,14 +155,22 @@ def _longest_fitting_suffix(tail: list[dict[str, Any]], room: int) -> int:
     return len(tail)  # nothing fits whole: an empty tail rather than a broken pair
 
 
+def recall_query(query: str) -> str:
+    """Recall is best effort: a long query (a whole user message) uses its first terms."""
+    return fts.cap_terms(query)
+
+
+def recall_search(engine: Engine, session_id: str, query: str) -> list[dict[str, Any]]:
+    try:
+        return engine.search(recall_query(query), session_id=session_id, limit=RECALL_HITS * 3)
+    except SearchTooBroad:
+        return []  # no recall message rather than no context
+
+
 def _recall(
-    engine: Engine, session_id: str, query: str, allowance: int
+    engine: Engine, hits: list[dict[str, Any]], allowance: int
 ) -> tuple[dict[str, Any] | None, list[int]]:
-    hits = [
-        h
-        for h in engine.search(query, session_id=session_id, limit=RECALL_HITS * 3)
-        if not h["inActiveContext"]
-    ][:RECALL_HITS]
+    hits = [h for h in hits if not h["inActiveContext"]][:RECALL_HITS]
     if not hits:
         return None, []
     found = engine.archive.get_many([h["messageId"] for h in hits])

@@ -9,8 +9,10 @@ import time
 from typing import Any
 
 from ctxd.protocol.errors import InvalidParams, NotFound
+from ctxd.protocol.methods import QUERY_MAX
 
 from .engine import Engine
+from .fts import MAX_QUERY_TERMS, check_terms
 from .messages import content_text
 
 SEARCH_TOOL_NAME = "search_past_messages"
@@ -28,7 +30,15 @@ SEARCH_TOOL_SCHEMA: dict[str, Any] = {
         "parameters": {
             "type": "object",
             "properties": {
-                "query": {"type": "string", "description": "Words or a phrase to find."},
+                "query": {
+                    "type": "string",
+                    "maxLength": QUERY_MAX,
+                    "description": (
+                        f"Words or a phrase to find (at most {MAX_QUERY_TERMS} words). "
+                        "Messages with all the words come first; when none has them all, "
+                        "messages with some of them are returned and the result says so."
+                    ),
+                },
                 "scope": {
                     "type": "string",
                     "enum": ["session", "all"],
@@ -65,6 +75,11 @@ def _arguments(raw: Any) -> dict[str, Any]:
     query = raw.get("query")
     if not isinstance(query, str) or not query.strip():
         raise InvalidParams(f"{SEARCH_TOOL_NAME} needs a non-empty 'query' string")
+    if len(query) > QUERY_MAX:
+        raise InvalidParams(
+            f"{SEARCH_TOOL_NAME}: 'query' has {len(query)} characters; at most {QUERY_MAX}",
+            {"param": "query"},
+        )
     scope = raw.get("scope", "session")
     if scope not in ("session", "all"):
         raise InvalidParams("scope must be 'session' or 'all'")
@@ -77,22 +92,49 @@ def _arguments(raw: Any) -> dict[str, Any]:
     return {"query": query, "scope": scope, "limit": limit, "role": role}
 
 
-def call_tool(engine: Engine, session_id: str, name: str, arguments: Any) -> dict[str, Any]:
+def _tool_search(name: str, session_id: str, arguments: Any) -> dict[str, Any]:
+    """The tool's arguments as search keywords (its query held to the term cap)."""
     if name != SEARCH_TOOL_NAME:
         raise NotFound(f"no tool {name!r}; tools/list names the tools ctxd serves")
     args = _arguments(arguments)
-    hits = engine.search(
-        args["query"],
-        session_id=session_id if args["scope"] == "session" else None,
-        role=args["role"],
-        limit=args["limit"],
-    )
+    check_terms(args["query"])
+    return {
+        "query": args["query"],
+        "session_id": session_id if args["scope"] == "session" else None,
+        "role": args["role"],
+        "limit": args["limit"],
+    }
+
+
+def call_tool(engine: Engine, session_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    """For library users: the search runs on the caller's thread."""
+    kw = _tool_search(name, session_id, arguments)
+    return _tool_result(engine.search_result(**kw), kw["query"], session_id)
+
+
+async def call_tool_async(
+    engine: Engine, session_id: str, name: str, arguments: Any
+) -> dict[str, Any]:
+    """The daemon's path: the search runs beside the event loop."""
+    engine.require_session(session_id)
+    kw = _tool_search(name, session_id, arguments)
+    return _tool_result(await engine.search_async(**kw), kw["query"], session_id)
+
+
+def _tool_result(found: dict[str, Any], query: str, session_id: str) -> dict[str, Any]:
+    hits = found["hits"]
     # What already left the context is what the agent cannot see: list it first.
     hits.sort(key=lambda h: h["inActiveContext"])
     if not hits:
-        text = f'No earlier messages match "{args["query"]}".'
+        text = f'No earlier messages match "{query}".'
+    elif found["matched"] == "any":
+        lines = [
+            f'No message has all the words of "{query}"; {len(hits)} message(s) have '
+            "some of them (best first):"
+        ]
     else:
-        lines = [f'{len(hits)} message(s) match "{args["query"]}":']
+        lines = [f'{len(hits)} message(s) match "{query}":']
+    if hits:
         for h in hits:
             when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(h["createdAt"]))
             where = "" if h["sessionId"] == session_id else f" · session {h['sessionId']}"
@@ -100,7 +142,7 @@ def call_tool(engine: Engine, session_id: str, name: str, arguments: Any) -> dic
             snippet = " ".join(h["snippet"].split())[:_SNIPPET_CHARS]
             lines.append(f"[msg {h['messageId']} · {h['role']} · {when}{where}{seen}] {snippet}")
         text = "\n".join(lines)
-    return {"content": text, "data": {"hits": hits}}
+    return {"content": text, "data": {"hits": hits, "matched": found["matched"]}}
 
 
 def explain(engine: Engine, session_id: str) -> dict[str, Any]:

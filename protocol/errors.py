@@ -27,6 +27,7 @@ class ErrorCode(IntEnum):
     NOT_FOUND = -32017
     CONFLICT = -32018
     STORAGE_ERROR = -32019
+    SEARCH_TOO_BROAD = -32020
 
 
 class CtxdError(Exception):
@@ -113,6 +114,12 @@ class StorageError(CtxdError):
     """The database cannot be written (disk full, read-only, I/O error); nothing was."""
 
     code = ErrorCode.STORAGE_ERROR
+
+
+class SearchTooBroad(CtxdError):
+    """A search ran out of its time budget and was stopped; nothing else was affected."""
+
+    code = ErrorCode.SEARCH_TOO_BROAD
 
 
 _BY_CODE: dict[int, type[CtxdError]] = {cls.code: cls for cls in CtxdError.__subclasses__()}

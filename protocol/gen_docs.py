@@ -109,6 +109,9 @@ _CONVENTIONS = """\
 
 - JSON keys are camelCase. Timestamps are unix seconds (numbers).
 - An optional parameter sent as `null` counts as absent and gets its default.
+- `params` left out, sent as `null` or as an empty array `[]` (what Lua's empty table
+  and some clients send) means no parameters; a non-empty array is refused: parameters
+  are named.
 - Unknown parameter names are refused with `INVALID_PARAMS`, so a misspelt name never
   passes silently.
 - `integer` parameters refuse booleans; an integral float such as `5.0` is accepted.

@@ -5,7 +5,8 @@ the daemon validates each request against it with `validate_params`, and
 `python -m ctxd.protocol.gen_docs` renders it to `docs/protocol.md`. Changing a name
 here changes the contract other clients are written against.
 
-JSON keys are camelCase. An optional parameter sent as `null` counts as absent.
+JSON keys are camelCase. An optional parameter sent as `null` counts as absent; `params`
+sent as `null`, left out or sent as an empty array `[]` means no parameters.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ CURSOR_MAX = 1024
 NAME_MAX = 200
 TITLE_MAX = 1000
 QUERY_MAX = 4 * 1024
+# terms one search weighs (daemon/fts.py enforces it; kept here as part of the contract)
+QUERY_TERMS_MAX = 64
 INSTRUCTIONS_MAX = 16 * 1024
 REASON_MAX = 4 * 1024
 TEXT_MAX = 64 * 1024
@@ -157,7 +160,10 @@ ERROR_DOCS: dict[ErrorCode, tuple[str, str]] = {
         "Wait for `run/didFinish`, or finish the run with `run/finish`, then retry.",
     ),
     ErrorCode.COMPACTION_IN_PROGRESS: (
-        "Another compaction or rebuild of the session is running.",
+        "Another compaction or rebuild of the session is running. `context/compact` and "
+        "`context/rebuild` first wait for it (up to `compaction.wait_seconds`, 300 s by "
+        "default, reported with `$/progress`); this error comes only when that wait times "
+        "out, or when the context was replaced while the compaction ran.",
         "Wait for `context/didCompact` (or `$/progress` with kind `end`), then retry.",
     ),
     ErrorCode.INVALID_MESSAGE: (
@@ -187,6 +193,13 @@ ERROR_DOCS: dict[ErrorCode, tuple[str, str]] = {
         "I/O error occurred. Nothing of the request was written; reads keep working.",
         "Free disk space or fix the file's permissions, then send the same request again "
         "(with the same `clientBatchId` for appends).",
+    ),
+    ErrorCode.SEARCH_TOO_BROAD: (
+        "A search ran longer than the daemon's time budget (`search_budget_seconds`, 2 s "
+        "by default) and was stopped. Other requests were served meanwhile. "
+        "`data.budgetSeconds` says the budget.",
+        "Use fewer, more specific words, or narrow it with `sessionId`, `role`, `since` or "
+        "`until`.",
     ),
 }
 
@@ -347,7 +360,15 @@ _METHOD_LIST: tuple[Method, ...] = (
     Method(
         "archive/search",
         (
-            Param("query", "string", True, "Words to find.", min=1, max=QUERY_MAX),
+            Param(
+                "query",
+                "string",
+                True,
+                f"Words to find: at most {QUERY_TERMS_MAX} terms (each Chinese or Japanese "
+                "character counts as one); more are refused with `INVALID_PARAMS`.",
+                min=1,
+                max=QUERY_MAX,
+            ),
             _session_id(required=False),
             Param(
                 "role",
@@ -371,9 +392,16 @@ _METHOD_LIST: tuple[Method, ...] = (
             Param("until", "number", False, "Only messages created at or before (unix seconds)."),
         ),
         "`hits`: each `messageId`, `sessionId`, `role`, `snippet`, `createdAt`, `score`, "
-        "`inActiveContext` (boolean).",
-        "Full-text search of the archive, across all sessions unless `sessionId` is given.",
-        (_E.SESSION_NOT_FOUND,),
+        '`inActiveContext` (boolean); `matched`: `"all"` when the hits have every word '
+        '(or match the advanced query), `"any"` when no message has every word and the '
+        "hits are the messages with some of them, best first.",
+        "Full-text search of the archive, across all sessions unless `sessionId` is given. "
+        "Plain words must all appear in a message (in any order; a quoted chunk is one "
+        "word); when no message has them all, the search falls back to messages with any "
+        'of them and says so with `matched: "any"`. A search that runs longer than the '
+        "daemon's budget is stopped with `SEARCH_TOO_BROAD`; other requests are served "
+        "while a search runs.",
+        (_E.SESSION_NOT_FOUND, _E.SEARCH_TOO_BROAD),
         False,
     ),
     Method(
@@ -392,9 +420,11 @@ _METHOD_LIST: tuple[Method, ...] = (
                 "budgetTokens",
                 "integer",
                 False,
-                "Fit the messages to this many tokens (a step projection): pins and summary, "
-                "then the longest tail suffix that fits without splitting a tool call from "
-                "its result.",
+                "Fit the messages to this many tokens (a step projection): the leading system "
+                "messages and pins always; the summary, giving up items when it does not fit "
+                "(superseded ones first, then tool activity, files, errors, decisions, open "
+                "items, goals and constraints last, oldest first within each); then the "
+                "longest tail suffix that fits without splitting a tool call from its result.",
                 min=1,
                 max=10_000_000,
             ),
@@ -403,7 +433,9 @@ _METHOD_LIST: tuple[Method, ...] = (
                 "string",
                 False,
                 "Add one marked system message recalling the archived messages most "
-                "relevant to this text that are no longer in the active context.",
+                "relevant to this text that are no longer in the active context (its first "
+                f"{QUERY_TERMS_MAX} terms are used; a recall search that runs out of the "
+                "search budget recalls nothing).",
                 min=1,
                 max=QUERY_MAX,
             ),
@@ -421,7 +453,9 @@ _METHOD_LIST: tuple[Method, ...] = (
         "archive id of each message, null for the pins/summary and recall messages), "
         "`status` (as from `context/status`). With `budgetTokens` or `query` also "
         "`estimatedTokens`, `budgetTokens`, `overBudget`, `truncated` (null, or "
-        "`{messages, tokens, fromId, toId}` of the tail left out) and `recalledIds`.",
+        "`{messages, tokens, fromId, toId}` of the tail left out), `recalledIds` and "
+        "`droppedSummaryItems` (summary items left out to fit the budget). `overBudget` is "
+        "true only when the system messages and pins alone exceed `budgetTokens`.",
         "The model context: what to send as the next request's messages. A projection "
         "never changes the stored context.",
         (_E.SESSION_NOT_FOUND,),
@@ -460,7 +494,9 @@ _METHOD_LIST: tuple[Method, ...] = (
         ),
         _COMPACT_RESULT,
         "Moves the oldest messages out of the active context into the summary. The archive "
-        "keeps them. Reports progress with `$/progress`.",
+        "keeps them. Reports progress with `$/progress`. When another compaction of the "
+        "session is running (an automatic one), waits for it first (progress message "
+        '"waiting for the compaction already running"), then runs.',
         (
             _E.SESSION_NOT_FOUND,
             _E.COMPACTION_IN_PROGRESS,
@@ -631,7 +667,9 @@ _METHOD_LIST: tuple[Method, ...] = (
         ),
         "The approval: `approvalId`, `sessionId`, `runId`, `toolCallId`, `toolName`, "
         "`arguments`, `status`, `reason`, `createdAt`, `resolvedAt`.",
-        "Approves or denies a pending tool call; clients see `approval/didResolve`.",
+        "Approves or denies a pending tool call; clients see `approval/didResolve`. When it "
+        "was the session's last pending approval and no run is open, a compaction held back "
+        "by the approval runs now if the context is over its limits.",
         (_E.NOT_FOUND, _E.CONFLICT),
         False,
     ),
@@ -668,9 +706,12 @@ _METHOD_LIST: tuple[Method, ...] = (
             Param("name", "string", True, "Tool name from `tools/list`.", min=1, max=NAME_MAX),
             Param("arguments", "object", True, "The tool's arguments, parsed from JSON."),
         ),
-        "`content` (text to give the model as the tool result), `data` (the same, structured).",
-        "Runs one of the tools of `tools/list` for the session's agent.",
-        (_E.SESSION_NOT_FOUND, _E.NOT_FOUND),
+        "`content` (text to give the model as the tool result), `data` (the same, "
+        "structured: for `search_past_messages`, `hits` and `matched` as from "
+        "`archive/search`).",
+        "Runs one of the tools of `tools/list` for the session's agent. "
+        "`search_past_messages` takes the same query limits as `archive/search`.",
+        (_E.SESSION_NOT_FOUND, _E.NOT_FOUND, _E.SEARCH_TOO_BROAD),
         True,
     ),
     Method(
@@ -923,7 +964,8 @@ def validate_params(method: str, params: Any) -> dict[str, Any]:
     if spec is None:
         raise _unknown_method(method)
     if type(params) is not dict:
-        if params is None:
+        if params is None or (isinstance(params, list | tuple) and not params):
+            # `[]` is how Lua's empty table and some clients spell "no params"
             params = {}
         elif isinstance(params, list | tuple):
             names = ", ".join(METHODS[method].param_names) or "none"
@@ -986,6 +1028,7 @@ __all__ = [
     "NOTIFICATIONS",
     "PROTOCOL_VERSION",
     "QUERY_MAX",
+    "QUERY_TERMS_MAX",
     "READ_LIMIT_MAX",
     "SERVER_NAME",
     "TEXT_MAX",

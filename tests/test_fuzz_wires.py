@@ -210,7 +210,8 @@ _INTS = st.integers(min_value=-(2**40), max_value=2**40)
 _FLOATS = st.floats(allow_nan=False, allow_infinity=False)
 # within 64 bits, so that the same values also go out as msgpack
 _SCALARS = st.none() | st.booleans() | _INTS | _FLOATS | _TEXT
-_LISTS = st.lists(_SCALARS, max_size=3)
+# an empty array means no params (Lua's empty table); only non-empty ones are refused
+_LISTS = st.lists(_SCALARS, min_size=1, max_size=3)
 _DICTS = st.dictionaries(st.text(max_size=5), _SCALARS, max_size=3)
 # values of a JSON type other than the declared one (null means absent, so never null)
 WRONG_TYPE: dict[str, st.SearchStrategy[Any]] = {
@@ -866,7 +867,7 @@ def zmq_cases(draw: st.DrawFn, token: str) -> tuple[Any, int]:
             lambda m: m not in METHODS)), params={})
         code = METHOD_NOT_FOUND
     elif kind == "array_params":
-        msg.update(method=method, params=draw(st.lists(MSGPACK_SCALARS, max_size=3)))
+        msg.update(method=method, params=draw(st.lists(MSGPACK_SCALARS, min_size=1, max_size=3)))
     elif kind == "wrong_type":
         method, p = draw(st.sampled_from(TYPED_PARAMS))
         wrong = WRONG_TYPE[p.type] | (st.binary(max_size=8) if p.type == "string" else st.nothing())

@@ -1,0 +1,182 @@
+"""Searches that cannot freeze the daemon, and plain searches that say how they matched.
+
+A large archive is built once with the engine in-process (tens of thousands of
+messages, each with 40 of 64 common words, none with the word `zebracorn`), then real
+daemon processes serve it: the heaviest query allowed (64 terms, one absent, so the
+ranked any-word fallback runs over every message) keeps SQLite busy long enough to
+show that other clients are answered meanwhile, and a short budget stops it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import DaemonProcess
+
+from ctxd.daemon.config import Config
+from ctxd.daemon.engine import Engine
+from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.protocol.methods import QUERY_TERMS_MAX
+
+MESSAGES = 50_000
+WORDS = [f"common{i}" for i in range(QUERY_TERMS_MAX)]
+BROAD = " ".join(WORDS[: QUERY_TERMS_MAX - 1]) + " zebracorn"
+
+
+@pytest.fixture(scope="module")
+def big_archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    root = tmp_path_factory.mktemp("bigsearch")
+    engine = Engine(Config(data_dir=root / "data"))
+    sid = engine.create_session(session_id="big")["sessionId"]
+    rnd = random.Random(9)
+    for start in range(0, MESSAGES, 5000):
+        engine.append(sid, [
+            {"role": "user", "content": " ".join(rnd.sample(WORDS, 40)) + f" orders {start + i}"}
+            for i in range(5000)])
+    engine.append(sid, [{"role": "user", "content": "zebracorn orders arrived"}])
+    engine.close()
+    yield root, sid
+
+
+def daemon_on(root: Path, name: str, **config: Any) -> DaemonProcess:
+    """A daemon on the big archive's data dir, with these config keys."""
+    path = root / f"{name}.toml"
+    path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in config.items()))
+    d = DaemonProcess(root, "--config", str(path))
+    return d.start()
+
+
+def test_other_clients_are_served_while_a_broad_search_runs(
+        big_archive: tuple[Path, str]) -> None:
+    root, sid = big_archive
+    daemon = daemon_on(root, "patient", search_budget_seconds=300.0)
+    try:
+        searcher = daemon.client("jsonrpc", timeout=300)
+        other = daemon.client("websocket", timeout=300)
+        done = threading.Event()
+        result: dict[str, Any] = {}
+
+        def search() -> None:
+            try:
+                result["reply"] = searcher.call("archive/search", {"query": BROAD, "limit": 5})
+            except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+                result["error"] = exc
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=search)
+        thread.start()
+        answered_meanwhile = 0
+        while not done.is_set():
+            other.call("context/status", {"sessionId": sid})
+            if not done.is_set():
+                answered_meanwhile += 1
+        thread.join()
+        assert "error" not in result, result.get("error")
+        # the search really was broad: no message has every word, so it fell back
+        assert result["reply"]["matched"] == "any"
+        assert len(result["reply"]["hits"]) == 5
+        # on the event loop the search held every request until it finished
+        assert answered_meanwhile >= 3, answered_meanwhile
+        searcher.close()
+        other.close()
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_a_search_over_its_budget_is_stopped_with_a_typed_error(
+        big_archive: tuple[Path, str]) -> None:
+    root, sid = big_archive
+    daemon = daemon_on(root, "hasty", search_budget_seconds=0.01)
+    try:
+        with daemon.client("zmq", timeout=120) as c:
+            for method, params in (
+                ("archive/search", {"query": BROAD}),
+                ("tools/call", {"sessionId": sid, "name": "search_past_messages",
+                                "arguments": {"query": BROAD, "scope": "all"}}),
+            ):
+                with pytest.raises(CtxdError) as info:
+                    c.call(method, params)
+                assert info.value.code == ErrorCode.SEARCH_TOO_BROAD, info.value
+                assert "too broad" in info.value.message
+                assert info.value.data["budgetSeconds"] == 0.01
+            # a projection recalls nothing rather than failing
+            got = c.call("context/get", {"sessionId": sid, "budgetTokens": 500, "query": BROAD})
+            assert got["recalledIds"] == []
+            # the daemon goes on serving, narrow searches included
+            hits = c.call("archive/search", {"query": "arrived", "sessionId": sid})["hits"]
+            assert [h["snippet"] for h in hits] == ["zebracorn orders **arrived**"]
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_query_terms_are_capped_on_every_entry_point(tmp_path: Path) -> None:
+    daemon = DaemonProcess(tmp_path).start()
+    try:
+        with daemon.client("jsonrpc") as c:
+            sid = c.call("session/create", {})["sessionId"]
+            c.call("messages/append", {"sessionId": sid, "messages": [
+                {"role": "user", "content": "w1 w2 w3"}]})
+            many = " ".join(f"w{i}" for i in range(5000))
+            allowed = " ".join(f"w{i}" for i in range(1, QUERY_TERMS_MAX + 1))
+            calls = [
+                ("archive/search", {"query": many[:4096]}),
+                ("archive/search", {"query": many[:4096], "advanced": True}),
+                ("archive/search", {"query": "压" * 200}),
+                ("tools/call", {"sessionId": sid, "name": "search_past_messages",
+                                "arguments": {"query": many}}),
+                ("tools/call", {"sessionId": sid, "name": "search_past_messages",
+                                "arguments": {"query": many[:4096], "scope": "all"}}),
+            ]
+            for method, params in calls:
+                started = time.monotonic()
+                with pytest.raises(CtxdError) as info:
+                    c.call(method, params)
+                assert info.value.code == ErrorCode.INVALID_PARAMS, (method, info.value)
+                assert "at most" in info.value.message
+                assert time.monotonic() - started < 30
+            # at the cap a search runs; a long recall query is cut to the cap
+            assert c.call("archive/search", {"query": allowed})["matched"] == "any"
+            got = c.call("context/get", {"sessionId": sid, "budgetTokens": 500,
+                                         "query": many[:4096]})
+            assert got["messages"][-1]["content"] == "w1 w2 w3"
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_plain_search_matches_all_words_and_marks_the_fallback(tmp_path: Path) -> None:
+    daemon = DaemonProcess(tmp_path).start()
+    try:
+        with daemon.client("zmq") as c:
+            sid = c.call("session/create", {})["sessionId"]
+            c.call("messages/append", {"sessionId": sid, "messages": [
+                {"role": "user", "content": "the orders were shipped"},
+                {"role": "user", "content": "zebracorn orders are late"},
+                {"role": "user", "content": "more orders today"},
+            ]})
+            both = c.call("archive/search", {"query": "zebracorn orders", "sessionId": sid})
+            assert both["matched"] == "all"
+            assert [h["snippet"] for h in both["hits"]] == [
+                "**zebracorn** **orders** are late"]
+            loose = c.call("archive/search", {"query": "zebracorn shipped", "sessionId": sid})
+            assert loose["matched"] == "any"
+            assert len(loose["hits"]) == 2
+            # the fallback pages like any other search
+            page2 = c.call("archive/search", {"query": "zebracorn shipped", "sessionId": sid,
+                                              "limit": 1, "offset": 1})
+            assert page2["matched"] == "any" and len(page2["hits"]) == 1
+            none = c.call("archive/search", {"query": "unicorn", "sessionId": sid})
+            assert none == {"hits": [], "matched": "all"}
+            tool = c.call("tools/call", {"sessionId": sid, "name": "search_past_messages",
+                                         "arguments": {"query": "zebracorn shipped"}})
+            assert tool["data"]["matched"] == "any"
+            assert tool["content"].startswith("No message has all the words")
+    finally:
+        assert daemon.stop() == 0
