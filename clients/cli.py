@@ -82,6 +82,19 @@ def cmd_stdio(args: argparse.Namespace) -> int:
     return run_stdio_proxy(_connection_file(args), lambda: _spawn_daemon(args))
 
 
+def cmd_lsp(args: argparse.Namespace) -> int:
+    try:
+        from ctxd.clients.lsp.server import run
+    except ImportError as exc:
+        print(f"ctxd lsp needs pygls: pip install 'ctxd[lsp]' ({exc})", file=sys.stderr)
+        return 2
+    from ctxd.clients.lsp.documents import default_cache_dir
+
+    tcp = (args.host, args.port) if args.tcp else None
+    cache = args.cache_dir or default_cache_dir()
+    return run(_connection_file(args), cache, lambda: _spawn_daemon(args), tcp)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ctxd", description=(
         "ctxd keeps an agent's full history in an append-only archive and serves the "
@@ -102,6 +115,16 @@ def build_parser() -> argparse.ArgumentParser:
                        "(started if needed): what an editor spawns")
     _common(p)
     p.set_defaults(func=cmd_stdio)
+
+    p = sub.add_parser("lsp", help="a language server on stdio, client of the daemon "
+                       "(started if needed): what an LSP editor spawns")
+    _common(p)
+    p.add_argument("--tcp", action="store_true", help="serve one client on TCP (debugging)")
+    p.add_argument("--host", default="127.0.0.1", help="with --tcp (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=2087, help="with --tcp (default 2087)")
+    p.add_argument("--cache-dir", type=Path, help="where session documents are written for "
+                   "editors without ctxd: URIs (default: CTXD_CACHE_DIR or the user cache dir)")
+    p.set_defaults(func=cmd_lsp)
 
     p = sub.add_parser("config", help="print the effective configuration")
     _common(p)
