@@ -136,7 +136,7 @@ HEDGE = re.compile(
     r"没有验证|未验证",
     re.IGNORECASE,
 )
-POINTER = re.compile(r" ?\[(?:msg [^\]]*|#[^\]]*)\]")
+POINTER = re.compile(r" ?\[(?:msg [^\]]*|#[^\]]*)\]| #\d+(?:[-,]\d+)*$", re.MULTILINE)
 OLD_NOTE = re.compile(r"\((?:was|原为)[^)]*\)")
 
 
@@ -330,9 +330,10 @@ class Session:
             ok = any(tok.search(ln) for ln in current) or any(
                 tok.search(ln) for ln in everything.splitlines() if "[superseded]" not in ln
                 and not ln.startswith("- "))
+            # an earlier value on a line of its own, not "45 days, not 30" next to the latest
             for old in s.values[:-1]:
                 old_tok = re.compile(rf"(?<![\d.]){old}(?!\d)")
-                if any(old_tok.search(ln) and s.svc in ln for ln in current):
+                if any(old_tok.search(ln) and s.svc in ln and not tok.search(ln) for ln in current):
                     ok = False
             tally.add("latest value wins", ok)
         for key, mid in self.hedged:

@@ -293,6 +293,16 @@ class ArchiveStore:
             ).fetchone()[0]
         )
 
+    def count_between(self, session_id: str, lo: int, hi: int) -> int:
+        """Messages of the session with lo <= id <= hi (the summary's per-session ordinals
+        count on from a known one, so this only walks the new stretch)."""
+        return int(
+            self.conn.execute(
+                "SELECT count(*) FROM messages WHERE session_id = ? AND id >= ? AND id <= ?",
+                (session_id, lo, hi),
+            ).fetchone()[0]
+        )
+
     def sums_from(self, session_id: str, from_id: int) -> tuple[int, int]:
         row = self.conn.execute(
             "SELECT count(*), coalesce(sum(tokens), 0) FROM messages "

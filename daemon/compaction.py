@@ -115,7 +115,9 @@ def render_summary_message(pins: Sequence[str], summary: Summary) -> str | None:
         parts.append("Pinned (always applies):\n" + "\n".join(f"- {p}" for p in pins))
     if not summary.is_empty():
         parts.append(
-            "Summary of earlier messages ([msg N] are archive ids; "
-            "search_past_messages recalls the full text):\n" + summary.render()
+            "Summary of earlier messages (#N at the end of a line: the N-th message of this "
+            "conversation; [msg N]: an archive id; search_past_messages recalls the full "
+            "text):\n"
+            + summary.render()
         )
     return "\n\n".join(parts)

@@ -255,8 +255,11 @@ class Compactor:
             leaving = region[:boundary]
         previous = Summary() if rederive else st.summary
         pins = [p["text"] for p in cs.list_pins(e.conn, session_id)]
+        ordinals = {**st.summary.ordinals, **self._ordinals(session_id, st.summary, leaving)}
         try:
-            summary = await self._summarize(session_id, previous, leaving, pins, instructions, cid)
+            summary = await self._summarize(
+                session_id, previous, leaving, pins, instructions, cid, ordinals
+            )
         except CtxdError:
             raise
         except Exception as exc:
@@ -294,6 +297,10 @@ class Compactor:
             summary.covers_to = max(summary.covers_to or 0, leaving[-1]["id"])
             if summary.covers_from is None or rederive:
                 summary.covers_from = leaving[0]["id"]
+        # the model sees per-session ordinals; the map keeps what the summary cites and
+        # the last covered message, the anchor the next compaction counts on from
+        keep = summary.all_sources() | {summary.covers_to}
+        summary.ordinals = {k: v for k, v in ordinals.items() if k in keep}
         summary.compaction_ids = [*previous.compaction_ids, cid][-50:]
         summary.depth = 0 if rederive else previous.depth + 1
         return self._commit(
@@ -325,6 +332,34 @@ class Compactor:
         closed = self.engine.archive.batches_of_closed_runs(set(unanswered.values()))
         return {cid for cid, batch in unanswered.items() if batch in closed}
 
+    def _ordinals(
+        self, session_id: str, anchor: Summary, leaving: list[dict[str, Any]]
+    ) -> dict[int, int]:
+        """Archive id -> 1-based position in the session, for the leaving messages.
+
+        Counted on from the previous summary's last covered message, so the cost is the
+        new stretch, not the whole history."""
+        if not leaving:
+            return {}
+        archive = self.engine.archive
+        first, last = leaving[0]["id"], leaving[-1]["id"]
+        known = anchor.ordinals.get(anchor.covers_to) if anchor.covers_to is not None else None
+        if known is not None and anchor.covers_to is not None and anchor.covers_to < first:
+            base = known + archive.count_between(session_id, anchor.covers_to + 1, first - 1)
+        else:
+            base = archive.count_between(session_id, 0, first - 1)
+        if archive.count_between(session_id, first, last) == len(leaving):
+            return {m["id"]: base + 1 + i for i, m in enumerate(leaving)}
+        # messages of the session in between that are not leaving (system messages)
+        out: dict[int, int] = {}
+        prev = first
+        n = base
+        for m in leaving:
+            n += archive.count_between(session_id, prev, m["id"]) if m["id"] != first else 1
+            out[m["id"]] = n
+            prev = m["id"] + 1
+        return out
+
     async def _non_system_messages(
         self, session_id: str, st: ContextState, before_id: int | None = None
     ) -> list[dict[str, Any]]:
@@ -355,6 +390,7 @@ class Compactor:
         pins: list[str],
         instructions: str | None,
         cid: str,
+        ordinals: dict[int, int] | None = None,
     ) -> Summary:
         e = self.engine
         # a summarizer may say how much it takes at once (the built-in one takes large
@@ -375,6 +411,7 @@ class Compactor:
                 instructions=instructions,
                 budget_tokens=self.policy.summary_budget_tokens,
                 count_tokens=e.tokens.count_text,
+                ordinals=ordinals or {},
             )
             summary = await self._run_summarizer(request)
             problems = check_summary(summary, allowed)

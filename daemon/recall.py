@@ -171,9 +171,11 @@ def explain(engine: Engine, session_id: str) -> dict[str, Any]:
                     "snippet": (text or "")[:200],
                 }
             )
-        items.append(
-            {"section": section, "text": item.text, "status": item.status, "sources": sources}
-        )
+            if sid in st.summary.ordinals:  # the [#N] the model reads for this source
+                sources[-1]["ordinal"] = st.summary.ordinals[sid]
+        entry = {"section": section, "text": item.text, "status": item.status, "sources": sources}
+        entry.update({k: v for k, v in item.to_dict().items() if k not in ("text", "sources")})
+        items.append(entry)
     return {
         "sessionId": session_id,
         "pins": engine.pins(session_id),

@@ -2,10 +2,19 @@
 
 A summary is a fixed set of sections; each item is a short text with `sources`, the
 archive ids of the messages it came from, so every claim can be followed back.
+
+Items know what kind of fact they hold. A setting or decision names its `subject` and
+`value`, so a later value for the same subject supersedes it whatever the wording; an
+`unconfirmed` item is a hedged conclusion and is shown as one in every later summary;
+an artifact (a file the agent's tools wrote, a commit, a PR, a job id) names its
+`subject`, the path or id. What the model reads cites sources by their ordinal in the
+session (`#12` at the end of a line), a fraction of what a global archive id costs;
+`ordinals` maps them.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -15,11 +24,16 @@ SECTIONS: dict[str, str] = {
     "goals": "Goals",
     "constraints": "Constraints and user corrections",
     "decisions": "Decisions",
-    "files": "Files and artifacts",
+    "artifacts": "Artifacts (own changes and tool ids, newest first)",
+    "files": "Files mentioned",
     "tool_activity": "Tool activity",
     "errors": "Errors",
     "open_items": "Open items",
 }
+
+
+# sections whose lines are rendered without a pointer
+UNPOINTED = frozenset({"artifacts", "files", "tool_activity"})
 
 
 @dataclass
@@ -29,20 +43,66 @@ class SummaryItem:
     # "superseded" marks an item a later user message corrected; kept so the model
     # sees the history of a constraint, rendered as no longer current.
     status: str = "current"
+    # a hedged conclusion ("probably", "I haven't confirmed that", "推测"): shown as such
+    # until the archive shows it confirmed
+    unconfirmed: bool = False
+    # what a setting or decision is about, or the path or id an artifact names
+    subject: str | None = None
+    # the value a setting sets; `was`: the value it replaced, shown as "(was X)"
+    value: str | None = None
+    was: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"text": self.text, "sources": list(self.sources)}
         if self.status != "current":
             out["status"] = self.status
+        if self.unconfirmed:
+            out["unconfirmed"] = True
+        for key in ("subject", "value", "was"):
+            if getattr(self, key):
+                out[key] = getattr(self, key)
         return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SummaryItem:
+        def opt(key: str) -> str | None:
+            v = d.get(key)
+            return str(v) if v not in (None, "") else None
+
         return cls(
             text=str(d["text"]),
             sources=[int(s) for s in d.get("sources", [])],
             status=str(d.get("status", "current")),
+            unconfirmed=bool(d.get("unconfirmed", False)),
+            subject=opt("subject"),
+            value=opt("value"),
+            was=opt("was"),
         )
+
+    def line(
+        self, ordinals: dict[int, int] | None = None, text: str | None = None, pointer: bool = True
+    ) -> str:
+        """The rendered line: marks, the text, the old value, one compact pointer."""
+        text = self.text if text is None else text
+        mark = "[superseded] " if self.status == "superseded" else ""
+        if self.unconfirmed:
+            mark += "[推测] " if _CJK.search(text) else "[unconfirmed] "
+        was = f" (was {self.was})" if self.was and self.status == "current" else ""
+        ref = _pointer(self.sources, ordinals or {}) if pointer else ""
+        return f"- {mark}{text}{was}{' ' + ref if ref else ''}"
+
+
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
+
+
+def _pointer(sources: list[int], ordinals: dict[int, int]) -> str:
+    """`#N`: where the item was last stated, as the message's ordinal in its session
+    (every source is in `context/explain`); a global id only when no ordinal is known."""
+    if not sources:
+        return ""
+    last = sources[-1]
+    n = ordinals.get(last)
+    return f"#{n}" if n is not None else f"[msg {last}]"
 
 
 @dataclass
@@ -57,6 +117,11 @@ class Summary:
     summarizer: str = ""
     # incremental compactions since the summary was last derived from the archive
     depth: int = 0
+    # archive id -> ordinal of the message in its session, for the sources cited (and
+    # covers_to, the anchor the next compaction counts on from)
+    ordinals: dict[int, int] = field(default_factory=dict)
+    # archive id of a superseded statement -> archive id of the one that replaced it
+    supersessions: dict[int, int] = field(default_factory=dict)
 
     def items(self) -> list[tuple[str, SummaryItem]]:
         return [(name, item) for name in SECTIONS for item in self.sections.get(name, [])]
@@ -78,13 +143,11 @@ class Summary:
             if not items:
                 continue
             lines.append(f"## {title}")
-            for item in items:
-                refs = ",".join(str(s) for s in item.sources[:8])
-                if len(item.sources) > 8:
-                    refs += ",…"
-                mark = "[superseded] " if item.status == "superseded" else ""
-                suffix = f" [msg {refs}]" if refs else ""
-                lines.append(f"- {mark}{item.text}{suffix}")
+            # A path, a commit, a PR or a tool tally is its own search key: its line carries
+            # no pointer (context/explain has its sources), so pointers stay a small share.
+            # Without ordinals (a summary from before them) every line keeps its id.
+            bare = bool(self.ordinals) and name in UNPOINTED
+            lines.extend(item.line(self.ordinals, pointer=not bare) for item in items)
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -99,6 +162,8 @@ class Summary:
             "compactionIds": list(self.compaction_ids),
             "summarizer": self.summarizer,
             "depth": self.depth,
+            "ordinals": {str(k): v for k, v in self.ordinals.items()},
+            "supersessions": {str(k): v for k, v in self.supersessions.items()},
         }
 
     @classmethod
@@ -117,6 +182,8 @@ class Summary:
             compaction_ids=list(d.get("compactionIds") or []),
             summarizer=str(d.get("summarizer") or ""),
             depth=int(d.get("depth") or 0),
+            ordinals={int(k): int(v) for k, v in (d.get("ordinals") or {}).items()},
+            supersessions={int(k): int(v) for k, v in (d.get("supersessions") or {}).items()},
         )
 
 
@@ -136,6 +203,9 @@ class SummaryRequest:
     instructions: str | None
     budget_tokens: int
     count_tokens: Callable[[str], int]
+    # archive id -> ordinal in the session, for the messages and the previous summary's
+    # sources: the summary renders its pointers with them
+    ordinals: dict[int, int] = field(default_factory=dict)
 
 
 class Summarizer(Protocol):

@@ -34,11 +34,22 @@ from .cues import (
     _sentences,
     _trim,
 )
-from .draft import _Call, _Draft
+from .draft import _Call, _Draft, _Entry
+from .facts import (
+    artifacts_of,
+    is_confirmation,
+    is_hedge_only,
+    is_hedged,
+    setting_of,
+    trim_keeping_hedge,
+)
 from .fit import fit
 from .paths import _PATH_KEYS, _find_paths, _key_args, _parse_args, _walk_strings
 
 # -------------------------------------------------------------------- summarizer
+
+# superseded statements remembered for search (`supersededBy`), the most recent kept
+_MAX_SUPERSESSIONS = 2000
 
 
 class BuiltinSummarizer:
@@ -134,13 +145,17 @@ class BuiltinSummarizer:
             covers_to = last if covers_to is None else max(covers_to, last)
 
         sections = fit(draft, request, self.truncated_constraint_chars)
-        return Summary(
+        summary = Summary(
             sections=sections,
             covers_from=covers_from,
             covers_to=covers_to,
             compaction_ids=list(prev.compaction_ids),
             summarizer=self.name,
+            supersessions=dict(list(draft.supersessions.items())[-_MAX_SUPERSESSIONS:]),
         )
+        cited = summary.all_sources()
+        summary.ordinals = {k: v for k, v in request.ordinals.items() if k in cited}
+        return summary
 
     # ------------------------------------------------------------------ reading
 
@@ -152,7 +167,14 @@ class BuiltinSummarizer:
                     # The call this item waited on has its result now; it is no longer open.
                     if note and note.group(1) in answered:
                         continue
-                draft.add(name, item.text, item.sources, item.status)
+                if name == "artifacts":
+                    draft.add_artifact(item.subject or item.text, item.text, item.sources)
+                    continue
+                draft.add(
+                    name, item.text, item.sources, item.status,
+                    unconfirmed=item.unconfirmed, was=item.was,
+                )
+        draft.supersessions.update(previous.supersessions)
 
     def _read_user(self, draft: _Draft, mid: int, text: str) -> None:
         low = text.lower()
@@ -162,15 +184,31 @@ class BuiltinSummarizer:
         may_open = _OPEN.gate(low)
         may_fail = _ERROR_ANY.gate(low)
         goal: list[str] = []
+        goal_hedged = False
+        # the item the previous sentence went into: a hedge or a confirmation that
+        # follows ("I haven't confirmed that", "不过这只是推测") is about it
+        last: _Entry | None = None
         for sentence in _sentences(text):
             slow = sentence.lower()
+            if is_hedge_only(sentence):
+                if last is not None:
+                    last.unconfirmed = True
+                else:
+                    goal_hedged = goal_hedged or bool(goal)
+                    goal.append(sentence)
+                continue
+            if is_confirmation(sentence):
+                draft.confirm(sentence, last)
+            hedged = is_hedged(sentence)
             is_correction = bool(
                 may_correct
                 and _CORRECTION.search(sentence, slow)
                 and not _ADDITIVE.search(sentence)
             )
+            setting = setting_of(sentence) if not sentence.endswith(("?", "？")) else None
             if (
                 is_correction
+                or setting is not None
                 or _IMPERATIVE.match(sentence)
                 or (may_set and _SETTING.search(sentence, slow))
                 or (
@@ -182,14 +220,21 @@ class BuiltinSummarizer:
                 )
             ):
                 entry = draft.add(
-                    "constraints", _trim(sentence, self.max_constraint_chars), [mid]
+                    "constraints",
+                    trim_keeping_hedge(sentence, self.max_constraint_chars),
+                    [mid],
+                    unconfirmed=hedged,
                 )
-                if entry is not None:
-                    draft.supersede(entry, mid, correction=is_correction)
+                if entry is not None and not draft.supersede(
+                    entry, mid, correction=is_correction
+                ):
+                    draft.supersede_setting(entry, mid)
+                last = entry
                 continue
             if may_open and _OPEN.search(sentence, slow):
-                draft.add("open_items", _trim(sentence, self.max_item_chars), [mid])
+                last = draft.add("open_items", _trim(sentence, self.max_item_chars), [mid])
                 continue
+            last = None
             # Lines of pasted output are covered by the one excerpt below; a traceback
             # would otherwise become an error item per line.
             if (
@@ -198,6 +243,7 @@ class BuiltinSummarizer:
                 and not _ERROR_LINE.search(sentence, slow)
             ):
                 draft.add("errors", _trim(sentence, self.max_item_chars), [mid])
+            goal_hedged = goal_hedged or hedged
             goal.append(sentence)
         pasted = _error_excerpt(text) if may_fail else None
         if pasted:
@@ -205,7 +251,12 @@ class BuiltinSummarizer:
         request = " ".join(goal)
         # "ok", "thanks", "继续" carry no request worth keeping.
         if len(request) >= 12 or (len(request) >= 4 and _CJK_RUN.search(request)):
-            draft.add("goals", _trim(request, self.max_item_chars), [mid])
+            draft.add(
+                "goals",
+                trim_keeping_hedge(request, self.max_item_chars),
+                [mid],
+                unconfirmed=goal_hedged,
+            )
 
     def _read_assistant(self, draft: _Draft, mid: int, text: str) -> None:
         if not text:
@@ -214,13 +265,28 @@ class BuiltinSummarizer:
         may_open = _OPEN.gate(low)
         may_decide = _DECISION.gate(low)
         decisions = 0
+        last: _Entry | None = None
         for sentence in _sentences(text) if may_open or may_decide else ():
             slow = sentence.lower()
+            if is_hedge_only(sentence):
+                if last is not None:
+                    last.unconfirmed = True
+                continue
+            if is_confirmation(sentence):
+                draft.confirm(sentence, last)
+            last = None
             if may_open and _OPEN.search(sentence, slow):
-                draft.add("open_items", _trim(sentence, self.max_item_chars), [mid])
+                last = draft.add("open_items", _trim(sentence, self.max_item_chars), [mid])
             elif may_decide and decisions < 3 and _DECISION.search(sentence, slow):
                 decisions += 1
-                draft.add("decisions", _trim(sentence, self.max_item_chars), [mid])
+                last = draft.add(
+                    "decisions",
+                    trim_keeping_hedge(sentence, self.max_item_chars),
+                    [mid],
+                    unconfirmed=is_hedged(sentence),
+                )
+                if last is not None:
+                    draft.supersede_setting(last, mid)
         # The assistant talks about errors it fixed; only quoted error output counts.
         line = _error_excerpt(text)
         if line:
@@ -258,6 +324,7 @@ class BuiltinSummarizer:
             sources=[mid],
             call_id=str(call_id) if call_id is not None else f"#{mid}.{index}",
             paths=list(paths)[: self.max_paths_per_message],
+            raw=args,
         )
 
     def _read_result(
@@ -282,6 +349,9 @@ class BuiltinSummarizer:
         # Tool frameworks often report failure as a bare first line ("Failed to ...").
         failed = _is_error_text(text, anchored=True) or bool(_FAILURE_START.match(first_line))
         record.outcome = "error" if failed else "ok"
+        if not failed:
+            for target, what in artifacts_of(record.name, record.raw, text):
+                draft.add_artifact(target, _trim(what, self.max_item_chars), [*record.sources])
         if failed:
             line = _error_excerpt(text) or first_line
             draft.add(

@@ -5,10 +5,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ctxd.daemon.summary import SECTIONS
 
-from .cues import _FIRM_DECISION, _is_weak, _merge_sources, _norm, _subject
+from .cues import _FIRM_DECISION, _is_weak, _key_terms, _merge_sources, _norm, _subject
+from .facts import Setting, same_subject, setting_of
 
 # What each kind of item may claim of an overfull summary, least important first. Rules
 # the user set get the most room; a "make sure" sentence and the superseded history of
@@ -19,12 +21,13 @@ _SHARES: dict[str, float] = {
     "tentative": 0.015,
     "tool_activity": 0.025,
     "errors": 0.025,
-    "files": 0.04,
+    "files": 0.03,
     "open_items": 0.03,
     "goals": 0.04,
     "specific": 0.04,
+    "artifacts": 0.12,
     "decisions": 0.10,
-    "constraints": 0.70,
+    "constraints": 0.60,
 }
 
 # A number standing on its own ("about 4679 records", "30 seconds"), not part of a name
@@ -62,6 +65,12 @@ class _Entry:
     # constraint whose only cue is "make sure", a decision that names no choice, a
     # request without a quantity
     weak: bool = False
+    unconfirmed: bool = False
+    # a constraint or decision that sets a value: what it sets, to what
+    setting: Setting | None = None
+    # the value this one replaced ("(was X)"); for an artifact, the path or id it names
+    was: str | None = None
+    subject: str | None = None
 
     def recency(self) -> tuple[int, int]:
         # Sources are kept sorted (_merge_sources), so the last is the most recent.
@@ -79,6 +88,8 @@ class _Draft:
         self._pins = [k for k in (_norm(p) for p in pins if isinstance(p, str)) if k]
         self._max_sources = max_sources
         self._seq = 0
+        # archive id of a superseded statement -> id of the statement that replaced it
+        self.supersessions: dict[int, int] = {}
 
     def _pinned(self, key: str) -> bool:
         # Near-equal only: a file item "app.py" is not a copy of the pin "never edit app.py".
@@ -89,7 +100,14 @@ class _Draft:
         return False
 
     def add(
-        self, section: str, text: str, sources: Iterable[int], status: str = "current"
+        self,
+        section: str,
+        text: str,
+        sources: Iterable[int],
+        status: str = "current",
+        *,
+        unconfirmed: bool = False,
+        was: str | None = None,
     ) -> _Entry | None:
         text = text.strip()
         src = list(sources)
@@ -102,6 +120,7 @@ class _Draft:
             # Repeating an instruction makes it current again even if it was corrected.
             if status == "current":
                 existing.status = "current"
+            existing.unconfirmed = existing.unconfirmed or unconfirmed
             return existing
         self._seq += 1
         entry = _Entry(
@@ -110,20 +129,91 @@ class _Draft:
             sources=_merge_sources(src, (), self._max_sources),
             seq=self._seq,
             status=status,
+            unconfirmed=unconfirmed,
+            was=was,
         )
         if section == "constraints":
             entry.terms, entry.values = _subject(text)
             entry.weak = _is_weak(text)
+            entry.setting = setting_of(text, True)
             self._by_terms.setdefault(entry.terms, []).append(entry)
         elif section == "decisions":
             entry.weak = not _FIRM_DECISION.search(text)
+            entry.setting = setting_of(text, True)
         elif section == "goals":
             entry.weak = _QUANTITY.search(text) is None
         self.sections[section].append(entry)
         self._by_key[(section, key)] = entry
         return entry
 
-    def supersede(self, new: _Entry, message_id: int, *, correction: bool) -> None:
+    def add_artifact(self, target: str, text: str, sources: Iterable[int]) -> None:
+        """An artifact by the path or id it names: a later operation on it replaces the
+        text ("created x" then "edited x") and makes it the most recent."""
+        src = list(sources)
+        key = ("artifacts", "\0" + target)
+        entry = self._by_key.get(key)
+        self._seq += 1
+        if entry is None:
+            entry = _Entry("artifacts", text, [], self._seq, subject=target)
+            self.sections["artifacts"].append(entry)
+            self._by_key[key] = entry
+        elif not (text.startswith("created ") and entry.text.startswith("edited ")):
+            entry.text = text
+        entry.seq = self._seq
+        entry.sources = _merge_sources(entry.sources, src, self._max_sources)
+
+    def confirm(self, sentence: str, last: _Entry | None) -> None:
+        """A confirmation ("confirmed: ...", "已确认") clears the hedge of what it names,
+        or of the item just before it when it names nothing ("I confirmed that")."""
+        terms = _key_terms(sentence)
+        if last is not None and len(terms) <= 2:
+            last.unconfirmed = False
+            return
+        for section in ("constraints", "decisions", "goals"):
+            for entry in self.sections[section]:
+                if entry.unconfirmed:
+                    own = _key_terms(entry.text)
+                    if own and len(own & terms) >= 0.6 * len(own):
+                        entry.unconfirmed = False
+
+    def supersede_setting(self, new: _Entry, message_id: int) -> None:
+        """A later value for the same subject supersedes the earlier one, whatever the
+        wording: "raise the batch size to 2000" after "batch size 500", "改到周二上午".
+        The best-matching current setting goes, and only when its value differs."""
+        if new.setting is None or new.status != "current":
+            return
+        scored: list[tuple[float, _Entry]] = []
+        for section in ("constraints", "decisions"):
+            for entry in self.sections[section]:
+                if entry is new or entry.setting is None or entry.status != "current":
+                    continue
+                if entry.sources and entry.sources[-1] >= message_id:
+                    continue
+                if entry.setting.values <= new.setting.values:
+                    continue  # the same value again: a restatement, not an update
+                score = same_subject(entry.setting, new.setting)
+                if score >= 0.9:
+                    scored.append((score, entry))
+        if not scored:
+            return
+        best = max(score for score, _ in scored)
+        for score, entry in scored:
+            if score >= best - 0.01:
+                self._retire(entry, new)
+
+    def _retire(self, old: _Entry, new: _Entry) -> None:
+        if old.status == "current" and old.setting is not None:
+            # "(was X)": the value it replaces, unless the new text names it already
+            gone = sorted(old.setting.values - (new.setting.values if new.setting else set()))
+            gone = [v for v in gone if v not in new.text.casefold()]
+            if gone:
+                new.was = ", ".join(gone[:2])
+        old.status = "superseded"
+        if new.sources:
+            for src in old.sources:
+                self.supersessions[src] = new.sources[-1]
+
+    def supersede(self, new: _Entry, message_id: int, *, correction: bool) -> bool:
         """Mark the earlier instructions `new` replaces as superseded.
 
         A correction replaces the instruction it matches best, not every one it resembles:
@@ -135,7 +225,7 @@ class _Draft:
         the timeout to 30 seconds" after "Set the timeout to 20 seconds").
         """
         if not new.terms or not (correction or new.values):
-            return
+            return False
         candidates = (
             self.sections["constraints"] if correction else self._by_terms.get(new.terms, ())
         )
@@ -155,11 +245,16 @@ class _Draft:
             if score >= 0.5:
                 scored.append((score, entry))
         if not scored:
-            return
+            return False
         best = max(score for score, _ in scored)
+        retired = False
         for score, entry in scored:
             if score >= best - 0.01:
-                entry.status = "superseded"
+                retired = retired or entry.status == "current"
+                self._retire(entry, new)
+        # only what was current counts: an older value of the subject found again
+        # leaves the current one to the setting match
+        return retired
 
 
 @dataclass
@@ -170,6 +265,7 @@ class _Call:
     call_id: str | None
     outcome: str = "no result yet"
     paths: list[str] = field(default_factory=list)
+    raw: Any = None  # the parsed arguments, for the artifacts the call produced
 
 
 

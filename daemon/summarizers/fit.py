@@ -7,7 +7,7 @@ import string
 from collections import deque
 from collections.abc import Callable
 
-from ctxd.daemon.summary import SECTIONS, Summary, SummaryItem, SummaryRequest
+from ctxd.daemon.summary import SECTIONS, UNPOINTED, Summary, SummaryItem, SummaryRequest
 
 from .cues import _key_terms, _trim
 from .draft import _SHARES, _Draft, _Entry, _share_class
@@ -53,7 +53,7 @@ def fit(
         if es:
             total += header_est[name]
         for e in es:
-            est = _estimate(_line(e, e.text))
+            est = _estimate(_line(e, e.text, request.ordinals))
             line_est[id(e)] = est
             total += est
     ops = _drop_plan(entries, request.instructions, dict(line_est), truncated_chars)
@@ -65,7 +65,7 @@ def fit(
             if alive[e.section] == 0:
                 total -= header_est[e.section]
         else:
-            est = _estimate(_line(e, new_text))
+            est = _estimate(_line(e, new_text, request.ordinals))
             total += est - line_est[id(e)]
             line_est[id(e)] = est
         after.append(max(total, 0.0))
@@ -80,11 +80,10 @@ def fit(
                 changed[id(e)] = new_text
         out: dict[str, list[SummaryItem]] = {}
         for name, es in entries.items():
-            items = [
-                SummaryItem(text=changed[id(e)], sources=list(e.sources), status=e.status)
-                for e in es
-                if id(e) not in dropped
-            ]
+            items = [_item(e, changed[id(e)]) for e in es if id(e) not in dropped]
+            if name == "artifacts":  # newest first
+                kept = sorted((e for e in es if id(e) not in dropped), key=_Entry.recency)
+                items = [_item(e, changed[id(e)]) for e in reversed(kept)]
             if items:
                 out[name] = items
         return out
@@ -106,7 +105,7 @@ def fit(
             k = (lo + hi) // 2
         k = min(max(k, lo + 1), hi - 1)
         sections = build(k)
-        measured = count(Summary(sections=sections).render())
+        measured = count(Summary(sections=sections, ordinals=request.ordinals).render())
         probes += 1
         if measured <= budget:
             hi, best = k, sections
@@ -199,10 +198,21 @@ def _drop_plan(
     return ops
 
 
+def _item(e: _Entry, text: str) -> SummaryItem:
+    value = None
+    if e.setting is not None and e.section in ("constraints", "decisions"):
+        value = ", ".join(sorted(e.setting.values)[:3])
+    return SummaryItem(
+        text=text,
+        sources=list(e.sources),
+        status=e.status,
+        unconfirmed=e.unconfirmed,
+        subject=e.subject,
+        value=value,
+        was=e.was,
+    )
 
-def _line(entry: _Entry, text: str) -> str:
-    refs = ",".join(str(s) for s in entry.sources[:8])
-    mark = "[superseded] " if entry.status == "superseded" else ""
-    return f"- {mark}{text} [msg {refs}]"
 
-
+def _line(entry: _Entry, text: str, ordinals: dict[int, int] | None = None) -> str:
+    bare = bool(ordinals) and entry.section in UNPOINTED
+    return _item(entry, text).line(ordinals, pointer=not bare)

@@ -1,0 +1,303 @@
+"""Kinds of facts: hedged statements, settings (subject -> value) and the agent's artifacts.
+
+Pure functions over text; the draft (draft.py) decides what they mean for the summary.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from .cues import _CJK_RUN, _CJK_STOP, _STOP, _TOKEN, _TOKEN_PARTS, _Cue, _stem, _trim
+
+# ------------------------------------------------------------------------- hedges
+
+# "可能" is not the one in "不可能" (impossible), nor "may" the month in a date.
+_HEDGE = _Cue(
+    r"\b(?:probably|possibly|perhaps|presumably|likely|unlikely|maybe|might|may(?! \d)"
+    r"|could be|seems?|appears? to|i think|i believe|i suspect|i guess|my guess|a guess"
+    r"|not sure|unsure|unconfirmed|unverified|hypothes[ie]s"
+    r"|not (?:yet )?(?:confirmed|verified|certain|proven)"
+    r"|(?:haven[’']?t|have not|hasn[’']?t|has not|didn[’']?t|did not) (?:yet )?"
+    r"(?:confirmed|verified|checked|tested)|may not hold|not hold)\b"
+    r"|推测|猜测|(?<!不)可能|也许|或许|大概|似乎|好像|估计|不确定|未确认|尚未确认|没确认|还没确认"
+    r"|未验证|还没验证|没有验证|尚未验证|不一定|我猜|假设",
+    "probab|possib|perhaps|presumabl|likely|maybe|might|may|could be|seem|appear|i think"
+    "|i believe|i suspect|i guess|guess|not sure|unsure|unconfirmed|unverified|hypothes"
+    "|not confirmed|not yet|not verified|not certain|not proven|confirmed|verified|checked"
+    "|tested|not hold|推测|猜测|可能|也许|或许|大概|似乎|好像|估计|不确定|确认|验证|不一定"
+    "|我猜|假设",
+)
+# A sentence that only qualifies the one before it: "I haven't confirmed that.",
+# "不过这只是推测。", "This is unconfirmed so far."
+_BACK_REFERENCE = re.compile(
+    r"^\W*(?:but|though|however|although|that|this|it|not|i|we|so far"
+    r"|不过|但|但是|这|那|只是|我|还)",
+    re.IGNORECASE,
+)
+_CONFIRMED = _Cue(
+    r"\b(?:confirmed|verified|proven|turns out)\b|已确认|确认了|证实|验证过了|已验证",
+    "confirmed|verified|proven|turns out|确认|证实|验证",
+)
+
+
+def is_hedged(text: str) -> bool:
+    return _HEDGE.search(text)
+
+
+def is_hedge_only(sentence: str) -> bool:
+    """A short sentence whose job is to qualify the previous one."""
+    if not _HEDGE.search(sentence):
+        return False
+    cjk = sum(len(r) for r in _CJK_RUN.findall(sentence))
+    short = len(sentence) <= 70 if not cjk else cjk <= 18
+    return short and bool(_BACK_REFERENCE.match(sentence))
+
+
+def is_confirmation(sentence: str) -> bool:
+    return _CONFIRMED.search(sentence) and not _HEDGE.search(sentence)
+
+
+def trim_keeping_hedge(text: str, limit: int) -> str:
+    """`_trim`, but a hedge past the cut is kept: the middle goes instead."""
+    short = _trim(text, limit)
+    if short == text or not short.endswith("…") or _HEDGE.search(short[:-1]):
+        return short
+    m = None
+    for m in _HEDGE.regex.finditer(text):  # noqa: B007 - the last one is wanted
+        pass
+    if m is None:
+        return short
+    start = max(text.rfind(sep, 0, m.start()) for sep in (",", "，", ";", "；", " — "))
+    clause = text[start + 1 :].strip() if start >= 0 else text[m.start() :]
+    clause = _trim(clause, max(limit // 3, 24))
+    head = _trim(text, max(limit - len(clause) - 2, 16))
+    return f"{head.rstrip('…').rstrip()} … {clause}"
+
+
+# ----------------------------------------------------------------------- settings
+
+_WEEKDAY = (
+    r"monday|tuesday|wednesday|thursday|friday|saturday|sunday"
+    r"|(?:周|星期|礼拜)[一二三四五六日天](?:上午|下午|晚上|早上)?"
+)
+# a value with its position: numbers, versions, sizes, numbered names, weekdays
+_VALUE = re.compile(
+    r"(?<![\w.])(?:\d+(?:[.,:]\d+)*(?:\s?(?:%|ms|s|m|h|d|kb|mb|gb|k)\b)?"
+    r"|[a-z]+(?:-[a-z0-9]+)*-\d+[a-z]?)(?!\w|\.\d)|" + _WEEKDAY,
+    re.IGNORECASE,
+)
+# what precedes an old value: "45 days, not 30", "instead of 8080", "从原来的 500 调整到"
+_OLD_BEFORE = re.compile(
+    r"(?:\bnot|instead of|rather than|\bfrom|\bwas|previously|no longer"
+    r"|不是|而不是|原来的?|从|之前的?|以前的?)\s*$",
+    re.IGNORECASE,
+)
+# update verbs and copulas: a sentence with one of these and a value sets something
+_SETS = re.compile(
+    r"\b(?:set|raise|lower|increase|decrease|reduce|bump|make|change|move|use|go with"
+    r"|switch|should be|must be|is|are|will be|from now on|limit|cap)\b|:|="
+    r"|设为|设置为|设成|定为|改到|改成|改为|调整|调到|提高到|降低到|应该是|是|用|按|换成|放在",
+    re.IGNORECASE,
+)
+# verbs stripped before Chinese bigrams, so "大小改到" does not make the bigram "小改"
+_CJK_VERBS = re.compile(
+    r"设为|设置为|设成|先定为|定为|改到|改成|改为|调整到|调整为|调整|调到|提高到|降低到|应该是|需要|"
+    r"从原来的|原来的|用|按|吧|换成|以后|放在|不是|而是|不对|搞错了?|是|了"
+)
+_CLAUSE = re.compile(r"[，,；;]")
+_SUBJECT_STOP = _STOP | frozenset(
+    """raise lower increase decrease reduce bump go from now on be with after before
+    look looking correction update updated""".split()
+)
+
+
+@dataclass(frozen=True)
+class Setting:
+    terms: frozenset[str]  # what is set
+    values: frozenset[str]  # the value(s) it is set to
+    old: frozenset[str]  # values it names as replaced ("not 30")
+    order: tuple[str, ...] = ()  # the terms in the order they were written
+
+
+def _norm_value(v: str) -> str:
+    return re.sub(r"\s+", "", v.casefold())
+
+
+@lru_cache(maxsize=4096)
+def setting_of(text: str, loose: bool = False) -> Setting | None:
+    """The setting a sentence states, or None: it needs a value and a subject, and
+    (unless `loose`: the sentence is already known to be a rule) a verb that sets."""
+    low = text.casefold()
+    values: list[str] = []
+    old: list[str] = []
+    spans: list[tuple[int, int]] = []
+    for m in _VALUE.finditer(low):
+        v = _norm_value(m.group(0))
+        spans.append(m.span())
+        (old if _OLD_BEFORE.search(low[max(0, m.start() - 16) : m.start()]) else values).append(v)
+    if not values or not (loose or _SETS.search(low)):
+        return None
+    stripped = low
+    for a, b in reversed(spans):
+        stripped = stripped[:a] + " " + stripped[b:]
+    order: list[str] = []
+    for token in _TOKEN.findall(stripped):
+        for w in _TOKEN_PARTS.split(token):
+            if len(w) >= 2 and w not in _SUBJECT_STOP and not w.isdigit():
+                order.append(_stem(w))
+    if _CJK_RUN.search(low):
+        # Chinese states a setting in the clause holding the value; a long sentence's
+        # other clauses (reasons, plans) would drown the subject.
+        clauses = [c for c in _CLAUSE.split(low) if _VALUE.search(c)]
+        grams = _bigrams(clauses)
+        # a clause that is little more than the value ("应该是重试 2 次，账本客户端改成这样")
+        # leaves its subject to the rest of the sentence
+        order += grams if len(set(grams)) >= 3 else _bigrams([low])
+    if not order:
+        return None
+    return Setting(frozenset(order), frozenset(values), frozenset(old), tuple(order))
+
+
+def _bigrams(clauses: list[str]) -> list[str]:
+    grams: list[str] = []
+    for clause in clauses:
+        clause = _VALUE.sub(" ", _CJK_VERBS.sub(" ", clause))
+        for run in _CJK_RUN.findall(clause):
+            grams += (run[i : i + 2] for i in range(len(run) - 1))
+    return [g for g in grams if g not in _CJK_STOP]
+
+
+def _inner_extra(order: tuple[str, ...], shared: frozenset[str]) -> bool:
+    """Whether a word the other statement lacks sits among the shared ones: "inventory
+    admin service" is another subject than "inventory service"; a reason or a time
+    around the subject ("after looking at the dashboards, ...") is not."""
+    at = [i for i, w in enumerate(order) if w in shared]
+    return bool(at) and any(w not in shared for w in order[at[0] : at[-1]])
+
+
+def same_subject(old: Setting, new: Setting) -> float:
+    """How surely two settings are about the same subject (0: not at all).
+
+    The smaller subject must be (almost) all inside the larger one: "billing batch size"
+    is inside a long rephrasing of it, while "billing page size" shares only half.
+    """
+    shared = len(old.terms & new.terms)
+    if not shared:
+        return 0.0
+    # the closer overall match breaks ties: "port for the inventory service" is the
+    # inventory service's port rather than the inventory admin service's
+    score = shared / min(len(old.terms), len(new.terms))
+    score += 0.1 * shared / max(len(old.terms), len(new.terms))
+    # a word swapped for another on both sides ("shipping cache TTL" in one long sentence,
+    # "inventory cache TTL" in the same sentence otherwise) names another subject
+    only_old, only_new = len(old.terms - new.terms), len(new.terms - old.terms)
+    common = old.terms & new.terms
+    if (only_old and only_new and max(only_old, only_new) <= 3) or (
+        _inner_extra(old.order, common) or _inner_extra(new.order, common)
+    ):
+        score *= 0.6
+    if new.old & old.values:  # "45 days, not 30": it names the value it replaces
+        score += 0.5
+    return score
+
+
+# ---------------------------------------------------------------------- artifacts
+
+_OPS = (
+    ("deleted", re.compile(r"delete|remove|unlink|(?:^|_)rm(?:_|$)")),
+    ("moved", re.compile(r"move|rename|(?:^|_)mv(?:_|$)")),
+    ("created", re.compile(r"write|create|save|new_file|touch")),
+    ("edited", re.compile(r"edit|patch|replace|apply|update|modify|append|insert")),
+)
+_SRC_KEYS = ("source", "src", "from", "old_path", "path", "file_path", "file")
+_DST_KEYS = ("destination", "dst", "to", "new_path", "target")
+_PATH_ARG_KEYS = ("path", "file_path", "filepath", "file", "filename", "target_file")
+_COMMIT = re.compile(r"^\[[\w./-]+(?: \(root-commit\))? ([0-9a-f]{7,40})\]", re.MULTILINE)
+_COMMIT_WORD = re.compile(r"\bcommit ([0-9a-f]{7,40})\b")
+_BRANCH = re.compile(
+    r"Switched to a new branch '([^']+)'|Created branch '?([\w./-]+)|new branch\]\s+(\S+)"
+)
+_PR = re.compile(
+    r"https?://\S+/(?:pull|pulls|merge_requests)/(\d+)|\b(?:pull request|PR|MR) #?(\d+)\b",
+    re.IGNORECASE,
+)
+_JOB = re.compile(
+    r"\b(job|run|pipeline|build|workflow run|deployment|task)(?:[ _-]?id)?\s*[:=#]?\s*"
+    r"([0-9a-f]{6,}|\d{4,})\b",
+    re.IGNORECASE,
+)
+
+
+def _arg(args: dict[str, Any], keys: tuple[str, ...]) -> str | None:
+    lowered = {str(k).lower(): v for k, v in args.items()}
+    for k in keys:
+        v = lowered.get(k)
+        if isinstance(v, str) and v.strip() and len(v) <= 260 and not any(c.isspace() for c in v):
+            return v.strip()
+    return None
+
+
+def _shell_ops(command: str) -> list[tuple[str, str, str]]:
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return []
+    if words[:1] == ["git"] and len(words) > 1 and words[1] in ("mv", "rm"):
+        words = words[1:]
+    if not words:
+        return []
+    args = [w for w in words[1:] if not w.startswith("-")]
+    if words[0] == "mv" and len(args) == 2:
+        return [("moved", args[1], f"moved {args[0]} → {args[1]}")]
+    if words[0] == "rm":
+        return [("deleted", a, f"deleted {a}") for a in args[:4]]
+    if words[0] in ("touch", "mkdir"):
+        return [("created", a, f"created {a}") for a in args[:4]]
+    return []
+
+
+def artifacts_of(name: str, args: Any, result: str) -> list[tuple[str, str]]:
+    """(target, text) for what a successful call produced: files it wrote, moved or
+    deleted; commits, branches, PRs, job and run ids its result names."""
+    out: list[tuple[str, str]] = []
+    low = name.lower()
+    if isinstance(args, dict):
+        command = args.get("command") if isinstance(args.get("command"), str) else None
+        op = next((op for op, pattern in _OPS if pattern.search(low)), None)
+        if command and op is None and low.endswith(("edit", "editor", "tool", "file")):
+            # str_replace_based_edit_tool: the command says what it does
+            op = {"create": "created", "str_replace": "edited", "insert": "edited"}.get(command)
+        if op == "moved":
+            src, dst = _arg(args, _SRC_KEYS), _arg(args, _DST_KEYS)
+            if dst:
+                out.append((dst, f"moved {src} → {dst}" if src else f"moved to {dst}"))
+        elif op is not None:
+            path = _arg(args, _PATH_ARG_KEYS)
+            if path:
+                out.append((path, f"{op} {path}"))
+        cmd = args.get("command") or args.get("cmd")
+        if op is None and isinstance(cmd, str):
+            out += [(target, text) for _, target, text in _shell_ops(cmd.strip())]
+    for m in _COMMIT.finditer(result):
+        out.append((m.group(1), f"commit {m.group(1)}"))
+    if not any(t.startswith("commit ") for _, t in out):
+        for m in _COMMIT_WORD.finditer(result[:2000]):
+            out.append((m.group(1), f"commit {m.group(1)}"))
+            break
+    for m in _BRANCH.finditer(result[:2000]):
+        branch = next(g for g in m.groups() if g)
+        out.append((f"branch:{branch}", f"branch {branch}"))
+    for m in _PR.finditer(result[:2000]):
+        url = m.group(0) if m.group(0).startswith("http") else None
+        number = m.group(1) or m.group(2)
+        out.append((f"pr:{number}", f"PR {url}" if url else f"PR #{number}"))
+    for m in _JOB.finditer(result[:2000]):
+        out.append((f"{m.group(1).lower()}:{m.group(2)}", f"{m.group(1).lower()} {m.group(2)}"))
+    seen: dict[str, str] = {}
+    for target, text in out:
+        seen[target] = text
+    return list(seen.items())[:8]
