@@ -141,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     from ctxd.clients import mcp_server
 
     mcp_server.register(sub, _common, _connect, _connection_file)
+
+    from ctxd.clients import ui
+
+    ui.register(sub, _common)
     return parser
 
 

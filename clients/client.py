@@ -157,8 +157,10 @@ class _Methods(Generic[R]):
             "session/create", _drop_none(sessionId=session_id, title=title, metadata=metadata)
         )
 
-    def list_sessions(self, limit: int | None = None, cursor: str | None = None) -> R:
-        return self.call("session/list", _drop_none(limit=limit, cursor=cursor))
+    def list_sessions(
+        self, limit: int | None = None, cursor: str | None = None, title: str | None = None
+    ) -> R:
+        return self.call("session/list", _drop_none(limit=limit, cursor=cursor, title=title))
 
     def get_session(self, session_id: str) -> R:
         return self.call("session/get", {"sessionId": session_id})
@@ -241,6 +243,9 @@ class _Methods(Generic[R]):
 
     def rebuild(self, session_id: str, timeout: float = COMPACT_TIMEOUT) -> R:
         return self.call("context/rebuild", {"sessionId": session_id}, timeout=timeout)
+
+    def compactions(self, session_id: str, limit: int | None = None) -> R:
+        return self.call("context/compactions", _drop_none(sessionId=session_id, limit=limit))
 
     def add_pin(self, session_id: str, text: str) -> R:
         return self.call("context/pins/add", {"sessionId": session_id, "text": text})

@@ -31,6 +31,7 @@ from .dispatch import Dispatcher
 from .engine import Engine
 from .servers.base import EventHub
 from .servers.jsonrpc import start_tcp_server, start_websocket_server
+from .servers.web import PageServer
 from .servers.zmq_server import ZmqServer
 
 log = logging.getLogger("ctxd.daemon")
@@ -130,6 +131,8 @@ class Daemon:
                 max_frame=cfg.max_request_bytes,
                 max_connections=cfg.max_connections,
             )
+            ws.pages = PageServer(self.token, ws.port, cfg.host)
+            http = page_base_url(cfg.host, ws.port)
             router, pub = self._zmq_endpoints()
             zmq_server = ZmqServer(
                 dispatcher, hub, router, pub, max_message_size=cfg.max_request_bytes
@@ -139,6 +142,7 @@ class Daemon:
                 "pid": os.getpid(),
                 "jsonrpc_tcp": tcp.endpoint,
                 "websocket": ws.endpoint,
+                "http": http,
                 "zmq_router": zmq_server.router_endpoint,
                 "zmq_pub": zmq_server.pub_endpoint,
                 "token": self.token,
@@ -158,6 +162,7 @@ class Daemon:
                 f"  connection file: {self.connection_file}\n"
                 f"  json-rpc tcp:    {tcp.endpoint}\n"
                 f"  websocket:       {ws.endpoint}\n"
+                f"  web page:        {http} (ctxd ui opens it logged in)\n"
                 f"  zmq router:      {zmq_server.router_endpoint}\n"
                 f"  zmq pub:         {zmq_server.pub_endpoint}",
                 file=sys.stderr,
@@ -177,6 +182,12 @@ class Daemon:
                 engine.close()
                 lock.release()
         return 0
+
+
+def page_base_url(host: str, port: int) -> str:
+    """The page's address: on a loopback name, the only Host the page server accepts."""
+    name = "[::1]" if host in ("::1", "[::1]") else "127.0.0.1"
+    return f"http://{name}:{port}/"
 
 
 def serve(config: Config) -> int:

@@ -87,21 +87,58 @@ class ArchiveStore:
         ).fetchone()
         return self._session(row) if row else None
 
-    def list_sessions(self, limit: int, after: tuple[float, str] | None) -> list[dict[str, Any]]:
-        """Newest first; `after` is the (created_at, id) of the last session already seen."""
-        if after is None:
-            rows = self.conn.execute(
-                "SELECT id, title, metadata, created_at FROM sessions "
-                "ORDER BY created_at DESC, id DESC LIMIT ?",
-                (limit,),
-            )
-        else:
-            rows = self.conn.execute(
-                "SELECT id, title, metadata, created_at FROM sessions "
-                "WHERE (created_at, id) < (?, ?) ORDER BY created_at DESC, id DESC LIMIT ?",
-                (after[0], after[1], limit),
-            )
+    def list_sessions(
+        self, limit: int, after: tuple[float, str] | None, title: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Newest first; `after` is the (created_at, id) of the last session already seen;
+        `title` keeps only titles containing it (LIKE: ASCII letters in either case)."""
+        where: list[str] = []
+        args: list[Any] = []
+        if after is not None:
+            where.append("(created_at, id) < (?, ?)")
+            args += [after[0], after[1]]
+        if title:
+            escaped = title.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            where.append("title LIKE ? ESCAPE '\\'")
+            args.append(f"%{escaped}%")
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        rows = self.conn.execute(
+            "SELECT id, title, metadata, created_at FROM sessions "
+            f"{clause}ORDER BY created_at DESC, id DESC LIMIT ?",
+            (*args, limit),
+        )
         return [self._session(r) for r in rows]
+
+    def last_message_at(self, session_id: str) -> float | None:
+        for (created_at,) in self.conn.execute(
+            "SELECT created_at FROM messages WHERE session_id = ? ORDER BY id DESC LIMIT 1",
+            (session_id,),
+        ):
+            return float(created_at)
+        return None
+
+    def sizes_at(self, session_id: str, times: list[float]) -> list[tuple[int, int]]:
+        """(messages, tokens) of the session's archive at each of `times`, in one pass."""
+        if not times:
+            return []
+        order = sorted(range(len(times)), key=lambda i: times[i])
+        out: list[tuple[int, int]] = [(0, 0)] * len(times)
+        count = tokens = 0
+        k = 0
+        for created_at, n in self.conn.execute(
+            "SELECT created_at, tokens FROM messages WHERE session_id = ? ORDER BY id",
+            (session_id,),
+        ):
+            while k < len(order) and created_at > times[order[k]]:
+                out[order[k]] = (count, tokens)
+                k += 1
+            if k == len(order):
+                break
+            count += 1
+            tokens += n
+        for i in order[k:]:
+            out[i] = (count, tokens)
+        return out
 
     @staticmethod
     def _session(row: Sequence[Any]) -> dict[str, Any]:

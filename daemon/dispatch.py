@@ -54,7 +54,7 @@ class Dispatcher:
             "session/create": lambda c, p: engine.create_session(
                 p["sessionId"], p["title"], p["metadata"]
             ),
-            "session/list": lambda c, p: engine.list_sessions(p["limit"], p["cursor"]),
+            "session/list": lambda c, p: engine.list_sessions(p["limit"], p["cursor"], p["title"]),
             "session/get": lambda c, p: engine.get_session(p["sessionId"]),
             "session/subscribe": self.subscribe,
             "session/unsubscribe": self.unsubscribe,
@@ -70,6 +70,9 @@ class Dispatcher:
             "context/compact": self.compact,
             "context/rebuild": self.rebuild,
             "context/explain": lambda c, p: recall.explain(engine, p["sessionId"]),
+            "context/compactions": lambda c, p: {
+                "compactions": engine.compaction_history(p["sessionId"], p["limit"])
+            },
             "context/pins/add": lambda c, p: {"pin": engine.add_pin(p["sessionId"], p["text"])},
             "context/pins/list": lambda c, p: {"pins": engine.pins(p["sessionId"])},
             "context/pins/remove": lambda c, p: {

@@ -122,7 +122,9 @@ class Engine:
         session = self.require_session(session_id)
         return {"session": session, "status": self.status(session_id)}
 
-    def list_sessions(self, limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
+    def list_sessions(
+        self, limit: int = 50, cursor: str | None = None, title: str | None = None
+    ) -> dict[str, Any]:
         after = None
         if cursor:
             try:
@@ -132,9 +134,16 @@ class Engine:
                 raise InvalidParams(
                     "cursor is not one this daemon returned; pass nextCursor from the previous page"
                 ) from None
-        rows = self.archive.list_sessions(limit + 1, after)
+        rows = self.archive.list_sessions(limit + 1, after, title)
         page = rows[:limit]
-        sessions = [{**s, "status": self.status(s["sessionId"])} for s in page]
+        sessions = [
+            {
+                **s,
+                "status": self.status(s["sessionId"]),
+                "lastActivityAt": self.archive.last_message_at(s["sessionId"]) or s["createdAt"],
+            }
+            for s in page
+        ]
         next_cursor = (
             f"{page[-1]['createdAt']!r}:{page[-1]['sessionId']}" if len(rows) > limit else None
         )
@@ -651,6 +660,16 @@ class Engine:
 
     def compaction_log(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
         return self.compactor.history(session_id, limit)
+
+    def compaction_history(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
+        """The attempts, newest first, each with the archive's size when it ran."""
+        self.require_session(session_id)
+        rows = self.compactor.history(session_id, limit)
+        sizes = self.archive.sizes_at(session_id, [r["startedAt"] for r in rows])
+        for row, (messages, tokens) in zip(rows, sizes, strict=True):
+            row["archiveMessages"] = messages
+            row["archiveTokens"] = tokens
+        return rows
 
 
 # Events go to every subscriber, and a subscriber that stops reading holds them in the

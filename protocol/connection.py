@@ -1,7 +1,8 @@
 """Where a daemon lives and how clients find it: data dir, runtime dir, connection file.
 
 The connection file is JSON, mode 0600, in a 0700 runtime dir (like a Jupyter kernel's):
-`{"pid", "jsonrpc_tcp", "websocket", "zmq_router", "zmq_pub", "token", "data_dir", "version"}`.
+`{"pid", "jsonrpc_tcp", "websocket", "http", "zmq_router", "zmq_pub", "token", "data_dir",
+"version"}`; `http` is the web page's address (`ctxd ui` adds the login token to it).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ CONNECTION_KEYS = (
     "pid",
     "jsonrpc_tcp",
     "websocket",
+    "http",
     "zmq_router",
     "zmq_pub",
     "token",

@@ -36,6 +36,8 @@ CONNECTION_KEY_DOCS: dict[str, str] = {
     "pid": "Process id of the daemon; a client may check it is alive before connecting.",
     "jsonrpc_tcp": "Address of the JSON-RPC 2.0 TCP listener (Content-Length framing).",
     "websocket": "URL of the JSON-RPC 2.0 WebSocket listener.",
+    "http": "Address of the web page, served on the WebSocket port (`ctxd ui` opens it "
+    "with a login token added).",
     "zmq_router": "ZeroMQ endpoint of the ROUTER socket that serves requests.",
     "zmq_pub": "ZeroMQ endpoint of the PUB socket that publishes notifications.",
     "token": "Secret every client proves: in `initialize`, or in each ZeroMQ request.",

@@ -260,9 +260,19 @@ _METHOD_LIST: tuple[Method, ...] = (
         (
             _limit(50, doc="Most sessions to return."),
             Param("cursor", "string", False, "`nextCursor` of the previous page.", max=CURSOR_MAX),
+            Param(
+                "title",
+                "string",
+                False,
+                "Only sessions whose title contains this text (ASCII letters match in "
+                "either case).",
+                min=1,
+                max=TITLE_MAX,
+            ),
         ),
-        "`sessions` (each session with its `status`, as in `context/status`), `nextCursor` "
-        "(string, or null on the last page).",
+        "`sessions` (each session with its `status`, as in `context/status`, and "
+        "`lastActivityAt`: unix seconds of its newest message, or of its creation when it "
+        "has none), `nextCursor` (string, or null on the last page).",
         "Lists sessions, newest first, one page at a time.",
         (),
         False,
@@ -569,6 +579,18 @@ _METHOD_LIST: tuple[Method, ...] = (
         "true}`); `brokenPointers` (count); `pins`; `provenance` (`compactionIds`, "
         "`coversFrom`, `coversTo`, `summarizer`).",
         "Shows where every line of the summary came from.",
+        (_E.SESSION_NOT_FOUND,),
+        True,
+    ),
+    Method(
+        "context/compactions",
+        (_session_id(), _limit(50, doc="Most attempts to return.")),
+        "`compactions`, newest first: each `compactionId`, `trigger`, `startedAt`, "
+        "`durationMs`, `beforeMessages`, `beforeTokens`, `afterMessages`, `afterTokens`, "
+        "`effective`, `committed`, `summarizedFrom`, `summarizedTo`, `summarizer`, `error` "
+        "(null, or why it failed), `archiveMessages` and `archiveTokens` (the archive's size "
+        "when it ran).",
+        "The session's compaction attempts, effective or not: what each one saved.",
         (_E.SESSION_NOT_FOUND,),
         True,
     ),

@@ -26,7 +26,7 @@ from ctxd.protocol.methods import (
 EXPECTED: dict[str, tuple[str, ...]] = {
     "initialize": ("token", "clientName"),
     "session/create": ("sessionId", "title", "metadata"),
-    "session/list": ("limit", "cursor"),
+    "session/list": ("limit", "cursor", "title"),
     "session/get": ("sessionId",),
     "session/subscribe": ("sessionId",),
     "session/unsubscribe": ("sessionId",),
@@ -50,6 +50,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "context/compact": ("sessionId", "force", "instructions"),
     "context/rebuild": ("sessionId", "dryRun"),
     "context/explain": ("sessionId",),
+    "context/compactions": ("sessionId", "limit"),
     "context/pins/add": ("sessionId", "text"),
     "context/pins/list": ("sessionId",),
     "context/pins/remove": ("sessionId", "pinId"),
@@ -93,7 +94,7 @@ EXPECTED_NOTIFICATIONS = {
 GOOD: dict[str, dict[str, Any]] = {
     "initialize": {"token": "t" * 32, "clientName": "cli"},
     "session/create": {"sessionId": "s1", "title": "T", "metadata": {"k": [1]}},
-    "session/list": {"limit": 10, "cursor": "abc"},
+    "session/list": {"limit": 10, "cursor": "abc", "title": "demo"},
     "session/get": {"sessionId": "s1"},
     "session/subscribe": {"sessionId": "s1"},
     "session/unsubscribe": {"sessionId": "s1"},
@@ -128,6 +129,7 @@ GOOD: dict[str, dict[str, Any]] = {
     "context/compact": {"sessionId": "s1", "force": True, "instructions": "keep paths"},
     "context/rebuild": {"sessionId": "s1", "dryRun": True},
     "context/explain": {"sessionId": "s1"},
+    "context/compactions": {"sessionId": "s1", "limit": 10},
     "context/pins/add": {"sessionId": "s1", "text": "x" * 65536},
     "context/pins/list": {"sessionId": "s1"},
     "context/pins/remove": {"sessionId": "s1", "pinId": "p1"},

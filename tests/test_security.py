@@ -462,7 +462,14 @@ def test_foreign_origins_are_refused_at_the_handshake(env: Env) -> None:
         assert b"access-control-allow-origin" not in head.lower()
         assert env.token.encode() not in head
         note("foreign Origin: HTTP 403")
-    for origin in (None, f"http://127.0.0.1:{port}", f"http://localhost:{port}"):
+    # a browser of the daemon's own origin needs the web page's login cookie (`ctxd ui`)
+    for origin in (f"http://127.0.0.1:{port}", f"http://localhost:{port}"):
+        with pytest.raises(InvalidStatus) as err:
+            ws_connect(env.info["websocket"], origin=origin,  # type: ignore[arg-type]
+                       open_timeout=TIMEOUT)
+        assert err.value.response.status_code == 403, origin
+        note("own Origin without the page's cookie: HTTP 403")
+    for origin in (None,):
         conn = Ws(env, origin)
         try:
             assert conn.call("initialize", {"token": env.token})["result"]["serverName"] == "ctxd"

@@ -92,6 +92,7 @@ from ...protocol.codec import (
 )
 from ...protocol.errors import CtxdError, InternalError, InvalidRequest
 from .base import Connection, EventHub, RequestHandler
+from .web import PageServer
 
 log = logging.getLogger("ctxd.servers.jsonrpc")
 
@@ -661,6 +662,8 @@ class JsonRpcWebSocketServer:
         self._server: WsServer | None = None
         self._extra_origins = list(extra_origins)
         self.allowed_origins: frozenset[str] = frozenset()
+        # the web page (web.py): answers plain GETs and vets browsers before the checks below
+        self.pages: PageServer | None = None
 
     def _bound(self, server: WsServer) -> None:
         self._server = server
@@ -674,6 +677,8 @@ class JsonRpcWebSocketServer:
         return set(self._core.connections)
 
     def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
+        if self.pages is not None and (page := self.pages.process_request(ws, request)):
+            return page
         origin = request.headers.get("Origin")
         if origin is not None and origin not in self.allowed_origins:
             # a browser page from another site must not reach the daemon
@@ -704,6 +709,8 @@ class JsonRpcWebSocketServer:
     async def _serve(self, ws: ServerConnection) -> None:
         core = self._core
         conn = WebSocketConnection(core, ws)
+        if self.pages is not None and ws.request is not None and self.pages.is_page(ws.request):
+            conn.authenticated = True  # the page's cookie stands for the token
         if core.closing or core.full():
             # handshakes racing past the check in _process_request
             log.warning("refusing %r: connection limit %d", conn, core.max_connections)

@@ -1,0 +1,500 @@
+// ctxd's web page: the session list, and one session live (numbers, transcript, active
+// context, compaction, approvals, a message box), over the daemon's JSON-RPC WebSocket.
+
+import { $, clear, fmtAgo, fmtInt, fmtTime, h, prettyArgs, snippetNodes } from "./dom.js";
+import { renderHistory, renderPins, renderSummary, renderSystem, renderTail } from "./panel.js";
+import { Rpc } from "./rpc.js";
+import { Transcript } from "./transcript.js";
+
+const S = {
+  sid: null,
+  session: null,
+  status: null,
+  context: null,
+  ctxIds: new Set(),
+  ctxMax: 0,
+  explain: null,
+  approvals: new Map(),
+  compacting: false,
+  listCursor: null,
+  listCount: 0,
+};
+
+const rpc = new Rpc({ onState: setConn, onNotification: onEvent, onOpen: catchUp });
+let transcript;
+
+// connection state
+
+function setConn(state, detail) {
+  const el = $("#conn");
+  const text = {
+    connecting: "connecting…", live: "● live", reconnecting: "reconnecting…",
+    offline: "daemon unreachable, retrying…", error: `error: ${detail}`,
+    loggedOut: "logged out: run `ctxd ui` for a new link",
+  }[state];
+  el.textContent = text;
+  el.className = `conn ${state}`;
+  document.body.dataset.conn = state;
+  updateGates();
+}
+
+// routing: / is the session list, /s/<sessionId> one session, #m<id> a message in it
+
+function route() {
+  const m = location.pathname.match(/^\/s\/([^/]+)$/);
+  closeSearch();
+  if (m) openSession(decodeURIComponent(m[1]));
+  else openList();
+}
+
+function go(path) {
+  history.pushState(null, "", path);
+  route();
+}
+
+// the session list
+
+async function openList() {
+  if (S.sid) rpc.call("session/unsubscribe", { sessionId: S.sid }).catch(() => {});
+  S.sid = null;
+  if (transcript) transcript.reset(null);
+  document.title = "Sessions · ctxd";
+  $("#crumb").textContent = "";
+  $("#session-view").hidden = true;
+  $("#message-view").hidden = true;
+  $("#sessions-view").hidden = false;
+  $("#search-scope").value = "all";
+  await loadSessions(true);
+}
+
+async function loadSessions(fresh) {
+  const title = $("#session-filter").value.trim() || undefined;
+  const params = { limit: fresh ? Math.max(50, Math.min(S.listCount, 1000)) : 50, title };
+  if (!fresh) params.cursor = S.listCursor;
+  const res = await rpc.call("session/list", params);
+  if (S.sid) return;
+  const body = $("#sessions tbody");
+  if (fresh) clear(body);
+  for (const s of res.sessions) {
+    const st = s.status;
+    const href = `/s/${encodeURIComponent(s.sessionId)}`;
+    const link = h("a", { href, onclick: (ev) => { ev.preventDefault(); go(href); } },
+      s.title || s.sessionId);
+    body.append(h("tr", { dataset: { sessionId: s.sessionId } },
+      h("td", null, link, h("div", { class: "meta" }, s.sessionId)),
+      h("td", { title: fmtTime(s.lastActivityAt) }, fmtAgo(s.lastActivityAt)),
+      h("td", null, fmtInt(st.archiveMessages)),
+      h("td", null, `${fmtInt(st.activeMessages)} · ${fmtInt(st.estimatedTokens)} tok`),
+      h("td", { class: st.pendingApprovals ? "warn" : "" }, fmtInt(st.pendingApprovals)),
+      h("td", null, fmtTime(s.createdAt))));
+  }
+  S.listCursor = res.nextCursor;
+  S.listCount = body.children.length;
+  $("#sessions-more").hidden = !res.nextCursor;
+  $("#sessions-empty").hidden = S.listCount > 0;
+}
+
+// one session
+
+async function openSession(sid) {
+  if (S.sid && S.sid !== sid) rpc.call("session/unsubscribe", { sessionId: S.sid }).catch(() => {});
+  S.sid = sid;
+  S.approvals = new Map();
+  S.context = null;
+  S.explain = null;
+  S.ctxIds = new Set();
+  S.ctxMax = 0;
+  $("#sessions-view").hidden = true;
+  $("#message-view").hidden = true;
+  $("#session-view").hidden = false;
+  $("#search-scope").value = "session";
+  $("#compact-result").textContent = "";
+  clear($("#approvals"));
+  transcript.reset(sid);
+  let got;
+  try {
+    got = await rpc.call("session/get", { sessionId: sid });
+  } catch (err) {
+    if (S.sid !== sid) return;
+    $("#session-view").hidden = true;
+    $("#message-view").hidden = false;
+    $("#message-text").textContent = err.message;
+    return;
+  }
+  if (S.sid !== sid) return;
+  S.session = got.session;
+  const title = got.session.title || sid;
+  document.title = `${title} · ctxd`;
+  $("#crumb").textContent = title;
+  setStatus(got.status);
+  await rpc.call("session/subscribe", { sessionId: sid });
+  await refreshContext();
+  const m = location.hash.match(/^#m(\d+)$/);
+  if (m) await transcript.jumpTo(Number(m[1]));
+  else await transcript.openNewest();
+  document.body.dataset.ready = "true";
+  await Promise.all([refreshApprovals(), refreshPins(), refreshExplain(), refreshHistory()]);
+}
+
+// after (re)connecting: subscribe again and fetch whatever changed meanwhile
+async function catchUp() {
+  if (!transcript) return;
+  if (!S.sid) {
+    if (!$("#sessions-view").hidden) await loadSessions(true);
+    return;
+  }
+  const sid = S.sid;
+  await rpc.call("session/subscribe", { sessionId: sid });
+  if (!S.context) return; // the first open is still running
+  await Promise.all([refreshStatus(), refreshContext(), refreshApprovals(), refreshPins(),
+    refreshExplain(), refreshHistory(), transcript.catchUp()]);
+}
+
+function setStatus(st) {
+  S.status = st;
+  $("#n-active").textContent = fmtInt(st.activeMessages);
+  $("#n-tokens").textContent = fmtInt(st.estimatedTokens);
+  $("#n-compactions").textContent = fmtInt(st.compactionCount);
+  const last = $("#n-last");
+  last.textContent = st.lastCompactedAt ? fmtAgo(st.lastCompactedAt) : "never";
+  last.title = st.lastCompactedAt ? fmtTime(st.lastCompactedAt) : "";
+  $("#n-archive").textContent = fmtInt(st.archiveMessages);
+  $("#n-run").textContent = st.compacting ? "compacting" : st.activeRunId ? "running" : "idle";
+  $("#n-run").title = st.activeRunId || "";
+  $("#n-approvals").textContent = fmtInt(st.pendingApprovals);
+  $("#n-approvals").classList.toggle("warn", st.pendingApprovals > 0);
+  $("#n-paused").textContent = st.autoCompactionPaused ? "paused (3 failures)" : "on";
+  $("#n-paused").classList.toggle("warn", st.autoCompactionPaused);
+  updateGates();
+}
+
+// Coalesce bursts of events into one request per kind.
+const due = new Map();
+function soon(name, fn, ms = 60) {
+  if (due.has(name)) return;
+  due.set(name, setTimeout(async () => {
+    due.delete(name);
+    try {
+      await fn();
+    } catch (err) {
+      console.warn(name, err);
+    }
+  }, ms));
+}
+
+async function refreshStatus() {
+  const sid = S.sid;
+  const st = await rpc.call("context/status", { sessionId: sid });
+  if (sid === S.sid) setStatus(st);
+}
+
+async function refreshContext() {
+  const sid = S.sid;
+  const ctx = await rpc.call("context/get", { sessionId: sid });
+  if (sid !== S.sid) return;
+  S.context = ctx;
+  S.ctxIds = new Set(ctx.messageIds.filter((x) => x !== null));
+  S.ctxMax = Math.max(0, ...S.ctxIds);
+  setStatus(ctx.status);
+  renderSystem($("#system-box"), ctx);
+  renderTail($("#tail-box"), ctx, { onJump: jump });
+  transcript.refreshMarks();
+}
+
+async function refreshPins() {
+  const sid = S.sid;
+  const res = await rpc.call("context/pins/list", { sessionId: sid });
+  if (sid !== S.sid) return;
+  renderPins($("#pins-box"), res.pins, {
+    onRemove: async (pin) => {
+      await rpc.call("context/pins/remove", { sessionId: sid, pinId: pin.pinId });
+      await Promise.all([refreshPins(), refreshStatus()]);
+    },
+  });
+}
+
+async function refreshExplain() {
+  const sid = S.sid;
+  const res = await rpc.call("context/explain", { sessionId: sid });
+  if (sid !== S.sid) return;
+  S.explain = res;
+  drawSummary();
+}
+
+function drawSummary() {
+  renderSummary($("#summary-box"), S.explain, { onJump: jump, detailed: $("#explain-toggle").checked });
+}
+
+async function refreshHistory() {
+  const sid = S.sid;
+  const res = await rpc.call("context/compactions", { sessionId: sid, limit: 100 });
+  if (sid !== S.sid) return;
+  renderHistory($("#history-box"), res.compactions, S.status);
+}
+
+async function refreshApprovals() {
+  const sid = S.sid;
+  const res = await rpc.call("approval/list", { sessionId: sid, status: "pending" });
+  if (sid !== S.sid) return;
+  S.approvals = new Map(res.approvals.map((a) => [a.approvalId, a]));
+  drawApprovals();
+}
+
+function drawApprovals() {
+  const box = clear($("#approvals"));
+  for (const a of S.approvals.values()) {
+    const reason = h("input", { class: "reason-input", placeholder: "Reason (optional, shown to the agent)",
+      "aria-label": "Reason" });
+    const note = h("p", { class: "reason" });
+    const decide = async (decision) => {
+      for (const b of card.querySelectorAll("button")) b.disabled = true;
+      try {
+        await rpc.call("approval/resolve", { approvalId: a.approvalId, decision,
+          reason: reason.value.trim() || undefined });
+      } catch (err) {
+        note.textContent = err.message;
+      }
+      await Promise.all([refreshApprovals(), refreshStatus()]);
+    };
+    const card = h("div", { class: "approval card", dataset: { approvalId: a.approvalId } },
+      h("div", { class: "approval-head" }, h("strong", null, "Approval needed: "),
+        h("span", { class: "tool-name" }, a.toolName || "(unnamed tool)"),
+        h("span", { class: "meta" }, ` call ${a.toolCallId} · ${fmtAgo(a.createdAt)}`)),
+      h("pre", { class: "args" }, prettyArgs(a.arguments)),
+      h("div", { class: "row" }, reason,
+        h("button", { type: "button", class: "approve", onclick: () => decide("approved") }, "Approve"),
+        h("button", { type: "button", class: "deny", onclick: () => decide("denied") }, "Deny")),
+      note);
+    box.append(card);
+  }
+  updateGates();
+}
+
+// Compact and the message box wait while a tool call awaits approval.
+function updateGates() {
+  const pending = S.approvals.size || (S.status ? S.status.pendingApprovals : 0);
+  const live = document.body.dataset.conn === "live";
+  let why = "";
+  if (!live) why = "Not connected to the daemon.";
+  else if (pending) why = `A tool call awaits approval (${pending} pending): approve or deny it first.`;
+  const compactWhy = why || (S.compacting || (S.status && S.status.compacting) ? "A compaction is running." : "");
+  $("#message-input").disabled = !!why;
+  $("#send").disabled = !!why;
+  $("#composer-reason").textContent = why;
+  $("#compact-button").disabled = !!compactWhy;
+  $("#compact-instructions").disabled = !!why;
+  $("#compact-reason").textContent = compactWhy;
+}
+
+function isInContext(id) {
+  return S.ctxIds.has(id) || id > S.ctxMax;
+}
+
+async function jump(id) {
+  const ok = await transcript.jumpTo(id);
+  if (!ok) $("#compact-result").textContent = `Message #${id} is not in this session's archive.`;
+}
+
+// notifications from the daemon, whoever caused them
+
+function onEvent(method, p) {
+  if (method === "$/progress") return progress(p);
+  if (!S.sid || p.sessionId !== S.sid) {
+    if (!S.sid) soon("list", () => loadSessions(true), 300);
+    return;
+  }
+  switch (method) {
+    case "session/didAppend":
+      soon("append", () => transcript.catchUp(), 20);
+      soon("status", refreshStatus);
+      soon("context", refreshContext, 150);
+      break;
+    case "context/didCompact":
+      soon("context", refreshContext, 20);
+      soon("explain", refreshExplain, 20);
+      soon("history", refreshHistory, 20);
+      break;
+    case "context/compactionFailed":
+      $("#compact-result").textContent = `A ${p.trigger} compaction failed: ${p.error && p.error.message}`;
+      soon("history", refreshHistory, 20);
+      soon("status", refreshStatus);
+      break;
+    case "approval/didRequest":
+    case "approval/didResolve":
+      soon("approvals", refreshApprovals, 10);
+      soon("status", refreshStatus);
+      break;
+    default:
+      soon("status", refreshStatus);
+  }
+}
+
+function progress(p) {
+  if (p.sessionId !== S.sid) return;
+  const bar = $("#compact-progress");
+  const v = p.value || {};
+  if (v.kind === "end") {
+    bar.hidden = true;
+    S.compacting = false;
+  } else {
+    bar.hidden = false;
+    S.compacting = true;
+    if (typeof v.percentage === "number") bar.value = v.percentage;
+    else bar.removeAttribute("value");
+    $("#compact-result").textContent = v.message || v.title || "Compacting…";
+  }
+  updateGates();
+}
+
+// actions
+
+async function compactNow() {
+  const sid = S.sid;
+  const instructions = $("#compact-instructions").value.trim() || undefined;
+  const out = $("#compact-result");
+  out.textContent = "Compacting…";
+  S.compacting = true;
+  updateGates();
+  try {
+    const r = await rpc.call("context/compact", { sessionId: sid, force: true, instructions });
+    if (sid !== S.sid) return;
+    out.textContent = r.effective
+      ? `Effective: ${fmtInt(r.before.messages)} → ${fmtInt(r.after.messages)} messages, `
+        + `${fmtInt(r.before.tokens)} → ${fmtInt(r.after.tokens)} tokens.`
+      : `Not effective, nothing committed: ${r.reason || "the context would not shrink"}.`;
+    out.className = r.effective ? "ok" : "no";
+  } catch (err) {
+    out.textContent = `Compaction failed: ${err.message}`;
+    out.className = "no";
+  } finally {
+    S.compacting = false;
+    $("#compact-progress").hidden = true;
+    updateGates();
+    await Promise.all([refreshStatus(), refreshContext(), refreshExplain(), refreshHistory()]);
+  }
+}
+
+async function sendMessage(ev) {
+  ev.preventDefault();
+  const box = $("#message-input");
+  const text = box.value;
+  if (!text.trim() || box.disabled) return;
+  try {
+    await rpc.call("messages/append", { sessionId: S.sid, messages: [{ role: "user", content: text }] });
+    box.value = "";
+    $("#composer-reason").textContent = "";
+    transcript.scrollToBottom();
+  } catch (err) {
+    $("#composer-reason").textContent = err.message;
+  }
+}
+
+async function addPin(ev) {
+  ev.preventDefault();
+  const input = $("#pin-input");
+  const text = input.value.trim();
+  if (!text) return;
+  await rpc.call("context/pins/add", { sessionId: S.sid, text });
+  input.value = "";
+  await Promise.all([refreshPins(), refreshStatus()]);
+}
+
+// search
+
+let searchSeq = 0;
+async function search(ev) {
+  if (ev) ev.preventDefault();
+  const query = $("#search-input").value.trim();
+  const box = $("#search-results");
+  if (!query) return closeSearch();
+  const seq = ++searchSeq;
+  const scope = $("#search-scope").value;
+  const params = { query, limit: 30 };
+  if (scope === "session" && S.sid) params.sessionId = S.sid;
+  let hits;
+  try {
+    hits = (await rpc.call("archive/search", params)).hits;
+  } catch (err) {
+    hits = null;
+    if (seq !== searchSeq) return;
+    clear(box).append(h("p", { class: "reason" }, err.message));
+  }
+  if (seq !== searchSeq) return;
+  box.hidden = false;
+  if (!hits) return;
+  clear(box);
+  box.append(h("div", { class: "search-head" },
+    `${hits.length} hit${hits.length === 1 ? "" : "s"} for “${query}” ${params.sessionId ? "in this session" : "in all sessions"}`,
+    h("button", { type: "button", class: "icon", onclick: closeSearch, "aria-label": "Close" }, "✕")));
+  for (const hit of hits) {
+    const href = `/s/${encodeURIComponent(hit.sessionId)}#m${hit.messageId}`;
+    box.append(h("a", { class: "hit", href, dataset: { messageId: String(hit.messageId) },
+      onclick: (e) => { e.preventDefault(); openHit(hit); } },
+    h("div", { class: "meta" }, `${hit.role} · #${hit.messageId} · ${fmtTime(hit.createdAt)} · `,
+      h("span", { class: hit.inActiveContext ? "badge in" : "badge out" },
+        hit.inActiveContext ? "in context" : "archived only"),
+      hit.sessionId !== S.sid ? ` · ${hit.sessionId}` : ""),
+    h("div", { class: "snippet" }, snippetNodes(hit.snippet))));
+  }
+}
+
+function openHit(hit) {
+  closeSearch();
+  if (hit.sessionId === S.sid) {
+    history.replaceState(null, "", `#m${hit.messageId}`);
+    jump(hit.messageId);
+  } else {
+    go(`/s/${encodeURIComponent(hit.sessionId)}#m${hit.messageId}`);
+  }
+}
+
+function closeSearch() {
+  const box = $("#search-results");
+  box.hidden = true;
+  clear(box);
+}
+
+// wiring
+
+function start() {
+  transcript = new Transcript(rpc, $("#transcript-scroller"), $("#transcript"), {
+    isInContext,
+    onNewBelow: (n) => {
+      const b = $("#new-below");
+      b.hidden = n === 0;
+      if (n) b.textContent = `${n} new message${n === 1 ? "" : "s"} ↓`;
+    },
+  });
+  $("#new-below").addEventListener("click", async () => {
+    $("#new-below").hidden = true;
+    if (transcript.hasNewer) await transcript.openNewest();
+    else transcript.scrollToBottom();
+  });
+  $("#home").addEventListener("click", (ev) => { ev.preventDefault(); go("/"); });
+  $("#sessions-more").addEventListener("click", () => loadSessions(false));
+  let filterTimer = null;
+  $("#session-filter").addEventListener("input", () => {
+    clearTimeout(filterTimer);
+    filterTimer = setTimeout(() => { S.listCount = 0; loadSessions(true); }, 200);
+  });
+  $("#compact-button").addEventListener("click", compactNow);
+  $("#composer").addEventListener("submit", sendMessage);
+  $("#message-input").addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) sendMessage(ev);
+  });
+  $("#pin-form").addEventListener("submit", addPin);
+  $("#explain-toggle").addEventListener("change", drawSummary);
+  $("#search-form").addEventListener("submit", search);
+  $("#search-scope").addEventListener("change", () => { if ($("#search-input").value.trim()) search(); });
+  document.addEventListener("keydown", (ev) => { if (ev.key === "Escape") closeSearch(); });
+  window.addEventListener("popstate", route);
+  // the list has no events of its own: look again every few seconds while it is shown
+  setInterval(() => {
+    if (!S.sid && !$("#sessions-view").hidden && rpc.open) loadSessions(true).catch(() => {});
+  }, 3000);
+  setInterval(() => { if (S.status) setStatus(S.status); }, 15000);
+  rpc.connect();
+  route();
+}
+
+start();

@@ -1,0 +1,427 @@
+"""The web page in a real headless Chromium (Debian's), against a real daemon process.
+
+Playwright drives /usr/bin/chromium (never a downloaded browser). Without Chromium or
+Playwright these tests fail: the page is a feature, not an optional extra.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import DaemonProcess, agent_turn, wait_for
+from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
+
+from ctxd.protocol.errors import CtxdError, ErrorCode
+from ctxd.protocol.webpage import login_token
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "ui.png"
+WAIT_MS = 10_000
+expect.set_options(timeout=WAIT_MS)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    # DEBUG: the log must stay free of the login token even at its most talkative
+    d = DaemonProcess(tmp_path_factory.mktemp("web"), env={
+        "CTXD_LOG_LEVEL": "DEBUG", "CTXD_MAX_ACTIVE_MESSAGES": "100000"}).start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    assert os.path.exists(CHROMIUM), "Debian's chromium is required: bash .ci/system-packages"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def context(browser: Browser) -> Iterator[BrowserContext]:
+    ctx = browser.new_context(viewport={"width": 1400, "height": 900})
+    ctx.set_default_timeout(WAIT_MS)
+    yield ctx
+    ctx.close()
+
+
+@pytest.fixture
+def client(daemon: DaemonProcess) -> Iterator[Any]:
+    with daemon.client("jsonrpc") as c:
+        yield c
+
+
+def ui_url(daemon: DaemonProcess, session: str | None = None) -> str:
+    """What `ctxd ui --no-browser` prints."""
+    cmd = [sys.executable, "-m", "ctxd.clients.cli", "ui", "--no-browser",
+           "--connection-file", str(daemon.connection_file)] + ([session] if session else [])
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=daemon.env)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def watch_errors(page: Page) -> list[str]:
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    return errors
+
+
+def open_session(context: BrowserContext, daemon: DaemonProcess, sid: str) -> Page:
+    page = context.new_page()
+    page.goto(ui_url(daemon, sid))
+    page.wait_for_selector("body[data-ready=true]")
+    return page
+
+
+def new_session(client: Any, title: str, turns: int = 0) -> str:
+    sid = client.call("session/create", {"title": title})["sessionId"]
+    client.call("messages/append", {"sessionId": sid, "messages": [
+        {"role": "system", "content": "You are a careful coding agent."}]})
+    for i in range(turns):
+        client.call("messages/append", {"sessionId": sid, "messages": agent_turn(i)})
+    return sid
+
+
+def numbers(page: Page) -> dict[str, str]:
+    return {k: page.inner_text(f"#n-{k}") for k in
+            ("active", "tokens", "compactions", "archive", "approvals", "run", "paused")}
+
+
+def fmt(n: int) -> str:
+    return f"{n:,}"
+
+
+def test_page_shows_the_numbers_and_updates_live(daemon: DaemonProcess, client: Any,
+                                                 context: BrowserContext) -> None:
+    sid = new_session(client, "numbers", turns=5)
+    page = open_session(context, daemon, sid)
+    errors = watch_errors(page)
+    # the login token left the address bar; the cookie that replaced it is HttpOnly
+    assert "token" not in page.url and page.url.endswith(f"/s/{sid}")
+    cookies = context.cookies()
+    assert cookies and all(c["httpOnly"] and c["sameSite"] == "Strict" for c in cookies)
+    assert page.evaluate("document.cookie") == ""
+    st = client.call("context/status", {"sessionId": sid})
+    got = numbers(page)
+    assert got["active"] == fmt(st["activeMessages"])
+    assert got["tokens"] == fmt(st["estimatedTokens"])
+    assert got["archive"] == fmt(st["archiveMessages"]) == "21"
+    assert got["compactions"] == "0" and got["approvals"] == "0" and got["run"] == "idle"
+    assert page.locator("#transcript .msg").count() == 21
+    # a Python client appends: the page shows the message and the new numbers
+    client.call("messages/append", {"sessionId": sid, "messages": [
+        {"role": "user", "content": "live from python 🐍 实时"}]})
+    page.wait_for_selector("#transcript .msg.role-user >> text=live from python 🐍 实时")
+    expect(page.locator("#n-archive")).to_have_text("22")
+    st = client.call("context/status", {"sessionId": sid})
+    expect(page.locator("#n-tokens")).to_have_text(fmt(st["estimatedTokens"]))
+    # and the page appends: the Python client reads it from the archive
+    page.fill("#message-input", "from the page")
+    page.click("#send")
+    page.wait_for_selector("#transcript .msg >> text=from the page")
+    last = client.call("archive/read", {"sessionId": sid, "afterId": 0})["messages"][-1]
+    assert (last["role"], last["content"]) == ("user", "from the page")
+    assert errors == []
+
+
+def test_compact_from_the_page_shrinks_numbers_and_pointers_jump(
+        daemon: DaemonProcess, client: Any, context: BrowserContext) -> None:
+    sid = new_session(client, "compaction demo: refactor the handlers", turns=60)
+    client.call("context/pins/add", {"sessionId": sid, "text": "Never touch the production DB."})
+    page = open_session(context, daemon, sid)
+    errors = watch_errors(page)
+    before = client.call("context/status", {"sessionId": sid})
+    assert page.inner_text("#n-active") == fmt(before["activeMessages"])
+    # the newest page only: the start of the session is not in the DOM yet
+    assert page.locator("#transcript .msg[data-id]").count() <= 100
+    page.fill("#compact-instructions", "keep every file path")
+    page.click("#compact-button")
+    page.wait_for_selector("#compact-result.ok")
+    after = client.call("context/status", {"sessionId": sid})
+    assert after["activeMessages"] < before["activeMessages"]
+    assert after["compactionCount"] == 1
+    expect(page.locator("#n-active")).to_have_text(fmt(after["activeMessages"]))
+    assert page.inner_text("#n-tokens") == fmt(after["estimatedTokens"])
+    assert page.inner_text("#n-compactions") == "1"
+    assert "Effective" in page.inner_text("#compact-result")
+    # the summary, by section, with pointers; the oldest pointer is paged in on click
+    page.wait_for_selector("#summary-box .pointer")
+    ids = [int(x) for x in page.eval_on_selector_all(
+        "#summary-box .pointer", "els => els.map(e => e.dataset.id)")]
+    first = min(ids)
+    assert page.locator(f"#transcript .msg[data-id='{first}']").count() == 0
+    page.locator(f"#summary-box .pointer[data-id='{first}']").first.click()
+    target = page.locator(f"#transcript .msg[data-id='{first}']")
+    target.wait_for()
+    assert "target" in (target.get_attribute("class") or "")
+    assert "archived-only" in (target.get_attribute("class") or "")
+    assert target.is_visible() and _in_viewport(page, f"#transcript .msg[data-id='{first}']")
+    want = next(m for m in client.call("archive/read", {"sessionId": sid, "afterId": first - 1,
+                                                        "limit": 1})["messages"])
+    assert want["id"] == first
+    assert str(want["content"]).split("\n")[0] in target.inner_text()
+    # the rest of the panel: pins, tail, history with its chart, explain
+    assert "Never touch the production DB." in page.inner_text("#pins-box")
+    ids = client.call("context/get", {"sessionId": sid})["messageIds"]
+    tail = ids[ids.index(None) + 1:]
+    assert page.locator("#tail-box .tail-row").count() == len(tail)
+    page.wait_for_selector("#history-box table.history tbody tr")
+    assert page.locator("#history-chart path.line.active").count() == 1
+    assert "manual" in page.inner_text("#history-box")
+    page.check("#explain-toggle")
+    page.wait_for_selector("#summary-box .explain-src")
+    page.locator("#transcript .msg").last.scroll_into_view_if_needed()
+    page.screenshot(path=str(SCREENSHOT))
+    assert errors == []
+
+
+def _in_viewport(page: Page, selector: str) -> bool:
+    return bool(page.eval_on_selector(selector, """el => {
+        const r = el.getBoundingClientRect();
+        const s = document.querySelector('#transcript-scroller').getBoundingClientRect();
+        return r.bottom > s.top && r.top < s.bottom; }"""))
+
+
+def test_pending_approval_blocks_two_tabs_and_the_first_answer_wins(
+        daemon: DaemonProcess, client: Any, context: BrowserContext) -> None:
+    sid = new_session(client, "approvals", turns=2)
+    watcher = daemon.client("zmq")
+    stream = watcher.notifications()
+    watcher.subscribe(sid)
+    run = client.call("run/start", {"sessionId": sid})["runId"]
+    client.call("messages/append", {"sessionId": sid, "runId": run, "messages": [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_rm", "type": "function", "function": {
+                "name": "delete_files",
+                "arguments": json.dumps({"glob": "build/*", "说明": "清理"})}}]}]})
+    tab1 = open_session(context, daemon, sid)
+    tab2 = context.new_page()
+    tab2.goto(tab1.url)
+    tab2.wait_for_selector("body[data-ready=true]")
+    approval = client.call("approval/request", {
+        "sessionId": sid, "runId": run, "toolCallId": "call_rm", "toolName": "delete_files",
+        "arguments": {"glob": "build/*"}})
+    for tab in (tab1, tab2):
+        card = tab.locator(f".approval[data-approval-id='{approval['approvalId']}']")
+        card.wait_for()
+        assert "delete_files" in card.inner_text() and "build/*" in card.inner_text()
+        assert tab.is_disabled("#compact-button") and tab.is_disabled("#message-input")
+        assert tab.is_disabled("#send")
+        assert "awaits approval" in tab.inner_text("#composer-reason")
+        assert "awaits approval" in tab.inner_text("#compact-reason")
+        assert tab.inner_text("#n-approvals") == "1"
+    tab1.fill(".approval .reason-input", "only the build dir")
+    tab1.click(".approval button.approve")
+    for tab in (tab2, tab1):
+        tab.wait_for_selector(".approval", state="detached")
+        expect(tab.locator("#message-input")).to_be_enabled()
+        assert not tab.is_disabled("#compact-button")
+        assert tab.inner_text("#n-approvals") == "0"
+        assert tab.inner_text("#composer-reason") == ""
+    got = wait_for(stream, "approval/didResolve")
+    assert got["approval"]["status"] == "approved"
+    resolved = client.call("approval/list", {"sessionId": sid})["approvals"]
+    assert [(a["status"], a["reason"]) for a in resolved] == [("approved", "only the build dir")]
+    # a second answer loses: the first decision stands
+    with pytest.raises(CtxdError) as err:
+        client.call("approval/resolve", {"approvalId": approval["approvalId"],
+                                         "decision": "denied"})
+    assert err.value.code == ErrorCode.CONFLICT
+    assert tab2.locator(".approval").count() == 0
+    stream.close()
+    watcher.close()
+
+
+def test_chinese_search_jumps_to_the_message(daemon: DaemonProcess, client: Any,
+                                             context: BrowserContext) -> None:
+    sid = new_session(client, "搜索 search")
+    hit_id = client.call("messages/append", {"sessionId": sid, "messages": [
+        {"role": "user", "content": "下周我们需要把数据库迁移到新的服务器上。"}]})["messageIds"][0]
+    for i in range(40):
+        client.call("messages/append", {"sessionId": sid, "messages": agent_turn(i)})
+    page = open_session(context, daemon, sid)
+    errors = watch_errors(page)
+    assert page.locator(f"#transcript .msg[data-id='{hit_id}']").count() == 0
+    page.fill("#search-input", "迁移")
+    page.press("#search-input", "Enter")
+    hit = page.locator(f"#search-results .hit[data-message-id='{hit_id}']")
+    hit.wait_for()
+    assert hit.locator("mark").first.inner_text() == "迁移"
+    assert "archived only" in hit.inner_text() or "in context" in hit.inner_text()
+    hit.click()
+    target = page.locator(f"#transcript .msg[data-id='{hit_id}']")
+    target.wait_for()
+    assert "target" in (target.get_attribute("class") or "")
+    assert _in_viewport(page, f"#transcript .msg[data-id='{hit_id}']")
+    assert "数据库迁移" in target.inner_text()
+    # from another session's page, "all sessions" opens the hit's session at the message
+    other = new_session(client, "elsewhere")
+    page.goto(page.url.split("/s/")[0] + f"/s/{other}")
+    page.wait_for_selector("body[data-ready=true]")
+    page.select_option("#search-scope", "all")
+    page.fill("#search-input", "迁移")
+    page.press("#search-input", "Enter")
+    page.locator(f"#search-results .hit[data-message-id='{hit_id}']").click()
+    page.wait_for_url(re.compile(f"/s/{sid}#m{hit_id}$"))
+    page.locator(f"#transcript .msg.target[data-id='{hit_id}']").wait_for()
+    assert errors == []
+
+
+def test_markup_in_content_stays_text(daemon: DaemonProcess, client: Any,
+                                      context: BrowserContext) -> None:
+    evil = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+    sid = client.call("session/create", {"title": "t " + evil})["sessionId"]
+    client.call("context/pins/add", {"sessionId": sid, "text": "pin " + evil})
+    run = client.call("run/start", {"sessionId": sid})["runId"]
+    client.call("messages/append", {"sessionId": sid, "runId": run, "messages": [
+        {"role": "user", "content": evil},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+         "function": {"name": "x" + evil[:20], "arguments": json.dumps({"html": evil})}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": evil * 2000}]})
+    client.call("run/finish", {"runId": run, "outcome": "completed"})
+    client.call("context/compact", {"sessionId": sid, "force": True})
+    page = open_session(context, daemon, sid)
+    errors = watch_errors(page)
+    page.goto(ui_url(daemon))  # the list shows the title
+    page.wait_for_selector(f"#sessions tr[data-session-id='{sid}']")
+    page.goto(ui_url(daemon, sid))
+    page.wait_for_selector("body[data-ready=true]")
+    page.fill("#search-input", "pwned")
+    page.press("#search-input", "Enter")
+    page.wait_for_selector("#search-results .hit")
+    page.wait_for_timeout(300)
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator("main img, #search-results img, main script").count() == 0
+    user = page.locator("#transcript .msg.role-user .body")
+    assert user.inner_text() == evil
+    assert evil in page.inner_text("#pins-box")
+    assert evil in page.inner_text("#crumb")
+    # the huge tool output is cut in view, with a button for the rest
+    tool = page.locator("#transcript .msg.role-tool")
+    assert len(tool.inner_text()) < 5000
+    tool.locator("button.expand").click()
+    assert len(tool.inner_text()) > len(evil) * 2000
+    assert page.evaluate("window.__pwned") is None
+    assert errors == []
+
+
+class _ForeignSite(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802
+        body = b"<!doctype html><title>foreign</title><p>elsewhere"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+PROBE = """async (base) => {
+  const ws = await new Promise((resolve) => {
+    const s = new WebSocket(base.replace('http', 'ws') + 'ws');
+    s.onopen = () => { s.send(JSON.stringify({jsonrpc: '2.0', id: 1, method: 'session/list',
+                                              params: {}})); };
+    s.onmessage = (e) => resolve('message: ' + e.data);
+    s.onerror = () => resolve('error');
+    s.onclose = () => resolve('closed');
+    setTimeout(() => resolve('timeout'), 4000);
+  });
+  let fetched;
+  try {
+    const r = await fetch(base, {credentials: 'include'});
+    fetched = 'read: ' + await r.text();
+  }
+  catch (e) { fetched = 'blocked'; }
+  return {ws, fetched};
+}"""
+
+
+def test_foreign_origin_and_missing_token_get_nothing(daemon: DaemonProcess, client: Any,
+                                                      browser: Browser) -> None:
+    marker = "secret-title-7c1e"
+    sid = client.call("session/create", {"title": marker})["sessionId"]
+    base = daemon.info()["http"]
+    # no login token: a 401 page with nothing of the daemon's, and no WebSocket
+    ctx = browser.new_context()
+    page = ctx.new_page()
+    resp = page.goto(base + f"s/{sid}")
+    assert resp is not None and resp.status == 401
+    assert marker not in page.content() and sid not in page.inner_text("body")
+    assert "ctxd ui" in page.inner_text("body")
+    got = page.evaluate(PROBE, base)
+    assert got["ws"] in ("error", "closed"), got
+    assert marker not in json.dumps(got)
+    # a wrong token is the same as none
+    resp = page.goto(base + "?token=" + "A" * 43)
+    assert resp is not None and resp.status == 401
+    ctx.close()
+    # logged in, then a page of another origin (same host, other port: same site for
+    # cookies) tries the WebSocket and a credentialed fetch
+    ctx = browser.new_context()
+    page = ctx.new_page()
+    page.goto(ui_url(daemon, sid))
+    page.wait_for_selector("body[data-ready=true]")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ForeignSite)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+        got = page.evaluate(PROBE, base)
+        assert got["ws"] in ("error", "closed") and got["fetched"] == "blocked", got
+        assert marker not in json.dumps(got)
+    finally:
+        server.shutdown()
+        server.server_close()
+    # DNS rebinding: the page's own cookie, a foreign Host name
+    cookie = next(c for c in ctx.cookies() if c["name"].startswith("ctxd_page_"))
+    port = int(base.rsplit(":", 1)[1].strip("/"))
+    for host in (f"evil.example:{port}", f"127.0.0.1.nip.io:{port}", "127.0.0.1:1"):
+        head = _raw_get(port, f"/s/{sid}", host, f"{cookie['name']}={cookie['value']}")
+        assert head.startswith(b"HTTP/1.1 403"), (host, head[:80])
+        assert marker.encode() not in head
+    head = _raw_get(port, f"/s/{sid}", f"127.0.0.1:{port}", f"{cookie['name']}={cookie['value']}")
+    assert head.startswith(b"HTTP/1.1 200")
+    ctx.close()
+    # the token never reached the daemon's log, even at DEBUG
+    log = daemon.log_path.read_text(errors="replace")
+    assert "GET" in log  # the log does record requests
+    assert login_token(daemon.info()["token"]) not in log
+    assert cookie["value"] not in log
+
+
+def _raw_get(port: int, path: str, host: str, cookie: str) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nCookie: {cookie}\r\n\r\n".encode())
+        out = b""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+
+def test_ctxd_ui_names_a_missing_session(daemon: DaemonProcess) -> None:
+    cmd = [sys.executable, "-m", "ctxd.clients.cli", "ui", "no-such-session", "--no-browser",
+           "--connection-file", str(daemon.connection_file)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=daemon.env)
+    assert out.returncode == 2 and "no-such-session" in out.stderr
+    assert out.stdout == ""
