@@ -188,10 +188,17 @@ class _Methods(Generic[R]):
         after_id: int | None = None,
         limit: int | None = None,
         before_id: int | None = None,
+        max_bytes: int | None = None,
     ) -> R:
         return self.call(
             "archive/read",
-            _drop_none(sessionId=session_id, afterId=after_id, limit=limit, beforeId=before_id),
+            _drop_none(
+                sessionId=session_id,
+                afterId=after_id,
+                limit=limit,
+                beforeId=before_id,
+                maxBytes=max_bytes,
+            ),
         )
 
     def search(

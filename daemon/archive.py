@@ -57,6 +57,20 @@ def _budget(conn: apsw.Connection, seconds: float | None) -> Iterator[None]:
         conn.set_progress_handler(None)
 
 
+def _within_bytes(rows: Iterable[Sequence[Any]], max_bytes: int | None) -> Iterator[Sequence[Any]]:
+    """Rows while their bodies add up to at most `max_bytes` (the first one always).
+    Stops reading at the first row past the bound, so a page of large messages is never
+    loaded beyond it."""
+    used = 0
+    for row in rows:
+        if max_bytes is not None:
+            size = len(row[2].encode("utf-8", "surrogatepass"))
+            if used and used + size > max_bytes:
+                return
+            used += size
+        yield row
+
+
 def _row_to_message(row: Sequence[Any]) -> dict[str, Any]:
     msg_id, batch_id, body, tokens, created_at = row
     msg = json.loads(body)
@@ -269,28 +283,43 @@ class ArchiveStore:
 
     # reading
 
-    def read(self, session_id: str, after_id: int, limit: int) -> list[dict[str, Any]]:
-        return [
-            _row_to_message(r)
-            for r in self.conn.execute(
-                "SELECT id, batch_id, body, tokens, created_at FROM messages "
-                "WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?",
-                (session_id, after_id, limit),
-            )
-        ]
+    def read(
+        self, session_id: str, after_id: int, limit: int, max_bytes: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Up to `limit` messages after `after_id`, oldest first; with `max_bytes`, no more
+        than that many bytes of stored JSON (but always one message, so paging moves)."""
+        rows = self.conn.execute(
+            "SELECT id, batch_id, body, tokens, created_at FROM messages "
+            "WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?",
+            (session_id, after_id, limit),
+        )
+        return [_row_to_message(r) for r in _within_bytes(rows, max_bytes)]
 
     def read_before(
-        self, session_id: str, before_id: int, after_id: int, limit: int
+        self,
+        session_id: str,
+        before_id: int,
+        after_id: int,
+        limit: int,
+        max_bytes: int | None = None,
     ) -> list[dict[str, Any]]:
-        """The latest `limit` messages with after_id < id < before_id, oldest first."""
-        rows = list(
-            self.conn.execute(
-                "SELECT id, batch_id, body, tokens, created_at FROM messages "
-                "WHERE session_id = ? AND id > ? AND id < ? ORDER BY id DESC LIMIT ?",
-                (session_id, after_id, before_id, limit),
-            )
+        """The latest `limit` messages with after_id < id < before_id, oldest first; with
+        `max_bytes`, the latest that fit it (always one)."""
+        rows = self.conn.execute(
+            "SELECT id, batch_id, body, tokens, created_at FROM messages "
+            "WHERE session_id = ? AND id > ? AND id < ? ORDER BY id DESC LIMIT ?",
+            (session_id, after_id, before_id, limit),
         )
-        return [_row_to_message(r) for r in reversed(rows)]
+        kept = list(_within_bytes(rows, max_bytes))
+        return [_row_to_message(r) for r in reversed(kept)]
+
+    def has_between(self, session_id: str, after_id: int, before_id: int | None) -> bool:
+        """Whether the session has a message with after_id < id (< before_id)."""
+        row = self.conn.execute(
+            "SELECT 1 FROM messages WHERE session_id = ? AND id > ? AND id < ? LIMIT 1",
+            (session_id, after_id, before_id if before_id is not None else 1 << 62),
+        ).fetchone()
+        return row is not None
 
     def read_from(
         self, session_id: str, from_id: int, to_id: int | None = None

@@ -60,7 +60,7 @@ class Dispatcher:
             "session/unsubscribe": self.unsubscribe,
             "messages/append": self.append,
             "archive/read": lambda c, p: engine.read_archive(
-                p["sessionId"], p["afterId"], p["limit"], p["beforeId"]
+                p["sessionId"], p["afterId"], p["limit"], p["beforeId"], p["maxBytes"]
             ),
             "archive/search": self.search,
             "context/get": self.context_get,

@@ -343,15 +343,27 @@ class Engine:
     # reading
 
     def read_archive(
-        self, session_id: str, after_id: int = 0, limit: int = 200, before_id: int | None = None
+        self,
+        session_id: str,
+        after_id: int = 0,
+        limit: int = 200,
+        before_id: int | None = None,
+        max_bytes: int | None = None,
     ) -> dict[str, Any]:
+        """A page of the archive: at most `limit` messages and `max_bytes` of them."""
         self.require_session(session_id)
         if before_id is not None:
-            msgs = self.archive.read_before(session_id, before_id, after_id, limit)
-            next_before = msgs[0]["id"] if len(msgs) == limit else None
+            msgs = self.archive.read_before(session_id, before_id, after_id, limit, max_bytes)
+            more = len(msgs) == limit or (
+                bool(msgs) and self.archive.has_between(session_id, after_id, msgs[0]["id"])
+            )
+            next_before = msgs[0]["id"] if more else None
             return {"messages": msgs, "nextAfterId": None, "nextBeforeId": next_before}
-        msgs = self.archive.read(session_id, after_id, limit)
-        next_after = msgs[-1]["id"] if len(msgs) == limit else None
+        msgs = self.archive.read(session_id, after_id, limit, max_bytes)
+        more = len(msgs) == limit or (
+            bool(msgs) and self.archive.has_between(session_id, msgs[-1]["id"], None)
+        )
+        next_after = msgs[-1]["id"] if more else None
         return {"messages": msgs, "nextAfterId": next_after}
 
     def archive_count(self, session_id: str) -> int:

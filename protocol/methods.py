@@ -40,6 +40,9 @@ REASON_MAX = 4 * 1024
 TEXT_MAX = 64 * 1024
 LIMIT_MAX = 1000
 READ_LIMIT_MAX = 5000
+# bytes of messages one archive/read page holds: by default one largest message (8 MiB)
+READ_BYTES_DEFAULT = 8 * 1024 * 1024
+READ_BYTES_MAX = 64 * 1024 * 1024
 OFFSET_MAX = 10_000
 APPEND_MAX_MESSAGES = 10_000
 
@@ -326,7 +329,10 @@ _METHOD_LIST: tuple[Method, ...] = (
         "`batchId` (integer), `messageIds` (archive ids, integers, in order), `status` (as from "
         "`context/status`).",
         "Appends one batch to the archive and the active context. The batch is stored whole "
-        "or not at all. May schedule an automatic compaction.",
+        "or not at all. May schedule an automatic compaction. Limits (daemon config): each "
+        "message at most `max_message_bytes` of JSON (8 MiB by default), at most "
+        "`max_batch_messages` messages (10,000), and the whole request at most "
+        "`max_request_bytes` (64 MiB); above them `PAYLOAD_TOO_LARGE` and nothing is stored.",
         (
             _E.SESSION_NOT_FOUND,
             _E.INVALID_MESSAGE,
@@ -358,12 +364,27 @@ _METHOD_LIST: tuple[Method, ...] = (
                 "smaller than this (still oldest first).",
                 min=1,
             ),
+            Param(
+                "maxBytes",
+                "integer",
+                False,
+                "Most bytes of messages (their stored JSON) in one page; the page ends "
+                "before the message that would pass it, and `nextAfterId` (`nextBeforeId`) "
+                "says where to go on. A single message larger than this still comes alone, "
+                "so paging always moves.",
+                default=READ_BYTES_DEFAULT,
+                min=1,
+                max=READ_BYTES_MAX,
+            ),
         ),
         "`messages` (each with `id`, `batchId`, `createdAt`, `tokens` and its chat fields), "
         "`nextAfterId` (pass as `afterId` for the next page; null when there is no more). "
         "With `beforeId`: `nextAfterId` is null and `nextBeforeId` (pass as `beforeId` for "
         "the page of older messages; null when there is none) is added.",
-        "Reads the full archived history in order, whether or not it is still in context.",
+        "Reads the full archived history in order, whether or not it is still in context, "
+        f"one page at a time: at most `limit` messages and `maxBytes` bytes (default "
+        f"{READ_BYTES_DEFAULT // (1024 * 1024)} MiB). A message is at most the daemon's "
+        "`max_message_bytes` (8 MiB of JSON by default).",
         (_E.SESSION_NOT_FOUND,),
         True,
     ),
@@ -1051,6 +1072,8 @@ __all__ = [
     "PROTOCOL_VERSION",
     "QUERY_MAX",
     "QUERY_TERMS_MAX",
+    "READ_BYTES_DEFAULT",
+    "READ_BYTES_MAX",
     "READ_LIMIT_MAX",
     "SERVER_NAME",
     "TEXT_MAX",

@@ -244,3 +244,58 @@ def test_a_manual_compaction_waits_for_the_running_one(tmp_path: Path,
                     assert waits == [result["compactionId"]]
         finally:
             assert daemon.stop() == 0
+
+
+# archive/read pages by bytes as well as by count
+
+
+def test_archive_read_pages_by_bytes(tmp_path: Path) -> None:
+    mib = 1024 * 1024
+    daemon = start(tmp_path)
+    try:
+        with daemon.client("zmq", timeout=60) as c:
+            sid = c.call("session/create", {})["sessionId"]
+            words = "lorem ipsum dolor sit amet " * (mib // 27 + 1)
+            big = [{"role": "user", "content": f"{i} " + words} for i in range(12)]
+            for m in big:  # one per request: each request stays far below its limit
+                c.call("messages/append", {"sessionId": sid, "messages": [m]})
+            c.call("messages/append", {"sessionId": sid, "messages": [
+                {"role": "assistant", "content": "small"}]})
+
+            def size(page: dict[str, Any]) -> int:
+                return sum(len(json.dumps({"role": m["role"], "content": m["content"]},
+                                          ensure_ascii=False)) for m in page["messages"])
+
+            # the default bound: 8 MiB a page, whatever the count limit
+            first = c.call("archive/read", {"sessionId": sid, "limit": 5000})
+            assert 1 <= len(first["messages"]) < 12
+            assert size(first) <= 8 * mib
+            assert first["nextAfterId"] == first["messages"][-1]["id"]
+
+            # an explicit bound, followed to the end
+            seen: list[str] = []
+            after = 0
+            pages = 0
+            while True:
+                page = c.call("archive/read", {"sessionId": sid, "afterId": after,
+                                               "maxBytes": int(2.5 * mib)})
+                pages += 1
+                assert size(page) <= 2.5 * mib
+                seen += [m["content"].split(" ", 1)[0] for m in page["messages"]]
+                if page["nextAfterId"] is None:
+                    break
+                after = page["nextAfterId"]
+            assert seen == [str(i) for i in range(12)] + ["small"]
+            assert pages == 6  # two large messages a page; the small one joins the last
+
+            # one message above the bound still comes, alone, so paging moves
+            one = c.call("archive/read", {"sessionId": sid, "maxBytes": 1000})
+            assert len(one["messages"]) == 1 and one["nextAfterId"] is not None
+
+            # backwards: the latest messages that fit, oldest first
+            last = c.call("archive/read", {"sessionId": sid, "beforeId": 10 ** 9,
+                                           "maxBytes": int(1.5 * mib)})
+            assert [m["content"].split(" ", 1)[0] for m in last["messages"]] == ["11", "small"]
+            assert last["nextBeforeId"] == last["messages"][0]["id"]
+    finally:
+        assert daemon.stop() == 0

@@ -31,7 +31,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "session/subscribe": ("sessionId",),
     "session/unsubscribe": ("sessionId",),
     "messages/append": ("sessionId", "messages", "runId", "clientBatchId"),
-    "archive/read": ("sessionId", "afterId", "limit", "beforeId"),
+    "archive/read": ("sessionId", "afterId", "limit", "beforeId", "maxBytes"),
     "archive/search": (
         "query",
         "sessionId",
@@ -104,7 +104,8 @@ GOOD: dict[str, dict[str, Any]] = {
         "runId": "r1",
         "clientBatchId": "b1",
     },
-    "archive/read": {"sessionId": "s1", "afterId": 0, "limit": 5000, "beforeId": 9},
+    "archive/read": {"sessionId": "s1", "afterId": 0, "limit": 5000, "beforeId": 9,
+                     "maxBytes": 1024},
     "archive/search": {
         "query": "deploy",
         "sessionId": "s1",
@@ -251,6 +252,7 @@ def test_defaults_are_filled() -> None:
         "afterId": 0,
         "limit": 200,
         "beforeId": None,
+        "maxBytes": 8 * 1024 * 1024,
     }
     assert validate_params("context/get", {"sessionId": "s"})["format"] == "openai"
     assert validate_params("context/compact", {"sessionId": "s"})["force"] is False
