@@ -57,16 +57,10 @@ def pop(engine: Engine, session_id: str, count: int) -> dict[str, Any]:
     st = engine.context_state(session_id)
     tail = engine.tail_messages(session_id, st)
     start = max(0, len(tail) - count)
-    call_index = {
-        c["id"]: i for i, m in enumerate(tail) for c in m.get("tool_calls") or ()
-    }
+    call_index = {c["id"]: i for i, m in enumerate(tail) for c in m.get("tool_calls") or ()}
     while True:
         widened = min(
-            (
-                call_index.get(m["tool_call_id"], start)
-                for m in tail[start:]
-                if m["role"] == "tool"
-            ),
+            (call_index.get(m["tool_call_id"], start) for m in tail[start:] if m["role"] == "tool"),
             default=start,
         )
         if widened >= start:

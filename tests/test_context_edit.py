@@ -40,8 +40,9 @@ def test_pop_of_a_tool_result_takes_its_call_too(engine: Engine) -> None:
     call["tool_calls"].append(
         {"id": "call_b", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
     )
-    engine.append(sid, [call, tool_turn(1)[1],
-                        {"role": "tool", "tool_call_id": "call_b", "content": "x"}])
+    engine.append(
+        sid, [call, tool_turn(1)[1], {"role": "tool", "tool_call_id": "call_b", "content": "x"}]
+    )
     out = context_edit.pop(engine, sid, 1)
     assert [m["role"] for m in out["messages"]] == ["assistant", "tool", "tool"]
     assert _tail_roles(engine, sid) == ["user"]
@@ -128,8 +129,13 @@ def test_over_the_wire_with_metadata(tmp_path: Path) -> None:
     try:
         with daemon.client() as c:
             sid = c.create_session()["sessionId"]
-            c.append(sid, [{"role": "user", "content": "hi", "metadata": {"k": [1]}},
-                           {"role": "assistant", "content": "hello"}])
+            c.append(
+                sid,
+                [
+                    {"role": "user", "content": "hi", "metadata": {"k": [1]}},
+                    {"role": "assistant", "content": "hello"},
+                ],
+            )
             plain = c.context_get(sid)
             assert "metadata" not in plain["messages"][0]
             full = c.context_get(sid, include_metadata=True)

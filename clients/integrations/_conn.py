@@ -1,0 +1,80 @@
+"""Connections shared by the framework adapters.
+
+Frameworks make a session or history object per request (`RunnableWithMessageHistory`
+calls its factory on every invoke), so the adapters do not open a connection each:
+one blocking client per daemon for the process, one async client per daemon and
+event loop (`Runner.run_sync` and `asyncio.run` make a new loop each time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from typing import Any
+
+from ctxd.clients.client import AsyncClient, Client, Wire, connect, connect_async
+from ctxd.protocol.errors import Conflict
+
+_lock = threading.Lock()
+_sync: dict[tuple[Any, ...], Client] = {}
+_async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[Any, ...], AsyncClient]]
+_async = weakref.WeakKeyDictionary()
+_created: set[tuple[Any, ...]] = set()  # (daemon, session id) known to exist
+
+
+class Connection:
+    """Where the daemon is, or a client given by the caller; hands out live clients."""
+
+    def __init__(
+        self,
+        *,
+        client: Client | None = None,
+        async_client: AsyncClient | None = None,
+        connection_file: str | None = None,
+        data_dir: str | None = None,
+        wire: Wire = "jsonrpc",
+    ) -> None:
+        self._client = client
+        self._aclient = async_client
+        self._args = {"connection_file": connection_file, "data_dir": data_dir, "wire": wire}
+        self._key = (str(connection_file), str(data_dir), wire)
+
+    def sync(self) -> Client:
+        if self._client is not None:
+            return self._client
+        with _lock:
+            c = _sync.get(self._key)
+            if c is None or c.closed:
+                c = _sync[self._key] = connect(**self._args)  # type: ignore[arg-type]
+            return c
+
+    async def aio(self) -> AsyncClient:
+        if self._aclient is not None:
+            return self._aclient
+        per_loop = _async.setdefault(asyncio.get_running_loop(), {})
+        c = per_loop.get(self._key)
+        if c is None or c.closed:
+            c = per_loop[self._key] = await connect_async(**self._args)  # type: ignore[arg-type]
+        return c
+
+    def ensure(self, session_id: str, title: str | None = None) -> Client:
+        """The client, after creating the ctxd session if this process has not seen it."""
+        c = self.sync()
+        if (*self._key, session_id) not in _created:
+            try:
+                c.create_session(session_id, title=title)
+            except Conflict:
+                pass  # it exists: carry on where it was left
+            _created.add((*self._key, session_id))
+        return c
+
+    async def aensure(self, session_id: str, title: str | None = None) -> AsyncClient:
+        c = await self.aio()
+        if (*self._key, session_id) not in _created:
+            try:
+                await c.create_session(session_id, title=title)
+            except Conflict:
+                pass
+            _created.add((*self._key, session_id))
+        return c
