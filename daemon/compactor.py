@@ -301,6 +301,10 @@ class Compactor:
         # the last covered message, the anchor the next compaction counts on from
         keep = summary.all_sources() | {summary.covers_to}
         summary.ordinals = {k: v for k, v in ordinals.items() if k in keep}
+        # what superseded what outlives the items (search marks superseded hits with it)
+        summary.supersessions = dict(
+            list({**st.summary.supersessions, **summary.supersessions}.items())[-2000:]
+        )
         summary.compaction_ids = [*previous.compaction_ids, cid][-50:]
         summary.depth = 0 if rederive else previous.depth + 1
         return self._commit(

@@ -34,6 +34,7 @@ from .compaction import render_summary_message
 from .compactor import Compactor, strip_archive_fields
 from .config import Config
 from .context_store import ContextState
+from .corrections import mark_superseded
 from .messages import normalize_message
 from .projection import project
 from .runs import RUN_OUTCOMES, RunStore
@@ -491,7 +492,7 @@ class Engine:
         for hit in hits:
             st = self.context_state(hit["sessionId"])
             hit["inActiveContext"] = st.in_active_context(hit["messageId"])
-        return hits
+        return mark_superseded(self, hits)
 
     # pins
 

@@ -139,6 +139,8 @@ def _tool_result(found: dict[str, Any], query: str, session_id: str) -> dict[str
             when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(h["createdAt"]))
             where = "" if h["sessionId"] == session_id else f" · session {h['sessionId']}"
             seen = " · still in context" if h["inActiveContext"] else ""
+            if h.get("supersededBy") is not None:
+                seen += f" · superseded by msg {h['supersededBy']}"
             snippet = " ".join(h["snippet"].split())[:_SNIPPET_CHARS]
             lines.append(f"[msg {h['messageId']} · {h['role']} · {when}{where}{seen}] {snippet}")
         text = "\n".join(lines)

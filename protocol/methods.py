@@ -423,7 +423,10 @@ _METHOD_LIST: tuple[Method, ...] = (
             Param("until", "number", False, "Only messages created at or before (unix seconds)."),
         ),
         "`hits`: each `messageId`, `sessionId`, `role`, `snippet`, `createdAt`, `score`, "
-        '`inActiveContext` (boolean); `matched`: `"all"` when the hits have every word '
+        "`inActiveContext` (boolean), and `supersededBy` (the archive id of the statement "
+        "now current) when a later statement of the same subject superseded this one; "
+        "the newer statement then ranks directly above it. "
+        '`matched`: `"all"` when the hits have every word '
         '(or match the advanced query), `"any"` when no message has every word and the '
         "hits are the messages with some of them, best first.",
         "Full-text search of the archive, across all sessions unless `sessionId` is given. "
@@ -596,9 +599,12 @@ _METHOD_LIST: tuple[Method, ...] = (
         "context/explain",
         _SESSION_ONLY,
         "`items`: each summary item (`section`, `text`, `status`, `sources`: each "
-        "`{id, role, createdAt, snippet}` resolved from the archive, or `{id, broken: "
-        "true}`); `brokenPointers` (count); `pins`; `provenance` (`compactionIds`, "
-        "`coversFrom`, `coversTo`, `summarizer`).",
+        "`{id, role, createdAt, snippet, ordinal}` resolved from the archive, `ordinal` "
+        "being the message's position in its session, the `#N` the model reads; or "
+        "`{id, broken: true}`; and, when they apply, `unconfirmed` (a hedged statement), "
+        "`subject` (the path or id an artifact names), `value` (what a setting sets) and "
+        "`was` (the value it replaced)); `brokenPointers` (count); `pins`; `provenance` "
+        "(`compactionIds`, `coversFrom`, `coversTo`, `summarizer`).",
         "Shows where every line of the summary came from.",
         (_E.SESSION_NOT_FOUND,),
         True,

@@ -73,7 +73,7 @@ def trim_keeping_hedge(text: str, limit: int) -> str:
         return short
     start = max(text.rfind(sep, 0, m.start()) for sep in (",", "，", ";", "；", " — "))
     clause = text[start + 1 :].strip() if start >= 0 else text[m.start() :]
-    clause = _trim(clause, max(limit // 3, 24))
+    clause = _trim(clause, max(limit // 2, 24))
     head = _trim(text, max(limit - len(clause) - 2, 16))
     return f"{head.rstrip('…').rstrip()} … {clause}"
 
@@ -100,12 +100,14 @@ _OLD_BEFORE = re.compile(
 _SETS = re.compile(
     r"\b(?:set|raise|lower|increase|decrease|reduce|bump|make|change|move|use|go with"
     r"|switch|should be|must be|is|are|will be|from now on|limit|cap)\b|:|="
-    r"|设为|设置为|设成|定为|改到|改成|改为|调整|调到|提高到|降低到|应该是|是|用|按|换成|放在",
+    r"|设为|设置为|设成|定为|定在|安排在|改到|改在|改成|改为|调整|调到|提高到|降低到|应该是|是|用|按"
+    r"|换成|放在",
     re.IGNORECASE,
 )
 # verbs stripped before Chinese bigrams, so "大小改到" does not make the bigram "小改"
 _CJK_VERBS = re.compile(
-    r"设为|设置为|设成|先定为|定为|改到|改成|改为|调整到|调整为|调整|调到|提高到|降低到|应该是|需要|"
+    r"设为|设置为|设成|先定为|定为|定在|安排在|改到|改在|改成|改为|调整到|调整为|调整|调到|提高到|降低到|"
+    r"应该是|需要|"
     r"从原来的|原来的|用|按|吧|换成|以后|放在|不是|而是|不对|搞错了?|是|了"
 )
 _CLAUSE = re.compile(r"[，,；;]")

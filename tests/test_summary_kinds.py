@@ -1,0 +1,285 @@
+"""Kinds of facts in the built-in summary: corrections win by subject and value, hedges
+stay attached, the agent's own artifacts are listed, pointers are per-session ordinals,
+and search marks superseded statements. Small hand-written sessions, English and Chinese.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from helpers import make_config
+
+from ctxd.daemon.engine import Engine
+from ctxd.daemon.recall import call_tool, explain
+from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
+from ctxd.daemon.summary import Summary, SummaryRequest
+
+
+def user(mid: int, text: str) -> dict[str, Any]:
+    return {"id": mid, "role": "user", "content": text}
+
+
+def assistant(mid: int, text: str | None, *calls: dict[str, Any]) -> dict[str, Any]:
+    msg: dict[str, Any] = {"id": mid, "role": "assistant", "content": text}
+    if calls:
+        msg["tool_calls"] = list(calls)
+    return msg
+
+
+def call(cid: str, name: str, **args: Any) -> dict[str, Any]:
+    return {"id": cid, "type": "function",
+            "function": {"name": name, "arguments": json.dumps(args)}}
+
+
+def result(mid: int, cid: str, text: str) -> dict[str, Any]:
+    return {"id": mid, "role": "tool", "tool_call_id": cid, "content": text}
+
+
+def run(
+    messages: list[dict[str, Any]],
+    previous: Summary | None = None,
+    summarizer: BuiltinSummarizer | None = None,
+) -> Summary:
+    request = SummaryRequest(
+        session_id="s",
+        previous=previous or Summary(),
+        messages=messages,
+        pins=[],
+        instructions=None,
+        budget_tokens=4000,
+        count_tokens=lambda text: len(text) // 3,
+    )
+    return (summarizer or BuiltinSummarizer()).summarize_sync(request)
+
+
+def statuses(summary: Summary, section: str = "constraints") -> dict[str, str]:
+    return {i.text: i.status for i in summary.sections.get(section, [])}
+
+
+# ----------------------------------------------------------------- corrections
+
+
+def test_plain_update_without_correction_words_supersedes_by_subject_and_value() -> None:
+    summary = run([
+        user(1, "Use a batch size of 500 for the importer."),
+        user(2, "Set the exporter batch size to 300."),
+        user(3, "Raise the importer batch size to 2000."),
+    ])
+    assert statuses(summary) == {
+        "Use a batch size of 500 for the importer.": "superseded",
+        "Set the exporter batch size to 300.": "current",
+        "Raise the importer batch size to 2000.": "current",
+    }
+    new = summary.sections["constraints"][2]
+    assert (new.value, new.was) == ("2000", "500")
+    assert "- Raise the importer batch size to 2000. (was 500)" in summary.render()
+
+
+def test_correction_naming_the_old_value_is_rendered_once() -> None:
+    summary = run([
+        user(1, "Set the invoice due window to 30 days."),
+        user(2, "Correction: make the invoice due window 45 days, not 30."),
+    ])
+    assert statuses(summary) == {
+        "Set the invoice due window to 30 days.": "superseded",
+        "Correction: make the invoice due window 45 days, not 30.": "current",
+    }
+    # the new statement names the old value already: no "(was 30)" on top
+    assert summary.sections["constraints"][1].was is None
+
+
+def test_chinese_update_of_a_weekday_and_of_a_long_sentence() -> None:
+    summary = run([
+        user(1, "每周复盘会安排在周一上午。"),
+        user(2, "考虑到月末结算期间上游系统的负载峰值以及上周和财务团队达成的一致意见，"
+                "对账任务的批处理大小先定为 500 条，后面再根据监控数据调整。"),
+        user(3, "复盘会改到周二上午。"),
+        user(4, "经过和运维团队的讨论并结合最近两周的线上监控数据，我们认为对账任务的批处理大小"
+                "需要从原来的 500 调整到 2000 条才能满足峰值需求。"),
+    ])
+    items = summary.sections["constraints"]
+    assert [(i.status, i.value) for i in items] == [
+        ("superseded", "周一上午"),
+        ("superseded", "500"),
+        ("current", "周二上午"),
+        ("current", "2000"),
+    ]
+    assert items[2].was == "周一上午"
+
+
+def test_similar_subjects_are_not_confused() -> None:
+    summary = run([
+        user(1, "Set the billing batch size to 500."),
+        user(2, "Set the billing page size to 200."),
+        user(3, "Use port 7100 for the inventory admin service."),
+        user(4, "Use port 5026 for the inventory service."),
+        user(5, "Raise the billing batch size to 800."),
+        user(6, "计费客户端必须重试 7 次。"),
+        user(7, "账本客户端必须重试 4 次。"),
+        user(8, "账本客户端的重试改成 2 次。"),
+    ])
+    assert statuses(summary) == {
+        "Set the billing batch size to 500.": "superseded",
+        "Set the billing page size to 200.": "current",
+        "Use port 7100 for the inventory admin service.": "current",
+        "Use port 5026 for the inventory service.": "current",
+        "Raise the billing batch size to 800.": "current",
+        "计费客户端必须重试 7 次。": "current",
+        "账本客户端必须重试 4 次。": "superseded",
+        "账本客户端的重试改成 2 次。": "current",
+    }
+
+
+def test_a_superseded_value_stays_superseded_across_compactions() -> None:
+    first = run([user(1, "Set the importer batch size to 500.")])
+    second = run([user(5, "Raise the importer batch size to 2000.")], previous=first)
+    third = run([user(9, "Please tidy the parser module.")], previous=second)
+    assert statuses(third) == {
+        "Set the importer batch size to 500.": "superseded",
+        "Raise the importer batch size to 2000.": "current",
+    }
+    assert third.supersessions == {1: 5}
+
+
+# ---------------------------------------------------------------------- hedges
+
+
+def test_a_trailing_hedge_survives_the_cut() -> None:
+    text = (
+        "We'll move the nightly export of the reporting tables to the read replica, which "
+        "frees the primary during the batch window and the weekly reconciliation run, "
+        "although this may not hold at production scale."
+    )
+    summary = run([assistant(1, text)], summarizer=BuiltinSummarizer(max_item_chars=120))
+    [item] = summary.sections["decisions"]
+    assert item.unconfirmed
+    assert item.text.endswith("… although this may not hold at production scale.")
+    assert len(item.text) <= 130
+    assert summary.render().startswith("## Decisions\n- [unconfirmed] We'll move the nightly")
+
+
+def test_a_hedge_in_the_next_sentence_marks_the_item_and_is_no_item_of_its_own() -> None:
+    summary = run([
+        assistant(1, "We'll switch the exports to the read replica. "
+                     "I haven't confirmed that it is faster."),
+        user(2, "导出慢的原因必须先归到连接池上。不过这只是推测。"),
+    ])
+    assert [(i.text, i.unconfirmed) for i in summary.sections["decisions"]] == [
+        ("We'll switch the exports to the read replica.", True)
+    ]
+    assert [(i.text, i.unconfirmed) for i in summary.sections["constraints"]] == [
+        ("导出慢的原因必须先归到连接池上。", True)
+    ]
+    assert "goals" not in summary.sections
+    assert "- [推测] 导出慢的原因必须先归到连接池上。" in summary.render()
+
+
+def test_the_marker_is_carried_until_the_archive_confirms_it() -> None:
+    first = run([assistant(1, "We'll switch the exports to the read replica. "
+                              "This is unconfirmed so far.")])
+    later = run([user(4, "Please tidy the parser module.")], previous=first)
+    assert later.sections["decisions"][0].unconfirmed
+    confirmed = run(
+        [user(8, "Confirmed: switching the exports to the read replica made them faster.")],
+        previous=later,
+    )
+    assert not confirmed.sections["decisions"][0].unconfirmed
+
+
+# ------------------------------------------------------------------- artifacts
+
+
+def test_artifacts_come_from_the_agents_own_calls_newest_first() -> None:
+    summary = run([
+        user(1, "Add the report module."),
+        assistant(2, None,
+                  call("c1", "write_file", path="src/app/report_v1.py", content="x"),
+                  call("c2", "write_file", path="src/app/report_v2.py", content="x"),
+                  call("c3", "run_shell", command="pytest -q")),
+        result(3, "c1", "ok"),
+        result(4, "c2", "Error: permission denied"),
+        result(5, "c3", "tests/test_report.py::test_a PASSED\nconfigfile: pyproject.toml\n"
+                        "1 passed"),
+        assistant(6, None,
+                  call("c4", "edit_file", path="src/app/report_v1.py", old="a", new="b"),
+                  call("c5", "move_file", source="docs/old.md", destination="docs/report.md"),
+                  call("c6", "run_shell", command="git commit -am 'report'")),
+        result(7, "c4", "1 replacement"),
+        result(8, "c5", "moved"),
+        result(9, "c6", "[feature/report 3f9a2c1] report\n 2 files changed"),
+        assistant(10, None,
+                  call("c7", "run_shell", command="gh pr create --fill"),
+                  call("c8", "run_shell", command="ci trigger")),
+        result(11, "c7", "https://github.com/acme/app/pull/512"),
+        result(12, "c8", "Triggered CI pipeline: job 48213977 queued"),
+    ])
+    assert [(i.text, i.subject) for i in summary.sections["artifacts"]] == [
+        ("job 48213977", "job:48213977"),
+        ("PR https://github.com/acme/app/pull/512", "pr:512"),
+        ("commit 3f9a2c1", "3f9a2c1"),
+        ("moved docs/old.md → docs/report.md", "docs/report.md"),
+        ("edited src/app/report_v1.py", "src/app/report_v1.py"),
+    ]
+    files = [i.text for i in summary.sections["files"]]
+    # what was only mentioned stays a file mention, not an artifact
+    assert "pyproject.toml" in files and "tests/test_report.py" in files
+
+
+# ------------------------------------------------- pointers, explain and search
+
+# a long reply, so that summarizing it shrinks the context
+DONE = "Done. " + "I went through the module and left the behaviour as it was. " * 8
+
+
+def test_pointers_are_session_ordinals_mapped_exactly_in_explain(tmp_path: Path) -> None:
+    engine = Engine(make_config(tmp_path, keep_messages=4))
+    try:
+        other = engine.create_session()["sessionId"]
+        sid = engine.create_session()["sessionId"]
+        ids: list[int] = []
+        for i in range(12):
+            # another session's messages in between make global ids run ahead
+            engine.append(other, [{"role": "user", "content": f"noise {i}"}] * 3)
+            text = (f"Set the importer batch size to {500 + i}." if i % 4 == 0
+                    else f"Please tidy module {i} of the parser.")
+            ids += engine.append(sid, [{"role": "user", "content": text},
+                                       {"role": "assistant", "content": DONE}])["messageIds"]
+        asyncio.run(engine.compact(sid))
+        ordinal = {mid: n for n, mid in enumerate(ids, start=1)}
+        out = explain(engine, sid)
+        assert out["brokenPointers"] == 0
+        for item in out["items"]:
+            for src in item["sources"]:
+                assert src["ordinal"] == ordinal[src["id"]]
+        rendered = engine.context_state(sid).summary.render()
+        assert "- Set the importer batch size to 508. (was 504) #17" in rendered
+        assert "[msg" not in rendered
+    finally:
+        engine.close()
+
+
+def test_search_marks_a_superseded_statement_and_ranks_its_correction_above(
+    tmp_path: Path,
+) -> None:
+    engine = Engine(make_config(tmp_path, keep_messages=2))
+    try:
+        sid = engine.create_session()["sessionId"]
+        [old] = engine.append(sid, [{"role": "user", "content":
+                                     "Set the importer batch size to 500 records."}])["messageIds"]
+        engine.append(sid, [{"role": "assistant", "content": DONE}])
+        [new] = engine.append(sid, [{"role": "user", "content":
+                                     "Raise the importer batch size to 2000."}])["messageIds"]
+        engine.append(sid, [{"role": "assistant", "content": DONE},
+                            {"role": "user", "content": "Thanks, next the docs."},
+                            {"role": "assistant", "content": "Ok."}])
+        asyncio.run(engine.compact(sid))
+        hits = engine.search("importer batch size", session_id=sid)
+        assert [h["messageId"] for h in hits] == [new, old]
+        assert hits[1]["supersededBy"] == new and "supersededBy" not in hits[0]
+        out = call_tool(engine, sid, "search_past_messages", {"query": "importer batch size"})
+        assert f"superseded by msg {new}" in out["content"]
+    finally:
+        engine.close()
