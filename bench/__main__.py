@@ -13,7 +13,7 @@ import argparse
 import sys
 import time
 
-from bench import bench_core, bench_peers
+from bench import bench_core, bench_import, bench_peers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,8 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tmp", help="directory for the scratch files (default: /tmp)")
     parser.add_argument(
         "--only",
-        choices=("core", "peers"),
-        help="run one benchmark: core (engine in-process) or peers (ctxd beside its peers)",
+        choices=("core", "peers", "import"),
+        help="run one benchmark: core (engine in-process), peers (ctxd beside its peers) or "
+        "import (ctxd import of a transcript folder)",
     )
     args = parser.parse_args(argv)
     common = (["--full"] if args.full else []) + (["--tmp", args.tmp] if args.tmp else [])
@@ -33,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
         status |= bench_core.main(common)
     if args.only in (None, "peers"):
         status |= bench_peers.main(common)
+    if args.only in (None, "import"):
+        size = ["--size-mb", "100"] if args.full else [
+            "--size-mb", "20", "--out", "bench/results/import_small.md"]
+        status |= bench_import.main(size + (["--tmp", args.tmp] if args.tmp else []))
     print(f"all benchmarks done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return status
 

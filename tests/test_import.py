@@ -131,9 +131,11 @@ def test_claude_code_report_counts_what_was_not_mapped(claude_report: dict[str, 
     assert claude_report["unmappable"] == {"corrupt JSON": 1,
                                            "unknown line type 'future-thing'": 1}
     assert claude_report["skipped"] == {"summary": 1, "file-history-snapshot": 1,
-                                        "system:compact_boundary": 1}
+                                        "system:compact_boundary": 1,
+                                        "content block server_tool_use": 1}
     details = "\n".join(claude_report["details"])
     assert ".jsonl:15: corrupt JSON" in details and ".jsonl:20: unknown line type" in details
+    assert "content block server_tool_use (1), skipped" in details
     # lines after the corrupt one were imported: the file did not stop there
     assert claude_report["messages"] == 11 + 2 + 4
 

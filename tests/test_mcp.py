@@ -239,3 +239,44 @@ def test_documented_client_configs_start_the_server(daemon: DaemonProcess,
 
         anyio.run(main)
     assert os.path.exists(daemon.connection_file)
+
+
+def test_stdio_starts_the_shared_daemon_when_none_runs(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    run_dir, data_dir = tmp_path / "run", tmp_path / "data"
+    env = {**os.environ, "CTXD_RUNTIME_DIR": str(run_dir), "CTXD_LOG_LEVEL": "WARNING"}
+    for key in ("CTXD_DATA_DIR", "CTXD_CONFIG", "CTXD_CONNECTION_FILE"):
+        env.pop(key, None)
+
+    async def main() -> None:
+        params = StdioServerParameters(
+            command=sys.executable, env=env, cwd=str(tmp_path),
+            args=["-m", "ctxd.clients.cli", "mcp", "--data-dir", str(data_dir)])
+        async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+            with anyio.fail_after(30):
+                await s.initialize()
+            status = json.loads(text(await s.call_tool("context_status", {})))
+            assert status["chosen"] == "created: no session existed"
+            assert status["cwd"] == str(tmp_path)
+            assert not (await s.call_tool("pin_invariant", {"text": "keep it"})).is_error
+
+    try:
+        anyio.run(main)
+        files = list(run_dir.glob("daemon-*.json"))
+        assert len(files) == 1  # one daemon, found through its connection file
+        with Client.connect(str(files[0]), None, "jsonrpc") as c:
+            sessions = c.list_sessions()["sessions"]
+            assert [len(c.list_pins(s["sessionId"])["pins"]) for s in sessions] == [1]
+    finally:
+        for f in run_dir.glob("daemon-*.json"):
+            pid = json.loads(f.read_text())["pid"]
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.05)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,8 @@ class ClaudeCodeMapper:
         self.meta: dict[str, Any] = {}
         self.title: str | None = None
         self.first_text: str | None = None
+        # content blocks of types this version does not know, by type, for the report
+        self.dropped: Counter[str] = Counter()
 
     # sessions
 
@@ -163,6 +166,8 @@ class ClaudeCodeMapper:
                 reasoning.append("[redacted thinking]")
             elif btype == "image":
                 texts.append(_image(block, self.path, line))
+            else:
+                self.dropped[f"content block {btype}"] += 1
         if not texts and not calls and not reasoning:
             return []
         out: dict[str, Any] = {"role": "assistant",
@@ -209,6 +214,8 @@ class ClaudeCodeMapper:
                 texts.append(block["text"])
             elif btype == "image":
                 texts.append(_image(block, self.path, line))
+            else:
+                self.dropped[f"content block {btype}"] += 1
         if texts:
             text = "\n".join(texts)
             if self.first_text is None and not meta.get("meta") and text.strip():

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,8 @@ class CodexMapper:
         self.meta: dict[str, Any] = {}
         self.first_text: str | None = None
         self.pending_reasoning: list[str] = []
+        # content parts of types this version does not know, by type, for the report
+        self.dropped: Counter[str] = Counter()
 
     def session_id(self, target: str | None) -> str:
         return self.base_id
@@ -141,7 +144,7 @@ class CodexMapper:
         ptype = p.get("type")
         if ptype == "message":
             role = p.get("role")
-            text = _parts_text(p.get("content"), self.path, line)
+            text = _parts_text(p.get("content"), self.path, line, self.dropped)
             if role == "assistant":
                 msg = self._msg("assistant", cut_text(text), ts)
                 self._take_reasoning(msg)
@@ -174,7 +177,8 @@ class CodexMapper:
                 failed = True if output.get("success") is False else None
                 output = output.get("content")
             if not isinstance(output, str):
-                output = _parts_text(output, self.path, line) if isinstance(output, list) \
+                output = _parts_text(output, self.path, line, self.dropped) \
+                    if isinstance(output, list) \
                     else json.dumps(output, ensure_ascii=False)
             msg = self._msg("tool", cut_text(output), ts, isError=failed)
             msg["tool_call_id"] = str(p.get("call_id") or "")
@@ -208,7 +212,7 @@ def _as_str(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False) if value is not None else ""
 
 
-def _parts_text(content: Any, path: Path, line: int) -> str:
+def _parts_text(content: Any, path: Path, line: int, dropped: Counter[str]) -> str:
     if isinstance(content, str):
         return content
     parts: list[str] = []
@@ -225,4 +229,6 @@ def _parts_text(content: Any, path: Path, line: int) -> str:
                 parts.append(image_reference(media, data, f"{path.name} line {line}"))
             else:
                 parts.append(f"[image {url}]")
+        else:
+            dropped[f"content part {part.get('type')}"] += 1
     return "\n".join(parts)

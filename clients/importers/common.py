@@ -350,6 +350,11 @@ class FileImporter:
             p.messages.pop()
             self.report.deferred += 1
         self._flush(end, line_no)
+        for kind, n in getattr(self.mapper, "dropped", {}).items():
+            self.report.skipped[kind] += n
+            if self.report.verbose:
+                self.report.details.append(f"{self.path}: {kind} ({n}), skipped; a newer "
+                                           "version of the agent may write it")
 
 
 def _approx_size(msg: dict[str, Any]) -> int:
