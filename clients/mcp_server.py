@@ -37,6 +37,8 @@ SERVER_NAME = "ctxd"
 DEFAULT_MESSAGE_CHARS = 1500
 MAX_MESSAGE_CHARS = 8000
 MAX_NEIGHBOURS = 10
+# pages of 5000 messages walked to find an ordinal the summary does not map
+ORDINAL_PAGES = 40
 CONTEXT_BUDGET_TOKENS = 6000
 # sessions offered in resources/list (newest first) and scanned to map a directory
 LISTED_SESSIONS = 100
@@ -54,11 +56,11 @@ SEARCH_DESCRIPTION = (
     "Search past messages of this project's agent sessions, including tool calls and tool "
     "results that are no longer in your context. Use it when the user refers to something "
     "from before ('the error we saw', 'like last time'), before redoing work that may "
-    "already have been done, or to follow a [msg N] pointer in a summary. Query with plain "
+    "already have been done, or when a summary line is too short to act on. Query with plain "
     "words or a phrase, English or Chinese; scope 'session' (default) is this session, "
     "'all' every session. Each hit reads [msg ID · role · time (· session S)] snippet: a "
     "hit is a pointer to one message, not the whole story; call read_past_messages with "
-    "its id (and the session shown, if any) to read it and what surrounds it."
+    "message_id=ID (and the session shown, if any) to read it and what surrounds it."
 )
 
 
@@ -265,12 +267,18 @@ def build_server(link: DaemonLink, choice: SessionChoice) -> Any:
         tool.parameters = schema
 
     @server.tool(description=(
-        "Read one past message in full with the messages around it, by the id from a "
-        "search hit or a [msg N] pointer in a summary. Shows each message's role, time, "
-        "text, tool calls with their arguments, and which call a tool result answers. "
-        "Call again with the first or last id shown to read further back or on."))
+        "Read one past message in full with the messages around it: by message_id, the "
+        "N of a search hit's [msg N] (or of a [msg N] in the summary), or by ordinal, the "
+        "N of the #N a summary line ends with (the N-th message of the session). Shows "
+        "each message's role, time, text, tool calls with their arguments, and which call "
+        "a tool result answers. Call again with the first or last id shown to read "
+        "further back or on."))
     def read_past_messages(
-        message_id: Annotated[int, Field(ge=1, description="The message id (N of [msg N]).")],
+        message_id: Annotated[int | None, Field(
+            ge=1, description="The archive id: N of [msg N].")] = None,
+        ordinal: Annotated[int | None, Field(
+            ge=1, description="The N of a summary's #N: the N-th message of the "
+            "session.")] = None,
         before: Annotated[int, Field(ge=0, le=MAX_NEIGHBOURS,
                                      description="Messages to show before it.")] = 2,
         after: Annotated[int, Field(ge=0, le=MAX_NEIGHBOURS,
@@ -282,6 +290,11 @@ def build_server(link: DaemonLink, choice: SessionChoice) -> Any:
         = DEFAULT_MESSAGE_CHARS,
     ) -> str:
         sid = session(session_id)
+        if (message_id is None) == (ordinal is None):
+            raise ToolError("give exactly one of message_id ([msg N]) and ordinal (#N)")
+        if ordinal is not None:
+            message_id = ordinal_to_id(sid, ordinal)
+        assert message_id is not None
         page = call("archive/read", {"sessionId": sid, "afterId": message_id - 1,
                                      "limit": after + 1})
         msgs = page["messages"]
@@ -296,6 +309,25 @@ def build_server(link: DaemonLink, choice: SessionChoice) -> Any:
         body = "\n\n".join(render_message(m, max_chars) for m in msgs)
         return (f"Session {sid}, messages {msgs[0]['id']}..{msgs[-1]['id']} "
                 f"(asked for {message_id}):\n\n{body}")
+
+    def ordinal_to_id(sid: str, ordinal: int) -> int:
+        """The archive id of the session's ordinal-th message: from the summary's own
+        map when it cites it, else counted page by page (bounded)."""
+        for item in call("context/explain", {"sessionId": sid})["items"]:
+            for src in item["sources"]:
+                if src.get("ordinal") == ordinal and not src.get("broken"):
+                    return int(src["id"])
+        after, seen = 0, 0
+        for _ in range(ORDINAL_PAGES):
+            page = call("archive/read", {"sessionId": sid, "afterId": after, "limit": 5000})
+            msgs = page["messages"]
+            if ordinal <= seen + len(msgs):
+                return int(msgs[ordinal - seen - 1]["id"])
+            seen += len(msgs)
+            if page["nextAfterId"] is None:
+                break
+            after = page["nextAfterId"]
+        raise ToolError(f"session {sid} has no message #{ordinal} (it has {seen})")
 
     @server.tool(description=(
         "Show which ctxd session you are attached to and the state of its context: "

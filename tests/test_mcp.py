@@ -76,6 +76,17 @@ def test_stdio_tools_resources_and_session_choice(daemon: DaemonProcess, client:
     mine = client.create_session(title="project", metadata={"cwd": str(project)})["sessionId"]
     client.append(mine, [{"role": "user", "content": "the rollback plan uses 回滚脚本 v2"}])
     daemon_tools = {t["function"]["name"]: t["function"] for t in client.list_tools()["tools"]}
+    # a compacted session whose summary cites messages by their ordinal in the session
+    compacted = client.create_session(title="compacted")["sessionId"]
+    for i in range(30):
+        client.append(compacted, [
+            {"role": "user", "content": f"step {i}: set retries to {i} in config/app{i}.toml"},
+            {"role": "assistant", "content": f"Done: config/app{i}.toml now has retries={i}."}])
+    assert client.compact(compacted, force=True)["effective"]
+    cited_id, cited_ordinal = next(
+        (src["id"], src["ordinal"]) for item in client.call(
+            "context/explain", {"sessionId": compacted})["items"]
+        for src in item["sources"] if "ordinal" in src)
 
     async def main() -> None:
         sub = project / "src"  # the client runs in a folder below the project
@@ -108,6 +119,15 @@ def test_stdio_tools_resources_and_session_choice(daemon: DaemonProcess, client:
                 "message_id": mid + 2, "session_id": sid, "before": 2, "after": 1}))
             assert f"[msg {mid} · user" in read and "结账测试失败了" in read
             assert "result of toolu_01 · error" in read and "→ call toolu_01: Bash(" in read
+            # by the #N ordinal a summary cites: the N-th message of the session
+            third = text(await s.call_tool("read_past_messages", {
+                "ordinal": 3, "session_id": sid, "before": 0, "after": 0}))
+            assert f"(asked for {mid + 2})" in third and "result of toolu_01" in third
+            cited = text(await s.call_tool("read_past_messages", {
+                "ordinal": cited_ordinal, "session_id": compacted, "before": 0, "after": 0}))
+            assert f"(asked for {cited_id})" in cited
+            both = await s.call_tool("read_past_messages", {"message_id": 1, "ordinal": 1})
+            assert both.is_error
             # a message of another session is not silently read from this one
             wrong = await s.call_tool("read_past_messages", {"message_id": mid})
             assert wrong.is_error and "session_id" in text(wrong)
