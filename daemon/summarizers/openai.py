@@ -36,6 +36,8 @@ from ctxd.daemon.config import OpenAISummarizerConfig
 from ctxd.daemon.messages import content_text
 from ctxd.daemon.summary import SECTIONS, Summary, SummaryItem, SummaryRequest
 
+from .contract import CONTRACT_PROMPT, contract_problems, reference
+
 log = logging.getLogger("ctxd.summarizer.openai")
 
 
@@ -66,7 +68,8 @@ Answer with one JSON object and nothing else (no prose, no code fences), in this
   "goals": [{"text": "...", "sources": [12, 15]}],
   "constraints": [{"text": "...", "sources": [13]}, \
 {"text": "...", "sources": [4], "status": "superseded"}],
-  "decisions": [...],
+  "decisions": [{"text": "...", "sources": [20], "unconfirmed": true}],
+  "artifacts": [{"text": "created src/report.py", "sources": [31], "subject": "src/report.py"}],
   "files": [...],
   "tool_activity": [...],
   "errors": [...],
@@ -77,8 +80,8 @@ Sections:
 - goals: what the user asked for: the task and its parts.
 - constraints: the user's rules, preferences and corrections.
 - decisions: choices made, and why.
-- files: files, directories, URLs and other artifacts created, read or changed, and their \
-state.
+- artifacts: what the agent's own tool calls produced (rule 9), newest first.
+- files: other files, directories and URLs read or mentioned, and their state.
 - tool_activity: what tool calls did and returned; group repetitive calls.
 - errors: failures and error messages, and whether they were fixed.
 - open_items: unfinished work, next steps, tool calls still waiting for a result.
@@ -99,7 +102,8 @@ a constraint, and drop nothing else that still matters.
 4. The pinned facts always apply. Do not repeat them as items, and never write an item \
 that contradicts them.
 5. Write only what the messages say. Do not guess or invent.
-6. Be terse: short items, no filler."""
+6. Be terse: short items, no filler.
+""" + CONTRACT_PROMPT
 
 _PART_NOTE = (
     "These messages are part {part} of a history too long for one request; the previous "
@@ -332,11 +336,18 @@ def read_sections(
                 unknown_ids.update(bad)
                 problems.append(f"{where} ({short!r}) cites ids that were not given: {bad[:8]}")
             status = str(item.get("status") or "current").strip().lower()
+            extra = {
+                k: str(item[k]).strip()[:200]
+                for k in ("subject", "value", "was")
+                if isinstance(item.get(k), str | int | float) and str(item[k]).strip()
+            }
             out.setdefault(name, []).append(
                 SummaryItem(
                     text=text.strip(),
                     sources=sources,
                     status="superseded" if status == "superseded" else "current",
+                    unconfirmed=item.get("unconfirmed") is True,
+                    **extra,
                 )
             )
     if unknown_ids:
@@ -636,11 +647,17 @@ class OpenAISummarizer:
             part=part,
         )
         verdict = _Verdict()
+        # the built-in reading of the same messages: what the answer is held to
+        ref = reference(request, anchor, ids)
         for attempt in (1, 2):
             content, finish_reason = await self._complete(messages)
             verdict = self._check(content, finish_reason, allowed, anchor, request)
+            if not verdict.problems or verdict.over_budget_only:
+                broken = contract_problems(ref, verdict.sections, ids, request.budget_tokens)
+                if broken:
+                    verdict = _Verdict(verdict.sections, [*verdict.problems, *broken])
             if not verdict.problems:
-                return self._finish(request, anchor, verdict.sections, ids)
+                return self._finish(request, anchor, verdict.sections, ids, ref)
             if attempt == 1:
                 log.warning(
                     "%s: the summary was rejected, retrying once: %s",
@@ -668,7 +685,7 @@ class OpenAISummarizer:
             # model's work, which beats failing the compaction over size alone.
             sections = _fit_budget(verdict.sections, request)
             log.warning("%s: the summary was over budget twice; dropped items", self.endpoint)
-            return self._finish(request, anchor, sections, ids)
+            return self._finish(request, anchor, sections, ids, ref)
         raise SummarizerError(
             f"{self.endpoint}: the model's summary was invalid twice: "
             + "; ".join(verdict.problems[:5])
@@ -710,6 +727,7 @@ class OpenAISummarizer:
         anchor: Summary,
         sections: dict[str, list[SummaryItem]],
         ids: list[int],
+        ref: Summary | None = None,
     ) -> Summary:
         covers_from, covers_to = anchor.covers_from, anchor.covers_to
         if ids:
@@ -721,6 +739,9 @@ class OpenAISummarizer:
             covers_to=covers_to,
             compaction_ids=list(request.previous.compaction_ids),
             summarizer=self.name,
+            # which statement superseded which, as the built-in reading found it: search
+            # marks superseded hits with it whichever summarizer wrote the items
+            supersessions={**anchor.supersessions, **(ref.supersessions if ref else {})},
         )
 
     # ---------------------------------------------------------------- HTTP
