@@ -129,8 +129,10 @@ def _pick_session(link: DaemonLink, cwd: str | None) -> tuple[str | None, str]:
         for s in page["sessions"]:
             seen += 1
             newest = newest or s["sessionId"]
-            where = (s.get("metadata") or {}).get("cwd")
-            if here and isinstance(where, str) and where:
+            meta = s.get("metadata") or {}
+            where = meta.get("cwd")
+            # a subagent's conversation is not the one the project's agent goes on with
+            if here and isinstance(where, str) and where and not meta.get("sidechain"):
                 there = os.path.realpath(where)
                 if here == there or here.startswith(there.rstrip("/") + "/"):
                     if best is None or len(there) > best[0]:

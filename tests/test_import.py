@@ -324,3 +324,30 @@ def test_missing_path_is_a_clear_error(daemon: DaemonProcess, tmp_path: Path) ->
          "--connection-file", str(daemon.connection_file)],
         env={**os.environ, **daemon.env}, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+def test_messages_other_clients_add_do_not_confuse_the_resume_point(
+        daemon: DaemonProcess, client: Client, tmp_path: Path) -> None:
+    lines = list(claude_code_lines("shared01-aaaa", 10))
+    path = tmp_path / "shared01-aaaa.jsonl"
+    path.write_text("\n".join(lines[:25]) + "\n", encoding="utf-8")
+    ctxd_import(daemon, "claude-code", str(path))
+    sid = "claude-code-shared01-aaaa"
+    # an agent goes on in the imported session through another client
+    client.append(sid, [{"role": "user", "content": "a note from another client"}])
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("\n".join(lines[25:]) + "\n")
+    again = ctxd_import(daemon, "claude-code", str(path))
+    assert again["messages"] == 20 and again["notes"] == []
+    msgs = archive(client, sid)
+    assert len(msgs) == 41
+    ids = [c["id"] for m in msgs for c in m.get("tool_calls") or ()]
+    assert len(ids) == len(set(ids)) == 10
+    # a session of that name that no import wrote is left alone
+    client.create_session("claude-code-foreign1-aaaa")
+    client.append("claude-code-foreign1-aaaa", [{"role": "user", "content": "mine"}])
+    foreign = tmp_path / "foreign1-aaaa.jsonl"
+    foreign.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    report = ctxd_import(daemon, "claude-code", str(foreign))
+    assert report["messages"] == 0 and "left alone" in report["notes"][0]
+    assert len(archive(client, "claude-code-foreign1-aaaa")) == 1

@@ -75,6 +75,8 @@ def test_stdio_tools_resources_and_session_choice(daemon: DaemonProcess, client:
     project.mkdir()
     mine = client.create_session(title="project", metadata={"cwd": str(project)})["sessionId"]
     client.append(mine, [{"role": "user", "content": "the rollback plan uses 回滚脚本 v2"}])
+    # a newer subagent conversation of the same project is not the one to attach to
+    client.create_session(title="subagent", metadata={"cwd": str(project), "sidechain": True})
     daemon_tools = {t["function"]["name"]: t["function"] for t in client.list_tools()["tools"]}
     # a compacted session whose summary cites messages by their ordinal in the session
     compacted = client.create_session(title="compacted")["sessionId"]

@@ -36,6 +36,9 @@ MAX_TEXT_CHARS = 200_000
 _ID_MAX = 200
 # the latest message of a session: any id the archive will ever reach is below this
 _END_ID = 2**62
+# how far back from a session's end to look for the last import marker
+_MARKER_PAGE = 200
+_MARKER_PAGES = 25
 
 
 @dataclass
@@ -210,24 +213,42 @@ class FileImporter:
 
     # resuming
 
-    def _last_position(self) -> tuple[int, int]:
-        """(offset, line) this file was imported up to, from the sessions' last messages."""
+    def _last_position(self) -> tuple[int, int] | None:
+        """(offset, line) this file was imported up to, from the sessions' last imported
+        messages; None when a session of this file holds messages no import wrote."""
         best = (0, 0)
         for target in self.mapper.targets():
             sid = self.mapper.session_id(target)
             try:
-                page = self.client.read(sid, before_id=_END_ID, limit=1)
+                pos = self._session_position(sid)
             except CtxdError as exc:
                 if exc.code == -32010:  # SESSION_NOT_FOUND: nothing imported there yet
                     continue
                 raise
             self.existing.add(sid)
-            for m in page["messages"]:
+            if pos is None:
+                return None
+            best = max(best, pos)
+        return best
+
+    def _session_position(self, sid: str) -> tuple[int, int] | None:
+        """The import marker nearest the end of the session. Other clients may have
+        appended after it (an agent working on an imported session), so look back a
+        bounded stretch; (0, 0) for an empty session, None when no marker is found."""
+        before = _END_ID
+        for _ in range(_MARKER_PAGES):
+            page = self.client.read(sid, before_id=before, limit=_MARKER_PAGE)
+            for m in reversed(page["messages"]):
                 pos = (m.get("metadata") or {}).get("import") or {}
                 off, line = pos.get("offset"), pos.get("line")
-                if isinstance(off, int) and isinstance(line, int) and off > best[0]:
-                    best = (off, line)
-        return best
+                if isinstance(off, int) and isinstance(line, int):
+                    return off, line
+            if not page["messages"]:
+                return (0, 0) if before == _END_ID else None
+            if page.get("nextBeforeId") is None:
+                return None
+            before = page["nextBeforeId"]
+        return None
 
     # batching
 
@@ -296,7 +317,13 @@ class FileImporter:
         p.nbytes += _approx_size(emit.message)
 
     def run(self) -> None:
-        start, line_no = self._last_position()
+        position = self._last_position()
+        if position is None:
+            self.report.notes.append(
+                f"{self.path}: its session holds messages no import wrote and no import "
+                "marker near its end; left alone so nothing is imported twice")
+            return
+        start, line_no = position
         try:
             size = self.path.stat().st_size
         except OSError as exc:
