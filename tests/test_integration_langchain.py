@@ -180,3 +180,36 @@ def test_create_react_agent_hooks(daemon: DaemonProcess) -> None:
         assert c.context_status("react")["archiveMessages"] == 4 * turns + 3
     with pytest.raises(ValueError, match="thread_id"):
         agent2.invoke({"messages": [HumanMessage("no thread")]})
+
+
+def test_history_starts_the_daemon_when_none_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    import os
+    import time
+
+    from ctxd.clients.client import DaemonNotRunning, connect
+
+    monkeypatch.setenv("CTXD_RUNTIME_DIR", str(tmp_path / "run"))
+    where = {
+        "connection_file": str(tmp_path / "run" / "ctxd.json"),
+        "data_dir": str(tmp_path / "data"),
+    }
+    with pytest.raises(DaemonNotRunning):
+        CtxdChatMessageHistory("s", start_daemon=False, **where).add_messages([HumanMessage("x")])
+    history = CtxdChatMessageHistory("s", **where)
+    try:
+        history.add_messages([HumanMessage("hi"), AIMessage("hello")])
+        assert [m.content for m in history.messages] == ["hi", "hello"]
+    finally:
+        pid = json.loads(Path(where["connection_file"]).read_text())["pid"]
+        with connect(connection_file=where["connection_file"]) as c:
+            c.call("shutdown", {})
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)

@@ -3,20 +3,39 @@
 Frameworks make a session or history object per request (`RunnableWithMessageHistory`
 calls its factory on every invoke), so the adapters do not open a connection each:
 one blocking client per daemon for the process, one async client per daemon and
-event loop (`Runner.run_sync` and `asyncio.run` make a new loop each time).
+event loop (`Runner.run_sync` and `asyncio.run` make a new loop each time). Like
+`ctxd stdio` and `ctxd mcp`, they start the shared daemon when none runs (unless told
+not to), so one line is enough to use ctxd from a framework.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
+import time
 import weakref
+from pathlib import Path
 from typing import Any
 
-from ctxd.clients.client import AsyncClient, Client, Wire, connect, connect_async
+from ctxd.clients.client import (
+    AsyncClient,
+    Client,
+    DaemonNotRunning,
+    Wire,
+    connect,
+    connect_async,
+    find_daemon,
+)
+from ctxd.protocol.connection import connection_file_for, default_data_dir
 from ctxd.protocol.errors import Conflict
 
+START_TIMEOUT = 15.0
+
 _lock = threading.Lock()
+_lock_start = threading.Lock()
 _sync: dict[tuple[Any, ...], Client] = {}
 _async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[Any, ...], AsyncClient]]
 _async = weakref.WeakKeyDictionary()
@@ -34,11 +53,13 @@ class Connection:
         connection_file: str | None = None,
         data_dir: str | None = None,
         wire: Wire = "jsonrpc",
+        start_daemon: bool = True,
     ) -> None:
         self._client = client
         self._aclient = async_client
         self._args = {"connection_file": connection_file, "data_dir": data_dir, "wire": wire}
         self._key = (str(connection_file), str(data_dir), wire)
+        self._start = start_daemon
 
     def sync(self) -> Client:
         if self._client is not None:
@@ -46,6 +67,7 @@ class Connection:
         with _lock:
             c = _sync.get(self._key)
             if c is None or c.closed:
+                self._start_if_needed()
                 c = _sync[self._key] = connect(**self._args)  # type: ignore[arg-type]
             return c
 
@@ -55,8 +77,54 @@ class Connection:
         per_loop = _async.setdefault(asyncio.get_running_loop(), {})
         c = per_loop.get(self._key)
         if c is None or c.closed:
+            await asyncio.to_thread(self._start_if_needed)
             c = per_loop[self._key] = await connect_async(**self._args)  # type: ignore[arg-type]
         return c
+
+    def _start_if_needed(self) -> None:
+        """Start the shared daemon when none answers, as `ctxd stdio` does, and wait."""
+        data_dir = self._args["data_dir"]
+        path = Path(
+            self._args["connection_file"] or connection_file_for(data_dir or default_data_dir())
+        )
+        try:
+            find_daemon(path)
+            return
+        except DaemonNotRunning:
+            if not self._start:
+                raise
+        with _lock_start:
+            try:
+                find_daemon(path)
+                return  # another session of this process started it meanwhile
+            except DaemonNotRunning:
+                pass
+            cmd = [sys.executable, "-m", "ctxd.daemon", "serve", "--connection-file", str(path)]
+            if data_dir:
+                cmd += ["--data-dir", str(data_dir)]
+            log_dir = Path(data_dir or default_data_dir())
+            log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            with open(log_dir / "daemon.log", "ab") as log:
+                subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                    env=os.environ.copy(),
+                )
+            deadline = time.monotonic() + START_TIMEOUT
+            while True:
+                try:
+                    find_daemon(path)
+                    return
+                except DaemonNotRunning as exc:
+                    if time.monotonic() >= deadline:
+                        raise DaemonNotRunning(
+                            f"started a daemon but it did not come up through {path} within "
+                            f"{START_TIMEOUT:.0f} s ({exc}); see {log_dir / 'daemon.log'}"
+                        ) from None
+                time.sleep(0.05)
 
     def ensure(self, session_id: str, title: str | None = None) -> Client:
         """The client, after creating the ctxd session if this process has not seen it."""

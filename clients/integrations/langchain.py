@@ -146,6 +146,7 @@ class CtxdChatMessageHistory(BaseChatMessageHistory):
         data_dir: str | None = None,
         wire: Wire = "jsonrpc",
         title: str | None = None,
+        start_daemon: bool = True,
     ) -> None:
         self.session_id = session_id
         self.title = title
@@ -155,6 +156,7 @@ class CtxdChatMessageHistory(BaseChatMessageHistory):
             connection_file=connection_file,
             data_dir=data_dir,
             wire=wire,
+            start_daemon=start_daemon,
         )
 
     @property
@@ -207,6 +209,7 @@ class CtxdThreadMemory:
         data_dir: str | None = None,
         wire: Wire = "jsonrpc",
         session_for_thread: Callable[[str], str] = lambda thread_id: thread_id,
+        start_daemon: bool = True,
     ) -> None:
         self._conn = Connection(
             client=client,
@@ -214,6 +217,7 @@ class CtxdThreadMemory:
             connection_file=connection_file,
             data_dir=data_dir,
             wire=wire,
+            start_daemon=start_daemon,
         )
         self.session_for_thread = session_for_thread
         self._synced: dict[str, str] = {}  # session -> id of the last message it has

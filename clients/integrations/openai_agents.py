@@ -60,11 +60,16 @@ class CtxdSession:
         wire: Wire = "jsonrpc",
         title: str | None = None,
         session_settings: SessionSettings | None = None,
+        start_daemon: bool = True,
     ) -> None:
         self.session_id = session_id
         self.session_settings = session_settings
         self._conn = Connection(
-            async_client=client, connection_file=connection_file, data_dir=data_dir, wire=wire
+            async_client=client,
+            connection_file=connection_file,
+            data_dir=data_dir,
+            wire=wire,
+            start_daemon=start_daemon,
         )
         self._title = title
         self._run_id: str | None = None
