@@ -50,6 +50,12 @@ from ctxd.daemon.engine import Engine
 from ctxd.daemon.recall import call_tool
 from ctxd.protocol.errors import CtxdError
 
+# Run as a script, the repository root is not on sys.path; `bench.retention_kinds` needs it.
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import retention_kinds  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_SEED = 20240611
 
@@ -1067,7 +1073,13 @@ async def main_async(args: argparse.Namespace) -> str:
         sizes = dataclasses.replace(sizes, sessions=args.sessions)
     root = Path(tempfile.mkdtemp(prefix="ctxd-retention-"))
     blocks: list[Block] = []
-    notes: list[str] = []
+    notes: list[str] = [
+        "*Current marked superseded* counts each planted pair on its own, but the generator "
+        "may later plant another value for the same setting (\"Scratch that: the media "
+        "client should retry 3 times\" after the pair that set it to 2). The summary "
+        "supersedes by subject and value, so such a correction is marked superseded by the "
+        "later one, as it should be; those are the cases this column shows."
+    ]
     try:
         for lang in ("en", "zh"):
             blocks.append(await measure("builtin", lang, sizes.sessions, sizes, args.seed, root))
@@ -1085,9 +1097,32 @@ async def main_async(args: argparse.Namespace) -> str:
                 )
                 blocks.append(block)
                 print(block.render(), flush=True)
+        kinds = await retention_kinds.measure(args.kinds_sessions, args.seed)
+        print(kinds[1], flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return report(blocks, notes, sizes, args.seed)
+    return report(blocks, notes, sizes, args.seed) + kinds_section(kinds)
+
+
+def kinds_section(after: tuple[str, str]) -> str:
+    """The kinds-of-facts measures (bench/retention_kinds.py), before and after."""
+    before = RESULTS / "retention-kinds-before.md"
+    parts = [
+        "",
+        "### Kinds of facts: latest values, hedges, the agent's own artifacts",
+        "",
+        "From `bench/retention_kinds.py` (its own generator): settings restated in varied "
+        "words (cue-word corrections, plain updates, \"X, not Y\", long Chinese sentences), "
+        "hedged conclusions (a trailing hedge cut by the length limit, a hedge in the next "
+        "sentence), files the agent's tools wrote and the commit hashes, PR numbers and job "
+        "ids they returned among paths merely mentioned, hard constraints. Checked after "
+        "every compaction.",
+        "",
+    ]
+    if before.exists():
+        parts += ["**Before**: " + before.read_text().strip(), ""]
+    parts += ["**After** (this revision): " + after[0], "", after[1], ""]
+    return "\n".join(parts)
 
 
 def report(blocks: Sequence[Block], notes: Sequence[str], sizes: Sizes, seed: int) -> str:
@@ -1146,6 +1181,9 @@ def main() -> None:
     ap.add_argument("--full", action="store_true", help="more and longer sessions")
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
     ap.add_argument("--sessions", type=int, help="sessions per language (built-in)")
+    ap.add_argument(
+        "--kinds-sessions", type=int, default=2, help="sessions per language, kinds of facts"
+    )
     ap.add_argument("--out", type=Path, default=RESULTS / "retention.md")
     args = ap.parse_args()
     text = asyncio.run(main_async(args))
