@@ -131,28 +131,34 @@ class ArchiveStore:
             return float(created_at)
         return None
 
-    def sizes_at(self, session_id: str, times: list[float]) -> list[tuple[int, int]]:
-        """(messages, tokens) of the session's archive at each of `times`, in one pass."""
+    def sizes_at(
+        self, session_id: str, times: list[float], start: tuple[int, int, int] = (0, 0, 0)
+    ) -> tuple[list[tuple[int, int]], tuple[int, int, int]]:
+        """(messages, tokens) of the session's archive at each of `times`, in one pass.
+
+        `start` is (last id, messages, tokens) already counted, from the second value
+        returned by an earlier call whose times all came before these: the scan goes on
+        from there. Archived rows never change, so such a checkpoint stays true."""
+        last_id, count, tokens = start
         if not times:
-            return []
+            return [], start
         order = sorted(range(len(times)), key=lambda i: times[i])
         out: list[tuple[int, int]] = [(0, 0)] * len(times)
-        count = tokens = 0
         k = 0
-        for created_at, n in self.conn.execute(
-            "SELECT created_at, tokens FROM messages WHERE session_id = ? ORDER BY id",
-            (session_id,),
+        for mid, created_at, n in self.conn.execute(
+            "SELECT id, created_at, tokens FROM messages WHERE session_id = ? AND id > ? "
+            "ORDER BY id",
+            (session_id, last_id),
         ):
             while k < len(order) and created_at > times[order[k]]:
                 out[order[k]] = (count, tokens)
                 k += 1
             if k == len(order):
                 break
-            count += 1
-            tokens += n
+            last_id, count, tokens = mid, count + 1, tokens + n
         for i in order[k:]:
             out[i] = (count, tokens)
-        return out
+        return out, (last_id, count, tokens)
 
     @staticmethod
     def _session(row: Sequence[Any]) -> dict[str, Any]:

@@ -73,6 +73,10 @@ class Engine:
         self._contexts: dict[str, ContextState] = {}
         # archived messages per session: counted once, then kept current by appends
         self._archive_counts: dict[str, int] = {}
+        # (messages, tokens) of the archive when each compaction ran, and per session the
+        # scan's checkpoint (time, (last id, messages, tokens)): see compaction_history
+        self._archive_sizes: dict[str, dict[str, tuple[int, int]]] = {}
+        self._size_checkpoints: dict[str, tuple[float, tuple[int, int, int]]] = {}
         self._listeners: list[EventListener] = []
         self.compactor = Compactor(self)
 
@@ -678,10 +682,22 @@ class Engine:
         """The attempts, newest first, each with the archive's size when it ran."""
         self.require_session(session_id)
         rows = self.compactor.history(session_id, limit)
-        sizes = self.archive.sizes_at(session_id, [r["startedAt"] for r in rows])
-        for row, (messages, tokens) in zip(rows, sizes, strict=True):
-            row["archiveMessages"] = messages
-            row["archiveTokens"] = tokens
+        # the archive before a compaction never changes: each size is counted once, and
+        # later compactions continue the count from the newest one (a checkpoint)
+        known = self._archive_sizes.setdefault(session_id, {})
+        missing = [r for r in rows if r["compactionId"] not in known]
+        if missing:
+            times = [r["startedAt"] for r in missing]
+            at, checkpoint = self._size_checkpoints.get(session_id, (0.0, (0, 0, 0)))
+            if min(times) < at:
+                checkpoint = (0, 0, 0)  # older than the checkpoint: count from the start
+            sizes, end = self.archive.sizes_at(session_id, times, checkpoint)
+            for row, size in zip(missing, sizes, strict=True):
+                known[row["compactionId"]] = size
+            if max(times) >= at:
+                self._size_checkpoints[session_id] = (max(times), end)
+        for row in rows:
+            row["archiveMessages"], row["archiveTokens"] = known[row["compactionId"]]
         return rows
 
 

@@ -419,6 +419,63 @@ def _raw_get(port: int, path: str, host: str, cookie: str) -> bytes:
         return out
 
 
+def test_lost_connection_reconnects_and_catches_up(daemon: DaemonProcess, client: Any,
+                                                   context: BrowserContext) -> None:
+    sid = new_session(client, "reconnect", turns=2)
+    page = open_session(context, daemon, sid)
+    errors = watch_errors(page)
+    # drop the page's WebSocket and hold the reconnect while another client works
+    page.evaluate("() => { window.ctxd.rpc.stopped = true; window.ctxd.rpc.ws.close(); }")
+    expect(page.locator("#conn")).not_to_have_text("● live")
+    ids = client.call("messages/append", {"sessionId": sid, "messages": [
+        {"role": "user", "content": f"missed while away {i}"} for i in range(3)]})["messageIds"]
+    run = client.call("run/start", {"sessionId": sid})["runId"]
+    page.wait_for_timeout(300)
+    assert page.locator("#transcript .msg >> text=missed while away").count() == 0
+    assert page.is_disabled("#send")  # nothing is sent into the void
+    page.evaluate("() => { window.ctxd.rpc.stopped = false; window.ctxd.rpc.connect(); }")
+    expect(page.locator("#conn")).to_have_text("● live")
+    for i, mid in enumerate(ids):
+        page.locator(f"#transcript .msg[data-id='{mid}'] >> text=missed while away {i}").wait_for()
+    st = client.call("context/status", {"sessionId": sid})
+    expect(page.locator("#n-archive")).to_have_text(fmt(st["archiveMessages"]))
+    expect(page.locator("#n-run")).to_have_text("running")
+    # and live events flow again on the new connection
+    client.call("run/finish", {"runId": run, "outcome": "completed"})
+    expect(page.locator("#n-run")).to_have_text("idle")
+    assert errors == []
+
+
+def test_session_list_filters_and_opens_a_session(daemon: DaemonProcess, client: Any,
+                                                  context: BrowserContext) -> None:
+    a = new_session(client, "list: alpha 数据库", turns=1)
+    b = new_session(client, "list: beta")
+    page = context.new_page()
+    page.goto(ui_url(daemon))
+    row_a = page.locator(f"#sessions tr[data-session-id='{a}']")
+    row_b = page.locator(f"#sessions tr[data-session-id='{b}']")
+    row_a.wait_for()
+    assert "alpha 数据库" in row_a.inner_text()
+    assert row_a.locator("td").nth(2).inner_text() == "5"  # archived messages
+    # newest first
+    order = page.eval_on_selector_all("#sessions tr[data-session-id]",
+                                      "rows => rows.map(r => r.dataset.sessionId)")
+    assert order.index(b) < order.index(a)
+    page.fill("#session-filter", "数据库")
+    row_b.wait_for(state="detached")
+    assert row_a.is_visible()
+    # a session created elsewhere shows up without a reload
+    c = new_session(client, "list: 数据库 gamma")
+    page.locator(f"#sessions tr[data-session-id='{c}']").wait_for()
+    row_a.locator("a").click()
+    page.wait_for_url(re.compile(f"/s/{a}$"))
+    page.wait_for_selector("body[data-ready=true]")
+    assert page.inner_text("#crumb") == "list: alpha 数据库"
+    page.go_back()
+    row_a.wait_for()
+    assert page.title() == "Sessions · ctxd"
+
+
 def test_ctxd_ui_names_a_missing_session(daemon: DaemonProcess) -> None:
     cmd = [sys.executable, "-m", "ctxd.clients.cli", "ui", "no-such-session", "--no-browser",
            "--connection-file", str(daemon.connection_file)]

@@ -127,12 +127,13 @@ async function openSession(sid) {
   document.title = `${title} · ctxd`;
   $("#crumb").textContent = title;
   setStatus(got.status);
-  await rpc.call("session/subscribe", { sessionId: sid });
-  await refreshContext();
   const m = location.hash.match(/^#m(\d+)$/);
-  if (m) await transcript.jumpTo(Number(m[1]));
-  else await transcript.openNewest();
+  // subscribed before reading, so nothing appended meanwhile is missed
+  const subscribed = rpc.call("session/subscribe", { sessionId: sid });
+  await Promise.all([subscribed, refreshContext(),
+    subscribed.then(() => (m ? transcript.jumpTo(Number(m[1])) : transcript.openNewest()))]);
   document.body.dataset.ready = "true";
+  performance.mark("ctxd-ready");
   await Promise.all([refreshApprovals(), refreshPins(), refreshExplain(), refreshHistory()]);
 }
 
@@ -493,6 +494,8 @@ function start() {
     if (!S.sid && !$("#sessions-view").hidden && rpc.open) loadSessions(true).catch(() => {});
   }, 3000);
   setInterval(() => { if (S.status) setStatus(S.status); }, 15000);
+  // for the console and the tests: the connection and the page's state
+  window.ctxd = { rpc, state: S, transcript };
   rpc.connect();
   route();
 }

@@ -58,12 +58,15 @@ export class Rpc {
     this.open = false;
     for (const { reject } of this.pending.values()) reject(new Error("connection lost"));
     this.pending.clear();
-    if (this.stopped) return;
+    if (this.stopped) {
+      this.onState(this.loggedOut ? "loggedOut" : "offline");
+      return;
+    }
     // a refused upgrade looks like any other close: ask whether the login still holds
     try {
       const res = await fetch("/auth", { cache: "no-store", credentials: "same-origin" });
       if (res.status === 401) {
-        this.stopped = true;
+        this.stopped = this.loggedOut = true;
         this.onState("loggedOut");
         return;
       }
