@@ -151,10 +151,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from ctxd.daemon.config import StartupError
+
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except StartupError as exc:
+        # a configuration or data-dir mistake: one line saying what to fix, no traceback
+        print(f"ctxd: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

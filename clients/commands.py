@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from ctxd.clients.client import Client, DaemonNotRunning, Wire, find_daemon
+from ctxd.daemon.config import ConfigError
 from ctxd.protocol.connection import connection_file_for
 from ctxd.protocol.errors import CtxdError
 
@@ -314,8 +315,11 @@ def _run(handler: Handler) -> Callable[[argparse.Namespace], int]:
         except (ConnectionError, TimeoutError) as exc:
             fail(str(exc))
             return EXIT_UNREACHABLE
+        except ConfigError as exc:
+            fail(str(exc))  # a bad config file, CTXD_* variable or flag: a usage mistake
+            return EXIT_REFUSED
         except (ValueError, OSError) as exc:
-            # a bad config file or CTXD_* variable, an unwritable --output
+            # an unwritable --output
             fail(str(exc))
             return EXIT_UNREACHABLE
         finally:

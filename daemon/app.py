@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import apsw
+
 from ctxd import __version__
 from ctxd.protocol.connection import (
     connection_file_for,
@@ -26,7 +28,7 @@ from ctxd.protocol.connection import (
     write_connection_file,
 )
 
-from .config import Config
+from .config import Config, StartupError
 from .dispatch import Dispatcher
 from .engine import Engine
 from .servers.base import EventHub
@@ -94,10 +96,7 @@ class Daemon:
 
     async def run(self) -> int:
         cfg = self.config
-        cfg.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        lock = DataDirLock(cfg.data_dir)
-        lock.acquire()
-        engine = Engine(cfg)
+        lock, engine = open_data_dir(cfg)
         hub = EventHub()
         engine.add_listener(hub.publish)
         dispatcher = Dispatcher(
@@ -184,6 +183,43 @@ class Daemon:
         return 0
 
 
+def open_data_dir(cfg: Config) -> tuple[DataDirLock, Engine]:
+    """Take the data dir's lock and open the engine; what stops either (a path that is
+    not a directory, no permission, a full disk, a database that is not ctxd's) becomes
+    one `StartupError` line naming the path."""
+    where = cfg.data_dir
+    try:
+        if cfg.data_dir.exists() and not cfg.data_dir.is_dir():
+            raise NotADirectoryError(20, "it is a file, not a directory")
+        cfg.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock = DataDirLock(cfg.data_dir)
+        where = lock.path
+        lock.acquire()
+    except OSError as exc:
+        raise StartupError(
+            f"{where}: {_reason(exc)}; expected a writable data directory of yours with free "
+            "space (data_dir, --data-dir or CTXD_DATA_DIR)"
+        ) from None
+    try:
+        return lock, Engine(cfg)
+    except (OSError, apsw.Error) as exc:
+        lock.release()
+        raise StartupError(
+            f"{cfg.db_path}: cannot open the database ({_reason(exc)}); expected a ctxd "
+            "database on a writable disk with free space"
+        ) from None
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    if isinstance(exc, apsw.FullError):
+        return "the disk is full"
+    if isinstance(exc, apsw.IOError):
+        return f"I/O error, is the disk full? {exc}"
+    return str(exc) or type(exc).__name__
+
+
 def page_base_url(host: str, port: int) -> str:
     """The page's address: on a loopback name, the only Host the page server accepts."""
     name = "[::1]" if host in ("::1", "[::1]") else "127.0.0.1"
@@ -197,7 +233,14 @@ def serve(config: Config) -> int:
         stream=sys.stderr,
     )
     try:
-        return asyncio.run(Daemon(config).run())
+        daemon = Daemon(config)
+    except OSError as exc:  # the runtime dir for the connection file
+        raise StartupError(
+            f"{exc.filename or 'the runtime directory'}: {_reason(exc)}; expected a "
+            "writable runtime directory (CTXD_RUNTIME_DIR) or --connection-file"
+        ) from None
+    try:
+        return asyncio.run(daemon.run())
     except AlreadyRunning as exc:
         print(f"ctxd: {exc}", file=sys.stderr)
         return 3

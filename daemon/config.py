@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
+import math
 import os
 import tomllib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,35 +83,110 @@ class Config:
         return self.data_dir / "ctxd.db"
 
 
-def _coerce(value: Any, current: Any, name: str) -> Any:
+class StartupError(Exception):
+    """What keeps the daemon or a command from starting, said in one line: where (file,
+    variable or flag), which key, and what is expected. The CLI prints it and exits 2."""
+
+
+class ConfigError(StartupError, ValueError):
+    """A configuration mistake (a ValueError too, for callers that caught those)."""
+
+
+_TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _coerce(value: Any, current: Any, name: str, source: str) -> Any:
+    def wrong(expected: str) -> ConfigError:
+        return ConfigError(f"{source}: {name}: expected {expected}, got {value!r}")
+
     if isinstance(current, bool):
-        if isinstance(value, str):
-            return value.lower() in ("1", "true", "yes", "on")
-        return bool(value)
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _BOOL_WORDS:
+            return _BOOL_WORDS[value.lower()]
+        raise wrong("true or false")
     if isinstance(current, int | float):
+        if isinstance(value, bool):
+            raise wrong(_TYPE_WORDS[type(current)])
         try:
-            return type(current)(value)
-        except (TypeError, ValueError):
-            kind = "an integer" if isinstance(current, int) else "a number"
-            raise ValueError(f"config {name}: expected {kind}, got {value!r}") from None
+            out = type(current)(value)
+        except (TypeError, ValueError, OverflowError):
+            raise wrong(_TYPE_WORDS[type(current)]) from None
+        if isinstance(out, float) and not math.isfinite(out):
+            raise wrong("a finite number")
+        if isinstance(current, int) and isinstance(value, float) and value != out:
+            raise wrong("an integer")
+        if out < 0 and name.rpartition(".")[2] not in _SIGNED:
+            raise wrong("a number of at least 0")
+        return out
     if isinstance(current, Path) or name in ("data_dir", "connection_file"):
+        if not isinstance(value, str | Path):
+            raise wrong("a path (a string)")
         return Path(str(value)).expanduser()
+    if isinstance(current, str) and not isinstance(value, str):
+        raise wrong("a string")
     return value
 
 
-def _apply(target: Any, values: dict[str, Any], prefix: str = "") -> None:
+_BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True,
+               "0": False, "false": False, "no": False, "off": False}
+# numeric keys that may be negative (none today: every count, size and time is >= 0)
+_SIGNED: frozenset[str] = frozenset()
+
+
+def _apply(target: Any, values: dict[str, Any], source: str, prefix: str = "") -> None:
     known = {f.name: f for f in fields(target)}
     for key, value in values.items():
         name = key.replace("-", "_")
         if name not in known:
-            raise ValueError(f"unknown config key {prefix}{key!r}")
+            close = difflib.get_close_matches(name, list(known), n=1)
+            hint = f"did you mean {prefix}{close[0]}? " if close else ""
+            raise ConfigError(
+                f"{source}: unknown key {prefix}{key}; {hint}known keys"
+                + (f" of [{prefix.rstrip('.')}]" if prefix else "")
+                + f": {', '.join(sorted(known))}"
+            )
         current = getattr(target, name)
-        if isinstance(current, CompactionPolicy | OpenAISummarizerConfig):
+        if is_dataclass(current):
             if not isinstance(value, dict):
-                raise ValueError(f"config {prefix}{key} must be a table")
-            _apply(current, value, prefix=f"{name}.")
+                raise ConfigError(
+                    f"{source}: {prefix}{name}: expected a table ([{prefix}{name}]), "
+                    f"got {value!r}"
+                )
+            _apply(current, value, source, prefix=f"{prefix}{name}.")
         else:
-            setattr(target, name, _coerce(value, current, prefix + name))
+            setattr(target, name, _coerce(value, current, prefix + name, source))
+
+
+def _read_toml(path: Path | str, given_by: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such configuration file (given by {given_by})") from None
+    except IsADirectoryError:
+        raise ConfigError(
+            f"{path}: is a directory; expected a TOML configuration file (given by {given_by})"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it ({exc.strerror}; given by {given_by})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not valid TOML: the file is not UTF-8 text") from None
+
+
+def _choice(cfg: Config, name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(
+            f"{cfg_source(cfg, name)}{name}: expected one of "
+            f"{', '.join(repr(c) for c in choices)}, got {value!r}"
+        )
+
+
+def cfg_source(cfg: Config, name: str) -> str:
+    where = getattr(cfg, "_sources", {}).get(name)
+    return f"{where}: " if where else ""
 
 
 def load_config(
@@ -117,38 +194,62 @@ def load_config(
     overrides: dict[str, Any] | None = None,
     environ: dict[str, str] | None = None,
 ) -> Config:
+    """Raises `ConfigError` naming the file, variable or flag, the key and what it expects."""
     cfg = Config()
+    sources: dict[str, str] = {}
     env = os.environ if environ is None else environ
     path = config_file or env.get("CTXD_CONFIG")
     if path:
-        with open(path, "rb") as f:
-            _apply(cfg, tomllib.load(f))
-    env_values: dict[str, Any] = {}
-    policy_values: dict[str, Any] = {}
-    policy_names = {f.name for f in fields(CompactionPolicy)}
+        given_by = "--config" if config_file else "the environment variable CTXD_CONFIG"
+        values = _read_toml(path, given_by)
+        _apply(cfg, values, str(path))
+        sources.update(_flatten(values, str(path)))
+    # each variable on its own, so a mistake names the variable
     for f in fields(Config):
         key = "CTXD_" + f.name.upper()
         if key in env and f.name not in ("compaction", "openai"):
-            env_values[f.name] = env[key]
-    openai_values = {f.name: env[f"CTXD_OPENAI_{f.name.upper()}"]
-                     for f in fields(OpenAISummarizerConfig)
-                     if f"CTXD_OPENAI_{f.name.upper()}" in env}
-    if openai_values:
-        env_values["openai"] = openai_values
-    for name in policy_names:
-        key = "CTXD_" + name.upper()
+            _apply(cfg, {f.name: env[key]}, f"environment variable {key}")
+            sources[f.name] = f"environment variable {key}"
+    for f in fields(OpenAISummarizerConfig):
+        key = f"CTXD_OPENAI_{f.name.upper()}"
         if key in env:
-            policy_values[name] = env[key]
-    if policy_values:
-        env_values["compaction"] = policy_values
-    _apply(cfg, env_values)
+            _apply(cfg, {"openai": {f.name: env[key]}}, f"environment variable {key}")
+            sources[f"openai.{f.name}"] = f"environment variable {key}"
+    for f in fields(CompactionPolicy):
+        key = "CTXD_" + f.name.upper()
+        if key in env:
+            _apply(cfg, {"compaction": {f.name: env[key]}}, f"environment variable {key}")
+            sources[f"compaction.{f.name}"] = f"environment variable {key}"
     if overrides:
-        _apply(cfg, {k: v for k, v in overrides.items() if v is not None})
-    if cfg.durability not in ("normal", "full"):
-        raise ValueError("durability must be 'normal' or 'full'")
-    if cfg.summarizer not in ("builtin", "openai"):
-        raise ValueError("summarizer must be 'builtin' or 'openai'")
-    if cfg.openai.fallback not in ("", "builtin"):
-        raise ValueError("openai.fallback must be 'builtin' or empty")
+        given = {k: v for k, v in overrides.items() if v is not None}
+        _apply(cfg, given, "command line")
+        sources.update(_flatten(given, "command line"))
+    cfg._sources = sources  # type: ignore[attr-defined]
+    _choice(cfg, "durability", cfg.durability, ("normal", "full"))
+    _choice(cfg, "summarizer", cfg.summarizer, ("builtin", "openai"))
+    _choice(cfg, "zmq_transport", cfg.zmq_transport, ("ipc", "tcp"))
+    _choice(cfg, "openai.fallback", cfg.openai.fallback, ("", "builtin"))
+    policy = cfg.compaction
+    if policy.max_active_messages < policy.keep_messages:
+        where = sources.get("compaction.max_active_messages") or sources.get(
+            "compaction.keep_messages", "defaults"
+        )
+        raise ConfigError(
+            f"{where}: compaction.max_active_messages ({policy.max_active_messages}) is "
+            f"below compaction.keep_messages ({policy.keep_messages}): a compaction keeps "
+            "keep_messages, so the context could never get under the limit; expected "
+            "max_active_messages >= keep_messages"
+        )
     cfg.data_dir = Path(cfg.data_dir).expanduser().resolve()
     return cfg
+
+
+def _flatten(values: dict[str, Any], source: str, prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in values.items():
+        name = prefix + key.replace("-", "_")
+        if isinstance(value, dict):
+            out.update(_flatten(value, source, name + "."))
+        else:
+            out[name] = source
+    return out
