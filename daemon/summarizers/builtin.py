@@ -190,16 +190,16 @@ class BuiltinSummarizer:
         last: _Entry | None = None
         for sentence in _sentences(text):
             slow = sentence.lower()
-            if is_hedge_only(sentence):
+            hedged = is_hedged(sentence)
+            if hedged and is_hedge_only(sentence, hedged):
                 if last is not None:
                     last.unconfirmed = True
                 else:
                     goal_hedged = goal_hedged or bool(goal)
                     goal.append(sentence)
                 continue
-            if is_confirmation(sentence):
+            if is_confirmation(sentence, hedged):
                 draft.confirm(sentence, last)
-            hedged = is_hedged(sentence)
             is_correction = bool(
                 may_correct
                 and _CORRECTION.search(sentence, slow)
@@ -268,11 +268,12 @@ class BuiltinSummarizer:
         last: _Entry | None = None
         for sentence in _sentences(text) if may_open or may_decide else ():
             slow = sentence.lower()
-            if is_hedge_only(sentence):
+            hedged = is_hedged(sentence)
+            if hedged and is_hedge_only(sentence, hedged):
                 if last is not None:
                     last.unconfirmed = True
                 continue
-            if is_confirmation(sentence):
+            if is_confirmation(sentence, hedged):
                 draft.confirm(sentence, last)
             last = None
             if may_open and _OPEN.search(sentence, slow):
@@ -283,7 +284,7 @@ class BuiltinSummarizer:
                     "decisions",
                     trim_keeping_hedge(sentence, self.max_item_chars),
                     [mid],
-                    unconfirmed=is_hedged(sentence),
+                    unconfirmed=hedged,
                 )
                 if last is not None:
                     draft.supersede_setting(last, mid)

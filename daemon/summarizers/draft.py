@@ -88,6 +88,10 @@ class _Draft:
         self._pins = [k for k in (_norm(p) for p in pins if isinstance(p, str)) if k]
         self._max_sources = max_sources
         self._seq = 0
+        # rules by each of their subject words, for corrections
+        self._by_term: dict[str, list[_Entry]] = {}
+        # settings by the terms of their subject
+        self._settings: dict[str, list[_Entry]] = {}
         # archive id of a superseded statement -> id of the statement that replaced it
         self.supersessions: dict[int, int] = {}
 
@@ -137,11 +141,16 @@ class _Draft:
             entry.weak = _is_weak(text)
             entry.setting = setting_of(text, True)
             self._by_terms.setdefault(entry.terms, []).append(entry)
+            for term in entry.terms:
+                self._by_term.setdefault(term, []).append(entry)
         elif section == "decisions":
             entry.weak = not _FIRM_DECISION.search(text)
             entry.setting = setting_of(text, True)
         elif section == "goals":
             entry.weak = _QUANTITY.search(text) is None
+        if entry.setting is not None:
+            for term in entry.setting.terms:
+                self._settings.setdefault(term, []).append(entry)
         self.sections[section].append(entry)
         self._by_key[(section, key)] = entry
         return entry
@@ -182,18 +191,30 @@ class _Draft:
         The best-matching current setting goes, and only when its value differs."""
         if new.setting is None or new.status != "current":
             return
+        # only settings sharing enough of the subject's terms are scored: a bulk batch
+        # holds hundreds, and comparing each new one with all of them would be quadratic
+        shared: dict[int, int] = {}
+        by_id: dict[int, _Entry] = {}
+        for term in new.setting.terms:
+            for entry in self._settings.get(term, ()):
+                shared[id(entry)] = shared.get(id(entry), 0) + 1
+                by_id[id(entry)] = entry
+        n = len(new.setting.terms)
         scored: list[tuple[float, _Entry]] = []
-        for section in ("constraints", "decisions"):
-            for entry in self.sections[section]:
-                if entry is new or entry.setting is None or entry.status != "current":
-                    continue
-                if entry.sources and entry.sources[-1] >= message_id:
-                    continue
-                if entry.setting.values <= new.setting.values:
-                    continue  # the same value again: a restatement, not an update
-                score = same_subject(entry.setting, new.setting)
-                if score >= 0.9:
-                    scored.append((score, entry))
+        for key, count in shared.items():
+            entry = by_id[key]
+            setting = entry.setting
+            if entry is new or setting is None or entry.status != "current":
+                continue
+            if count < 0.4 * min(n, len(setting.terms)):
+                continue
+            if entry.sources and entry.sources[-1] >= message_id:
+                continue
+            if setting.values <= new.setting.values:
+                continue  # the same value again: a restatement, not an update
+            score = same_subject(setting, new.setting)
+            if score >= 0.9:
+                scored.append((score, entry))
         if not scored:
             return
         best = max(score for score, _ in scored)
@@ -226,9 +247,15 @@ class _Draft:
         """
         if not new.terms or not (correction or new.values):
             return False
-        candidates = (
-            self.sections["constraints"] if correction else self._by_terms.get(new.terms, ())
-        )
+        if correction:
+            # the rules sharing a word with it: a correction matches nothing else
+            found: dict[int, _Entry] = {}
+            for term in new.terms:
+                for entry in self._by_term.get(term, ()):
+                    found.setdefault(id(entry), entry)
+            candidates: Iterable[_Entry] = sorted(found.values(), key=lambda e: e.seq)
+        else:
+            candidates = self._by_terms.get(new.terms, ())
         scored: list[tuple[float, _Entry]] = []
         for entry in candidates:
             if entry is new:

@@ -48,17 +48,17 @@ def is_hedged(text: str) -> bool:
     return _HEDGE.search(text)
 
 
-def is_hedge_only(sentence: str) -> bool:
+def is_hedge_only(sentence: str, hedged: bool | None = None) -> bool:
     """A short sentence whose job is to qualify the previous one."""
-    if not _HEDGE.search(sentence):
+    if not (_HEDGE.search(sentence) if hedged is None else hedged):
         return False
     cjk = sum(len(r) for r in _CJK_RUN.findall(sentence))
     short = len(sentence) <= 70 if not cjk else cjk <= 18
     return short and bool(_BACK_REFERENCE.match(sentence))
 
 
-def is_confirmation(sentence: str) -> bool:
-    return _CONFIRMED.search(sentence) and not _HEDGE.search(sentence)
+def is_confirmation(sentence: str, hedged: bool = False) -> bool:
+    return not hedged and _CONFIRMED.search(sentence)
 
 
 def trim_keeping_hedge(text: str, limit: int) -> str:
@@ -111,6 +111,7 @@ _CJK_VERBS = re.compile(
     r"从原来的|原来的|用|按|吧|换成|以后|放在|不是|而是|不对|搞错了?|是|了"
 )
 _CLAUSE = re.compile(r"[，,；;]")
+_PUNCT = " 。.！!？?：:，,；;"
 _SUBJECT_STOP = _STOP | frozenset(
     """raise lower increase decrease reduce bump go from now on be with after before
     look looking correction update updated""".split()
@@ -123,6 +124,7 @@ class Setting:
     values: frozenset[str]  # the value(s) it is set to
     old: frozenset[str]  # values it names as replaced ("not 30")
     order: tuple[str, ...] = ()  # the terms in the order they were written
+    label: str | None = None  # the subject, readable: "importer batch size", "对账任务的批处理大小"
 
 
 def _norm_value(v: str) -> str:
@@ -161,7 +163,17 @@ def setting_of(text: str, loose: bool = False) -> Setting | None:
         order += grams if len(set(grams)) >= 3 else _bigrams([low])
     if not order:
         return None
-    return Setting(frozenset(order), frozenset(values), frozenset(old), tuple(order))
+    if _CJK_RUN.search(low):
+        # the subject comes before the value in Chinese: "复盘会改到周二上午"
+        clause = next((c for c in _CLAUSE.split(text) if _VALUE.search(c.casefold())), text)
+        first = _VALUE.search(clause.casefold())
+        head = clause[: first.start()] if first and first.start() > 1 else clause
+        label = re.sub(r"\s+", "", _VALUE.sub("", _CJK_VERBS.sub("", head))).strip(_PUNCT)
+    else:
+        label = " ".join(dict.fromkeys(order))
+    return Setting(
+        frozenset(order), frozenset(values), frozenset(old), tuple(order), label[:60] or None
+    )
 
 
 def _bigrams(clauses: list[str]) -> list[str]:
@@ -234,11 +246,18 @@ _JOB = re.compile(
 )
 
 
+_SPACE = re.compile(r"\s")
+# substrings without which a result names no commit, branch, PR or job: most results
+# (file contents, test output) skip every pattern
+_ID_GATES = ("commit", "]", "branch", "pull", "merge_request", "pr ", "pr #", "mr ", "job",
+             "run", "pipeline", "build", "deployment", "task")
+
+
 def _arg(args: dict[str, Any], keys: tuple[str, ...]) -> str | None:
     lowered = {str(k).lower(): v for k, v in args.items()}
     for k in keys:
         v = lowered.get(k)
-        if isinstance(v, str) and v.strip() and len(v) <= 260 and not any(c.isspace() for c in v):
+        if isinstance(v, str) and 0 < len(v) <= 260 and v.strip() and not _SPACE.search(v.strip()):
             return v.strip()
     return None
 
@@ -284,22 +303,30 @@ def artifacts_of(name: str, args: Any, result: str) -> list[tuple[str, str]]:
         cmd = args.get("command") or args.get("cmd")
         if op is None and isinstance(cmd, str):
             out += [(target, text) for _, target, text in _shell_ops(cmd.strip())]
-    for m in _COMMIT.finditer(result):
+    head = result[:2000]
+    low = head.lower()
+    if not any(map(low.__contains__, _ID_GATES)):
+        return _unique(out)
+    for m in _COMMIT.finditer(head):
         out.append((m.group(1), f"commit {m.group(1)}"))
     if not any(t.startswith("commit ") for _, t in out):
-        for m in _COMMIT_WORD.finditer(result[:2000]):
+        for m in _COMMIT_WORD.finditer(head):
             out.append((m.group(1), f"commit {m.group(1)}"))
             break
-    for m in _BRANCH.finditer(result[:2000]):
+    for m in _BRANCH.finditer(head):
         branch = next(g for g in m.groups() if g)
         out.append((f"branch:{branch}", f"branch {branch}"))
-    for m in _PR.finditer(result[:2000]):
+    for m in _PR.finditer(head):
         url = m.group(0) if m.group(0).startswith("http") else None
         number = m.group(1) or m.group(2)
         out.append((f"pr:{number}", f"PR {url}" if url else f"PR #{number}"))
-    for m in _JOB.finditer(result[:2000]):
+    for m in _JOB.finditer(head):
         out.append((f"{m.group(1).lower()}:{m.group(2)}", f"{m.group(1).lower()} {m.group(2)}"))
+    return _unique(out)
+
+
+def _unique(found: list[tuple[str, str]]) -> list[tuple[str, str]]:
     seen: dict[str, str] = {}
-    for target, text in out:
+    for target, text in found:
         seen[target] = text
     return list(seen.items())[:8]

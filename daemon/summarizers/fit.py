@@ -199,15 +199,16 @@ def _drop_plan(
 
 
 def _item(e: _Entry, text: str) -> SummaryItem:
-    value = None
+    value = subject = None
     if e.setting is not None and e.section in ("constraints", "decisions"):
         value = ", ".join(sorted(e.setting.values)[:3])
+        subject = e.setting.label
     return SummaryItem(
         text=text,
         sources=list(e.sources),
         status=e.status,
         unconfirmed=e.unconfirmed,
-        subject=e.subject,
+        subject=e.subject or subject,
         value=value,
         was=e.was,
     )
