@@ -228,6 +228,20 @@ def test_artifacts_come_from_the_agents_own_calls_newest_first() -> None:
     assert "pyproject.toml" in files and "tests/test_report.py" in files
 
 
+def test_artifacts_of_a_chinese_session_and_a_failed_write() -> None:
+    summary = run([
+        user(1, "把报表模块提交一下，然后开个 PR。"),
+        assistant(2, "好的。",
+                  call("c1", "run_shell", command="git checkout -b feat/报表"),
+                  call("c2", "write_file", path="src/报表/导出.py", content="x")),
+        result(3, "c1", "Switched to a new branch 'feat/报表'"),
+        result(4, "c2", "错误：磁盘已满"),
+        assistant(5, None, call("c3", "run_shell", command="gh pr create --fill")),
+        result(6, "c3", "Created pull request #77"),
+    ])
+    assert [i.text for i in summary.sections["artifacts"]] == ["PR #77", "branch feat/报表"]
+
+
 # ------------------------------------------------- pointers, explain and search
 
 # a long reply, so that summarizing it shrinks the context
@@ -291,5 +305,20 @@ def test_search_marks_a_superseded_statement_and_ranks_its_correction_above(
         assert hits[1]["supersededBy"] == new and "supersededBy" not in hits[0]
         out = call_tool(engine, sid, "search_past_messages", {"query": "importer batch size"})
         assert f"superseded by msg {new}" in out["content"]
+
+        zh = engine.create_session()["sessionId"]
+        [old] = engine.append(zh, [{"role": "user", "content":
+                                    "对账任务的批处理大小设为 500 条。"}])["messageIds"]
+        engine.append(zh, [{"role": "assistant", "content": DONE}])
+        [new] = engine.append(zh, [{"role": "user", "content":
+                                    "对账任务的批处理大小改到 2000 条。"}])["messageIds"]
+        engine.append(zh, [{"role": "assistant", "content": DONE},
+                           {"role": "user", "content": "好的，接下来更新文档。"},
+                           {"role": "assistant", "content": "好。"}])
+        asyncio.run(engine.compact(zh))
+        hits = engine.search("批处理大小", session_id=zh)
+        assert [(h["messageId"], h.get("supersededBy")) for h in hits] == [
+            (new, None), (old, new)
+        ]
     finally:
         engine.close()
