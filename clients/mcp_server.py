@@ -17,6 +17,7 @@ from __future__ import annotations
 import hmac
 import json
 import os
+import re
 import secrets
 import socket
 import sys
@@ -37,6 +38,10 @@ SERVER_NAME = "ctxd"
 DEFAULT_MESSAGE_CHARS = 1500
 MAX_MESSAGE_CHARS = 8000
 MAX_NEIGHBOURS = 10
+# what one read_past_messages answer may reach, in estimated tokens (Claude Code warns
+# about tool output above 10,000)
+READ_BUDGET_TOKENS = 8000
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uff00-\uffef]")
 # pages of 5000 messages walked to find an ordinal the summary does not map
 ORDINAL_PAGES = 40
 CONTEXT_BUDGET_TOKENS = 6000
@@ -143,6 +148,13 @@ def _pick_session(link: DaemonLink, cwd: str | None) -> tuple[str | None, str]:
     if best is not None:
         return best[1], f"mapped from the working directory {cwd}"
     return newest, "the most recent session"
+
+
+def estimate_tokens(text: str) -> int:
+    """A cheap upper-bound-ish token estimate: a CJK character is about one token, other
+    text about four characters per token."""
+    cjk = len(_CJK.findall(text))
+    return cjk + (len(text) - cjk) // 4 + 1
 
 
 def _clip(text: str, limit: int) -> str:
@@ -308,9 +320,16 @@ def build_server(link: DaemonLink, choice: SessionChoice) -> Any:
             older = call("archive/read", {"sessionId": sid, "beforeId": message_id,
                                           "limit": before})["messages"]
             msgs = older + msgs
-        body = "\n\n".join(render_message(m, max_chars) for m in msgs)
+        limit = max_chars
+        body = "\n\n".join(render_message(m, limit) for m in msgs)
+        while estimate_tokens(body) > READ_BUDGET_TOKENS and limit > 200:
+            limit //= 2  # the whole answer stays within budget, whatever was asked
+            body = "\n\n".join(render_message(m, limit) for m in msgs)
+        note = "" if limit == max_chars else (
+            f" (each cut to {limit} characters to stay under ~{READ_BUDGET_TOKENS} tokens; "
+            "ask for fewer neighbours to see more of each)")
         return (f"Session {sid}, messages {msgs[0]['id']}..{msgs[-1]['id']} "
-                f"(asked for {message_id}):\n\n{body}")
+                f"(asked for {message_id}){note}:\n\n{body}")
 
     def ordinal_to_id(sid: str, ordinal: int) -> int:
         """The archive id of the session's ordinal-th message: from the summary's own

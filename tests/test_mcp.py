@@ -24,6 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from ctxd.clients.client import Client
+from ctxd.clients.mcp_server import READ_BUDGET_TOKENS, estimate_tokens
 
 FIXTURES = Path(__file__).parent / "fixtures" / "transcripts"
 CC_MAIN = "claude-code-7f1c2a9e-4b1d-4c53-9a11-2f7a0c6e9b10"
@@ -78,6 +79,10 @@ def test_stdio_tools_resources_and_session_choice(daemon: DaemonProcess, client:
     # a newer subagent conversation of the same project is not the one to attach to
     client.create_session(title="subagent", metadata={"cwd": str(project), "sidechain": True})
     daemon_tools = {t["function"]["name"]: t["function"] for t in client.list_tools()["tools"]}
+    # a session of long Chinese messages: a wide read must still fit the budget
+    big = client.create_session(title="big")["sessionId"]
+    big_ids = client.append(big, [{"role": "user", "content": f"{i} " + "数据库迁移" * 1600}
+                                  for i in range(21)])["messageIds"]
     # a compacted session whose summary cites messages by their ordinal in the session
     compacted = client.create_session(title="compacted")["sessionId"]
     for i in range(30):
@@ -128,6 +133,11 @@ def test_stdio_tools_resources_and_session_choice(daemon: DaemonProcess, client:
             cited = text(await s.call_tool("read_past_messages", {
                 "ordinal": cited_ordinal, "session_id": compacted, "before": 0, "after": 0}))
             assert f"(asked for {cited_id})" in cited
+            wide = text(await s.call_tool("read_past_messages", {
+                "message_id": big_ids[10], "session_id": big, "before": 10, "after": 10,
+                "max_chars": 8000}))
+            assert wide.count("[msg ") == 21 and "each cut to" in wide
+            assert estimate_tokens(wide) <= READ_BUDGET_TOKENS + 500
             both = await s.call_tool("read_past_messages", {"message_id": 1, "ordinal": 1})
             assert both.is_error
             # a message of another session is not silently read from this one
@@ -190,7 +200,12 @@ def http_server(daemon: DaemonProcess) -> Iterator[tuple[str, str]]:
 
 
 def _post(url: str, headers: dict[str, str]) -> int:
-    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}})
+    """The HTTP status of an MCP `initialize` request with these headers."""
+    from mcp_types.version import LATEST_HANDSHAKE_VERSION
+
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": LATEST_HANDSHAKE_VERSION, "capabilities": {},
+        "clientInfo": {"name": "test", "version": "0"}}})
     req = urllib.request.Request(url, data=body.encode(), method="POST", headers={
         "Content-Type": "application/json",
         "Accept": "application/json, text/event-stream", **headers})
@@ -255,7 +270,7 @@ def test_documented_client_configs_start_the_server(daemon: DaemonProcess,
                       str(daemon.connection_file)],
                 env={**daemon.env, **cfg.get("env", {})}, cwd=str(tmp_path))
             async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
-                with anyio.fail_after(10):
+                with anyio.fail_after(30):
                     await s.initialize()
                 assert {t.name for t in (await s.list_tools()).tools} == TOOLS
 
@@ -302,3 +317,25 @@ def test_stdio_starts_the_shared_daemon_when_none_runs(tmp_path: Path) -> None:
                 except ProcessLookupError:
                     break
                 time.sleep(0.05)
+
+
+@pytest.mark.parametrize("mode", ["env", "daemon"])
+def test_http_token_from_the_environment_or_the_daemon(daemon: DaemonProcess,
+                                                       mode: str) -> None:
+    env = {**daemon.env, "CTXD_MCP_TOKEN": "s3cret-from-env"} if mode == "env" else daemon.env
+    extra = ("--daemon-token",) if mode == "daemon" else ()
+    proc = subprocess.Popen([sys.executable, *mcp_cmd(daemon, "--http", *extra)], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        info = json.loads(proc.stderr.readline().removeprefix("ctxd mcp: "))
+        assert "token" not in info  # a token the user chose is never printed
+        token = "s3cret-from-env" if mode == "env" else daemon.info()["token"]
+        assert _post(info["url"], {"Authorization": f"Bearer {token}"}) == 200
+        assert _post(info["url"], {"Authorization": "Bearer s3cret"}) == 401
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stderr:
+            proc.stderr.close()
