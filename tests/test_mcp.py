@@ -227,7 +227,7 @@ def test_streamable_http_needs_the_token_and_a_local_host(
             with anyio.fail_after(30):
                 await s.initialize()
             assert {t.name for t in (await s.list_tools()).tools} == TOOLS
-            found = await s.call_tool("search_past_messages", {"query": "数据库",
+            found = await s.call_tool("search_past_messages", {"query": "数据库 layer",
                                                                "scope": "all"})
             assert not found.is_error and "sidechain" in text(found)
             status = json.loads(text(await s.call_tool("context_status", {})))
