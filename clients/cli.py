@@ -138,9 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     importers.register(sub, _common, _connect)
 
-    from ctxd.clients import mcp_server
+    from ctxd.clients import mcp_serve
 
-    mcp_server.register(sub, _common, _connect, _connection_file)
+    mcp_serve.register(sub, _common, _connect, _connection_file)
 
     from ctxd.clients import ui
 

@@ -1,9 +1,9 @@
-"""`ctxd mcp`: the ctxd archive as an MCP server, for Claude Code, Codex CLI or any MCP client.
+"""The ctxd archive as an MCP server, for Claude Code, Codex CLI or any MCP client.
 
 Built on the official `mcp` SDK (`MCPServer`). It is a thin client of the shared daemon,
 like `ctxd stdio`: it never opens the database, so any number of agents can each spawn
-one without racing on a file. stdio by default; `--http` serves streamable HTTP on a
-loopback address only, with a bearer token and the SDK's Host/Origin checks.
+one without racing on a file. The `ctxd mcp` command and its transports are in
+`mcp_serve`.
 
 Tools: `search_past_messages` (the daemon's own tool: same schema, same results),
 `read_past_messages` (a message and its neighbours by id), `context_status` and
@@ -14,18 +14,13 @@ defaults stay far below the 10,000 tokens at which Claude Code starts to warn.
 
 from __future__ import annotations
 
-import hmac
 import json
 import os
 import re
-import secrets
-import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
@@ -48,7 +43,6 @@ CONTEXT_BUDGET_TOKENS = 6000
 # sessions offered in resources/list (newest first) and scanned to map a directory
 LISTED_SESSIONS = 100
 SCANNED_SESSIONS = 5000
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 INSTRUCTIONS = (
     "ctxd keeps the full history of your past agent sessions (this project's Claude Code "
@@ -379,112 +373,3 @@ def build_server(link: DaemonLink, choice: SessionChoice) -> Any:
         return f"Pinned as {pin['pinId']} in session {sid}."
 
     return server
-
-
-# streamable HTTP
-
-
-def bearer_guard(app: Any, token: str) -> Any:
-    """ASGI wrapper: every HTTP request must carry `Authorization: Bearer <token>`."""
-    expected = f"Bearer {token}".encode()
-
-    async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            got = dict(scope.get("headers") or ()).get(b"authorization", b"")
-            if not hmac.compare_digest(got, expected):
-                body = b'{"error": "unauthorized: send Authorization: Bearer <token>"}'
-                await send({"type": "http.response.start", "status": 401, "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"www-authenticate", b'Bearer realm="ctxd"'),
-                    (b"content-length", str(len(body)).encode())]})
-                await send({"type": "http.response.body", "body": body})
-                return
-        await app(scope, receive, send)
-
-    return guarded
-
-
-def serve_http(server: Any, host: str, port: int, token: str,
-               announce: Callable[[str], None]) -> None:
-    import anyio
-    import uvicorn
-    from mcp.server.transport_security import TransportSecuritySettings
-
-    if host not in LOOPBACK:
-        raise ValueError(f"--host {host}: ctxd mcp serves HTTP on loopback only "
-                         f"({', '.join(LOOPBACK)})")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    bind = "127.0.0.1" if host == "localhost" else host
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((bind, port))
-    sock.listen(128)
-    port = sock.getsockname()[1]
-    hosts = [f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"]
-    security = TransportSecuritySettings(
-        enable_dns_rebinding_protection=True, allowed_hosts=hosts,
-        allowed_origins=[f"http://{h}" for h in hosts])
-    app = server.streamable_http_app(transport_security=security, host=bind)
-    url = f"http://{'[::1]' if family == socket.AF_INET6 else bind}:{port}/mcp"
-    announce(url)
-    config = uvicorn.Config(bearer_guard(app, token), log_level="warning", lifespan="on")
-    anyio.run(lambda: uvicorn.Server(config).serve(sockets=[sock]))
-
-
-def run(args: Any, connect: Callable[[], Client], connection_file: Path) -> int:
-    try:
-        import mcp  # noqa: F401
-    except ImportError:
-        print("ctxd: the MCP server needs the mcp extra: pip install 'ctxd[mcp]'",
-              file=sys.stderr)
-        return 2
-    link = DaemonLink(connect)
-    cwd = args.cwd or os.getcwd()
-    choice = SessionChoice(session_id=args.session, cwd=cwd)
-    try:
-        link.client()  # start the daemon now, not on the model's first call
-    except ConnectionError as exc:
-        print(f"ctxd: {exc}", file=sys.stderr)
-        return 1
-    server = build_server(link, choice)
-    try:
-        if not args.http:
-            server.run("stdio")
-            return 0
-        token = os.environ.get("CTXD_MCP_TOKEN") or ""
-        if not token and args.daemon_token:
-            token = json.loads(connection_file.read_text())["token"]
-        printed = not token
-        token = token or secrets.token_urlsafe(32)
-
-        def announce(url: str) -> None:
-            info = {"url": url, **({"token": token} if printed else {})}
-            print(f"ctxd mcp: {json.dumps(info)}", file=sys.stderr, flush=True)
-
-        serve_http(server, args.host, args.port, token, announce)
-        return 0
-    except ValueError as exc:
-        print(f"ctxd: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        link.close()
-
-
-def register(sub: Any, common: Callable[[Any], None], connect: Callable[[Any], Client],
-             connection_file: Callable[[Any], Path]) -> None:
-    p = sub.add_parser("mcp", help="serve the archive to Claude Code, Codex or any MCP "
-                       "client (stdio; --http for streamable HTTP on loopback)")
-    common(p)
-    p.add_argument("--session", help="the session the tools work on (default: the one "
-                   "imported from this directory, else the most recent)")
-    p.add_argument("--cwd", help="directory to map to a session (default: the current one)")
-    p.add_argument("--http", action="store_true",
-                   help="streamable HTTP instead of stdio, with a bearer token")
-    p.add_argument("--host", default="127.0.0.1", help="loopback address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0, help="port (default: a free one)")
-    p.add_argument("--daemon-token", action="store_true",
-                   help="use the daemon's token from its connection file as the bearer "
-                   "token (else CTXD_MCP_TOKEN, else a random one printed once)")
-    p.set_defaults(func=lambda a: run(a, lambda: connect(a), connection_file(a)))
