@@ -186,9 +186,49 @@ def test_compact_from_the_page_shrinks_numbers_and_pointers_jump(
     assert "manual" in page.inner_text("#history-box")
     page.check("#explain-toggle")
     page.wait_for_selector("#summary-box .explain-src")
-    page.locator("#transcript .msg").last.scroll_into_view_if_needed()
-    page.screenshot(path=str(SCREENSHOT))
     assert errors == []
+
+
+def test_screenshot_of_a_working_session(daemon: DaemonProcess, client: Any,
+                                         context: BrowserContext) -> None:
+    """The README's picture: a session mid-run, compacted once, a tool call awaiting approval."""
+    sid = client.call("session/create", {"title": "Refactor the payment service (支付服务)"})[
+        "sessionId"]
+    client.call("context/pins/add", {"sessionId": sid,
+                                     "text": "Never run migrations against production."})
+    client.call("messages/append", {"sessionId": sid, "messages": [
+        {"role": "system", "content": "You are a careful coding agent working in ~/src/pay."}]})
+    for i in range(12):
+        client.call("messages/append", {"sessionId": sid, "messages": agent_turn(i)})
+    client.call("context/compact", {"sessionId": sid, "force": True})
+    run = client.call("run/start", {"sessionId": sid})["runId"]
+    client.call("messages/append", {"sessionId": sid, "runId": run, "messages": [
+        {"role": "user", "content": "把支付服务的重试逻辑改成指数退避，然后跑一下测试 ✅"},
+        {"role": "assistant", "content": "I'll read the retry helper first.", "tool_calls": [
+            {"id": "call_read", "type": "function", "function": {
+                "name": "read_file", "arguments": json.dumps({"path": "pay/retry.py"})}}]},
+        {"role": "tool", "tool_call_id": "call_read",
+         "content": "def retry(fn, attempts=3):\n    for i in range(attempts):\n"
+                    "        try:\n            return fn()\n        except IOError:\n"
+                    "            time.sleep(1)\n"},
+        {"role": "assistant", "content": "Switching to exponential backoff (1 s, 2 s, 4 s) "
+         "and running the test suite.", "tool_calls": [
+            {"id": "call_test", "type": "function", "function": {
+                "name": "run_shell", "arguments": json.dumps(
+                    {"command": "pytest -q tests/test_retry.py", "cwd": "~/src/pay"})}}]}]})
+    client.call("approval/request", {"sessionId": sid, "runId": run, "toolCallId": "call_test",
+                                     "toolName": "run_shell",
+                                     "arguments": {"command": "pytest -q tests/test_retry.py",
+                                                   "cwd": "~/src/pay"}})
+    page = open_session(context, daemon, sid)
+    page.locator(".approval").wait_for()
+    page.wait_for_selector("#history-box table.history tbody tr")
+    page.evaluate("() => window.ctxd.transcript.scrollToBottom()")
+    page.wait_for_timeout(200)
+    page.screenshot(path=str(SCREENSHOT))
+    assert SCREENSHOT.stat().st_size > 50_000
+    assert page.is_disabled("#compact-button")
+    client.call("run/finish", {"runId": run, "outcome": "cancelled"})
 
 
 def _in_viewport(page: Page, selector: str) -> bool:
@@ -286,14 +326,15 @@ def test_chinese_search_jumps_to_the_message(daemon: DaemonProcess, client: Any,
 def test_markup_in_content_stays_text(daemon: DaemonProcess, client: Any,
                                       context: BrowserContext) -> None:
     evil = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+    marked = "zebracorn " + evil
     sid = client.call("session/create", {"title": "t " + evil})["sessionId"]
     client.call("context/pins/add", {"sessionId": sid, "text": "pin " + evil})
     run = client.call("run/start", {"sessionId": sid})["runId"]
     client.call("messages/append", {"sessionId": sid, "runId": run, "messages": [
-        {"role": "user", "content": evil},
+        {"role": "user", "content": marked},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
          "function": {"name": "x" + evil[:20], "arguments": json.dumps({"html": evil})}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": evil * 2000}]})
+        {"role": "tool", "tool_call_id": "c1", "content": evil * 40_000}]})  # ~3 MB
     client.call("run/finish", {"runId": run, "outcome": "completed"})
     client.call("context/compact", {"sessionId": sid, "force": True})
     page = open_session(context, daemon, sid)
@@ -302,21 +343,22 @@ def test_markup_in_content_stays_text(daemon: DaemonProcess, client: Any,
     page.wait_for_selector(f"#sessions tr[data-session-id='{sid}']")
     page.goto(ui_url(daemon, sid))
     page.wait_for_selector("body[data-ready=true]")
-    page.fill("#search-input", "pwned")
+    page.fill("#search-input", "zebracorn")
     page.press("#search-input", "Enter")
     page.wait_for_selector("#search-results .hit")
     page.wait_for_timeout(300)
     assert page.evaluate("window.__pwned") is None
     assert page.locator("main img, #search-results img, main script").count() == 0
     user = page.locator("#transcript .msg.role-user .body")
-    assert user.inner_text() == evil
+    assert user.inner_text() == marked
+    assert "<img src=x" in page.inner_text("#search-results .hit .snippet")
     assert evil in page.inner_text("#pins-box")
     assert evil in page.inner_text("#crumb")
     # the huge tool output is cut in view, with a button for the rest
     tool = page.locator("#transcript .msg.role-tool")
     assert len(tool.inner_text()) < 5000
     tool.locator("button.expand").click()
-    assert len(tool.inner_text()) > len(evil) * 2000
+    assert len(tool.inner_text()) > len(evil) * 40_000
     assert page.evaluate("window.__pwned") is None
     assert errors == []
 

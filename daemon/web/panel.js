@@ -56,7 +56,9 @@ export function renderSummary(box, explain, { onJump, detailed }) {
       for (const src of item.sources || []) {
         pointers.append(h("button", {
           type: "button", class: src.broken ? "pointer broken" : "pointer",
-          dataset: { id: String(src.id) }, title: src.broken ? "pointer to a missing message" : (src.snippet || ""),
+          dataset: { id: String(src.id) },
+          title: src.broken ? "pointer to a missing message"
+            : `${src.ordinal ? `cited as [#${src.ordinal}] · ` : ""}${src.role}: ${src.snippet || ""}`,
           onclick: () => onJump(src.id) }, `#${src.id}`));
       }
       const li = h("li", { class: `summary-item status-${item.status || "active"}` },
@@ -72,7 +74,7 @@ export function renderSummary(box, explain, { onJump, detailed }) {
       }
       ul.append(li);
     }
-    box.append(h("section", { class: "summary-section" }, h("h4", null, section), ul));
+    box.append(h("section", { class: "summary-section" }, h("h4", null, section.replace(/_/g, " ")), ul));
   }
   if (detailed && explain.provenance) {
     const p = explain.provenance;

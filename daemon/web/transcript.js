@@ -22,6 +22,7 @@ export class Transcript {
     this.items = [];
     this.els = new Map();
     this.toolNames = new Map();
+    this.unnamed = new Set();
     this.hasOlder = false;
     this.hasNewer = false;
     this.busy = false;
@@ -35,6 +36,7 @@ export class Transcript {
     this.items = [];
     this.els.clear();
     this.toolNames.clear();
+    this.unnamed.clear();
     this.hasOlder = this.hasNewer = false;
     clear(this.list);
   }
@@ -84,6 +86,8 @@ export class Transcript {
   setWindow(messages, hasOlder, hasNewer) {
     this.items = [];
     this.els.clear();
+    this.toolNames.clear();
+    this.unnamed.clear();
     clear(this.list);
     this.hasOlder = hasOlder;
     this.hasNewer = hasNewer;
@@ -195,7 +199,10 @@ export class Transcript {
 
   drop(id) {
     const el = this.els.get(id);
-    if (el) el.remove();
+    if (el) {
+      el.remove();
+      for (const label of el.querySelectorAll(".tool-of")) this.unnamed.delete(label);
+    }
     this.els.delete(id);
   }
 
@@ -223,8 +230,13 @@ export class Transcript {
     const text = contentText(m.content);
     if (role === "tool") {
       const call = this.toolNames.get(m.tool_call_id);
-      head.insertBefore(h("span", { class: "tool-of" },
-        `${call ? call.name : "tool"} · call ${m.tool_call_id || "?"}`), head.children[1]);
+      const of = h("span", { class: "tool-of" }, `${call ? call.name : "tool"} · call ${m.tool_call_id || "?"}`);
+      if (!call) {
+        // its call is older than the window: named when a page brings the call in
+        of.dataset.callId = m.tool_call_id || "";
+        this.unnamed.add(of);
+      }
+      head.insertBefore(of, head.children[1]);
       el.append(longText(text, { lines: 8, chars: 1200 }));
     } else if (text) {
       el.append(longText(text, { lines: 40, chars: 8000 }));
@@ -232,6 +244,12 @@ export class Transcript {
     for (const call of m.tool_calls || []) {
       const fn = call.function || {};
       this.toolNames.set(call.id, { name: fn.name, messageId: m.id });
+      for (const label of this.unnamed) {
+        if (label.dataset.callId === call.id) {
+          label.textContent = `${fn.name || "tool"} · call ${call.id}`;
+          this.unnamed.delete(label);
+        }
+      }
       el.append(h("div", { class: "tool-call" },
         h("div", { class: "tool-call-head" }, h("span", { class: "tool-icon" }, "⚙"),
           h("span", { class: "tool-name" }, fn.name || "(unnamed tool)"),
