@@ -351,3 +351,24 @@ def test_messages_other_clients_add_do_not_confuse_the_resume_point(
     report = ctxd_import(daemon, "claude-code", str(foreign))
     assert report["messages"] == 0 and "left alone" in report["notes"][0]
     assert len(archive(client, "claude-code-foreign1-aaaa")) == 1
+
+
+def test_default_locations(daemon: DaemonProcess, client: Client, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    shutil.copytree(CC_DIR / "-home-dev-shop", home / ".claude" / "projects" / "-p")
+    shutil.copytree(CODEX_DIR, home / "codex-home" / "sessions")
+    # the copies are new files for ctxd: rename them so their sessions are new too
+    for f in (home / ".claude" / "projects" / "-p").iterdir():
+        f.rename(f.with_name("home-" + f.name))
+    for f in (home / "codex-home").rglob("rollout-*.jsonl"):
+        f.rename(f.with_name(f.name.replace("rollout-", "rollout-home-")))
+    env = {**daemon.env, "HOME": str(home), "CODEX_HOME": str(home / "codex-home")}
+    env.pop("CLAUDE_CONFIG_DIR", None)
+    for fmt, expected in (("claude-code", 17), ("codex", 15)):
+        r = subprocess.run(
+            [sys.executable, "-m", "ctxd.clients.cli", "import", fmt, "--json",
+             "--connection-file", str(daemon.connection_file)],
+            env=env, capture_output=True, text=True, timeout=120, encoding="utf-8")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["messages"] == expected
+    assert client.get_session("claude-code-home-agent-a1b2c3d4")["status"]["archiveMessages"] == 4

@@ -54,7 +54,7 @@ class ClaudeCodeMapper:
         if path.parent.name == "subagents":  # <session>/subagents/agent-<id>.jsonl
             stem = f"{path.parent.parent.name}-{stem}"
         self.base_id = safe_id(SOURCE, stem)
-        self.is_agent_file = path.stem.startswith("agent-")
+        self.is_agent_file = path.stem.startswith("agent-") or _opens_as_subagent(path)
         self.meta: dict[str, Any] = {}
         self.title: str | None = None
         self.first_text: str | None = None
@@ -268,3 +268,13 @@ def _result_text(content: Any, path: Path, line: int) -> str:
             elif block.get("type") == "image":
                 parts.append(_image(block, path, line))
     return "\n".join(parts)
+
+
+def _opens_as_subagent(path: Path) -> bool:
+    """A file whose first line is a subagent's is a subagent transcript, however named."""
+    try:
+        with open(path, "rb") as f:
+            first = json.loads(f.readline(1 << 20) or b"{}")
+    except (OSError, ValueError):
+        return False
+    return isinstance(first, dict) and bool(first.get("isSidechain") and first.get("agentId"))
