@@ -524,3 +524,88 @@ def test_ctxd_ui_names_a_missing_session(daemon: DaemonProcess) -> None:
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=daemon.env)
     assert out.returncode == 2 and "no-such-session" in out.stderr
     assert out.stdout == ""
+
+
+def _raw(port: int, request: str) -> tuple[str, dict[str, list[str]], bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(request.encode())
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    head, _, body = out.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers: dict[str, list[str]] = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers.setdefault(name.strip().lower(), []).append(value.strip())
+    return lines[0], headers, body
+
+
+def test_http_side_of_the_page_server(daemon: DaemonProcess) -> None:
+    info = daemon.info()
+    port = int(info["http"].rsplit(":", 1)[1].strip("/"))
+    host = f"127.0.0.1:{port}"
+    login = login_token(info["token"])
+    # the login: 303 to the same page without the token, and an HttpOnly Strict cookie
+    status, headers, _ = _raw(port, f"GET /s/abc?token={login} HTTP/1.1\r\nHost: {host}\r\n\r\n")
+    assert status.startswith("HTTP/1.1 303")
+    assert headers["location"] == ["/s/abc"]
+    cookie = headers["set-cookie"][0]
+    assert cookie.startswith(f"ctxd_page_{port}=")
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and login not in cookie
+    value = cookie.split(";")[0]
+    # a login link to anywhere else lands on the session list
+    status, headers, _ = _raw(
+        port, f"GET /static/app.js?token={login} HTTP/1.1\r\nHost: {host}\r\n\r\n")
+    assert headers["location"] == ["/"]
+
+    def get(path: str, cookie: str | None = value) -> tuple[str, dict[str, list[str]], bytes]:
+        extra = f"Cookie: {cookie}\r\n" if cookie else ""
+        return _raw(port, f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n")
+
+    status, headers, body = get("/s/abc")
+    assert status.startswith("HTTP/1.1 200")
+    csp = headers["content-security-policy"][0]
+    for rule in ("default-src 'none'", "script-src 'self'", "style-src 'self'",
+                 "frame-ancestors 'none'", "base-uri 'none'"):
+        assert rule in csp
+    assert "unsafe" not in csp and "http" not in csp.replace(f"ws://{host}", "")
+    assert headers["x-frame-options"] == ["DENY"]
+    assert headers["x-content-type-options"] == ["nosniff"]
+    assert headers["referrer-policy"] == ["no-referrer"]
+    assert "access-control-allow-origin" not in headers
+    # no inline script and nothing from another host in the page itself
+    assert b"<script>" not in body and b"//" not in body.replace(b'"/static/', b"")
+    for path, ctype in (("/static/app.js", "text/javascript"), ("/static/app.css", "text/css"),
+                        ("/static/icon.svg", "image/svg+xml")):
+        status, headers, body = get(path)
+        assert status.startswith("HTTP/1.1 200") and headers["content-type"][0].startswith(ctype)
+        assert body
+    for path in ("/static/index.html", "/static/../web.py", "/static/nope.js", "/ctxd.json"):
+        assert get(path)[0].startswith("HTTP/1.1 404"), path
+    assert get("/auth")[0].startswith("HTTP/1.1 204")
+    # without the cookie, or with a forged one: the login page only
+    for cookie in (None, f"ctxd_page_{port}=abc.def", value.replace(".", ".0")):
+        for path in ("/", "/s/abc", "/static/app.js", "/auth"):
+            status, _, body = get(path, cookie)
+            assert status.startswith("HTTP/1.1 401"), (path, cookie)
+            assert b"ctxd ui" in body and b"<script" not in body
+
+
+def test_ctxd_ui_opens_the_browser(daemon: DaemonProcess, tmp_path: Path) -> None:
+    # webbrowser honours $BROWSER: a script that records what it was asked to open
+    opened = tmp_path / "opened.txt"
+    script = tmp_path / "browser.sh"
+    script.write_text(f'#!/bin/sh\nprintf "%s" "$1" > {opened}\n')
+    script.chmod(0o755)
+    env = {**daemon.env, "BROWSER": str(script)}
+    cmd = [sys.executable, "-m", "ctxd.clients.cli", "ui",
+           "--connection-file", str(daemon.connection_file)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=env)
+    assert out.returncode == 0, out.stderr
+    deadline = time.monotonic() + 10
+    while not opened.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    url = out.stdout.strip()
+    assert opened.read_text() == url
+    assert url == daemon.info()["http"] + "?token=" + login_token(daemon.info()["token"])
