@@ -213,9 +213,21 @@ def test_no_show_message_request_falls_back(daemon: DaemonProcess, tmp_path: Pat
                 aid = agent.request_approval(sid, run, "k", "rm", {})["approvalId"]
                 msg = await ed.wait(lambda: next((m for m in ed.messages if aid in m), None))
                 assert ed.asked == [] and "ctxd.resolveApproval" in msg
-                out = await ed.command("ctxd.resolveApproval",
-                                       {"approvalId": aid, "decision": "denied"})
+
+                async def approval_actions() -> list[dict]:
+                    got = await ed.client.text_document_code_action_async(t.CodeActionParams(
+                        t.TextDocumentIdentifier(f"ctxd:/sessions/{sid}/context.md"),
+                        t.Range(t.Position(0, 0), t.Position(0, 0)), t.CodeActionContext([])))
+                    return [code_action_command(a) for a in got or []
+                            if a.title.startswith(("ctxd: approve", "ctxd: deny"))]
+
+                actions = await approval_actions()
+                assert [a["arguments"][0]["decision"] for a in actions] == ["approved", "denied"]
+                deny = actions[1]
+                out = await ed.command(deny["command"], *deny["arguments"])
                 assert out["status"] == "denied"
+                assert await approval_actions() == []
+                assert agent.list_approvals(sid)["approvals"][0]["status"] == "denied"
         finally:
             await ed.stop()
 

@@ -187,7 +187,8 @@ def register(ls: CtxdServer, bridge: Bridge,
         return await show(DocKey("search", query=query))
 
     @ls.feature(t.TEXT_DOCUMENT_CODE_ACTION, t.CodeActionOptions(
-        code_action_kinds=[t.CodeActionKind.Empty, t.CodeActionKind.Source]))
+        code_action_kinds=[t.CodeActionKind.Empty, t.CodeActionKind.QuickFix,
+                           t.CodeActionKind.Source]))
     async def code_action(params: t.CodeActionParams) -> list[t.CodeAction]:
         uri, rng = params.text_document.uri, params.range
         out = []
@@ -198,6 +199,13 @@ def register(ls: CtxdServer, bridge: Bridge,
                             arguments=[{"uri": uri, "range": where}])
             out.append(t.CodeAction("Pin to agent context", kind=t.CodeActionKind.Empty,
                                     command=pin))
+        for aid, approval in list(bridge.unanswered.items()):
+            tool = approval.get("toolName") or "tool call"
+            for verb, decision in (("approve", "approved"), ("deny", "denied")):
+                title = f"ctxd: {verb} {tool} ({aid})"
+                out.append(t.CodeAction(title, kind=t.CodeActionKind.QuickFix,
+                                        command=t.Command(title, "ctxd.resolveApproval", arguments=[
+                                            {"approvalId": aid, "decision": decision}])))
         key = ls.key_of(uri)
         if key is not None and key.session_id:
             for title, cmd in (("ctxd: compact this session", "ctxd.compact"),

@@ -90,6 +90,9 @@ class Bridge:
         self._subscribed: set[str] = set()
         self._asked: set[str] = set()
         self._answered_elsewhere: dict[str, dict[str, Any]] = {}
+        # approvals shown but not answered in a prompt (the editor cannot ask, or the user
+        # dismissed it): offered as code actions until someone resolves them
+        self.unanswered: dict[str, dict[str, Any]] = {}
         self._dirty: set[str] = set()
         self._flush_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -285,6 +288,7 @@ class Bridge:
             aid = approval.get("approvalId")
             if aid in self._asked:
                 self._answered_elsewhere[aid] = approval
+            self.unanswered.pop(aid, None)
         elif method == "$/progress":
             self.ui.progress(sid, str(params.get("token")), params.get("value") or {})
         elif method == "context/compactionFailed":
@@ -334,13 +338,14 @@ class Bridge:
         except (DaemonGone, CtxdError):
             title = sid
         approval = {**approval, "prompt": approval_prompt(approval, title)}
+        self.unanswered[aid] = approval
         decision = await self.ui.ask_approval(approval)
-        if decision is None:
-            return
-        await self.resolve(aid, decision)
+        if decision is not None:
+            await self.resolve(aid, decision)  # tells the user if another answer won
 
     async def resolve(self, approval_id: str, decision: str) -> dict[str, Any]:
         """Resolve; if another client answered first, tell the user which answer won."""
+        self.unanswered.pop(approval_id, None)
         try:
             result = await self.call("approval/resolve",
                                      {"approvalId": approval_id, "decision": decision})

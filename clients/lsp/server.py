@@ -193,9 +193,10 @@ class EditorUI:
         if not ls.can_ask:
             ls.window_show_message(t.ShowMessageParams(
                 t.MessageType.Warning,
-                f"{prompt} (answer with the command ctxd.resolveApproval "
+                f"{prompt} Answer with the code action 'ctxd: approve' or 'ctxd: deny' "
+                f"(on any file), or the command ctxd.resolveApproval "
                 f"{{\"approvalId\": \"{approval.get('approvalId')}\", "
-                f"\"decision\": \"approved\"}})"))
+                f"\"decision\": \"approved\"}}"))
             return None
         item = await ls.window_show_message_request_async(t.ShowMessageRequestParams(
             t.MessageType.Warning, prompt,
