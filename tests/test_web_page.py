@@ -609,3 +609,90 @@ def test_ctxd_ui_opens_the_browser(daemon: DaemonProcess, tmp_path: Path) -> Non
     url = out.stdout.strip()
     assert opened.read_text() == url
     assert url == daemon.info()["http"] + "?token=" + login_token(daemon.info()["token"])
+
+
+def test_compaction_progress_shows_in_every_tab(tmp_path: Path, browser: Browser) -> None:
+    from fake_llm import FakeLLM
+
+    with FakeLLM("slow", slow_seconds=2.0) as llm:
+        config = tmp_path / "ctxd.toml"
+        config.write_text(f'summarizer = "openai"\n[openai]\nbase_url = "{llm.base_url}"\n'
+                          'model = "fake-model"\ntimeout_seconds = 20\n')
+        d = DaemonProcess(tmp_path, "--config", str(config),
+                          env={"CTXD_MAX_ACTIVE_MESSAGES": "100000"}).start()
+        ctx = browser.new_context(viewport={"width": 1400, "height": 900})
+        ctx.set_default_timeout(WAIT_MS)
+        try:
+            with d.client("jsonrpc") as client:
+                sid = new_session(client, "slow summarizer", turns=15)
+                tab1 = open_session(ctx, d, sid)
+                tab2 = ctx.new_page()
+                tab2.goto(tab1.url)
+                tab2.wait_for_selector("body[data-ready=true]")
+                tab1.fill("#compact-instructions", "keep the file names")
+                tab1.click("#compact-button")
+                for tab in (tab1, tab2):  # the other tab learns it from $/progress
+                    expect(tab.locator("#compact-progress")).to_be_visible()
+                    expect(tab.locator("#compact-button")).to_be_disabled()
+                    expect(tab.locator("#compact-reason")).to_have_text(
+                        "A compaction is running.")
+                expect(tab1.locator("#compact-result")).to_have_class("ok", timeout=30_000)
+                assert "Effective" in tab1.inner_text("#compact-result")
+                for tab in (tab1, tab2):
+                    expect(tab.locator("#compact-progress")).to_be_hidden()
+                    expect(tab.locator("#compact-button")).to_be_enabled()
+                    expect(tab.locator("#n-compactions")).to_have_text("1")
+                assert "keep the file names" in llm.requests[-1].prompt
+                # nothing that can move: not effective, and the page says why
+                tiny = client.call("session/create", {"title": "tiny"})["sessionId"]
+                client.call("messages/append", {"sessionId": tiny, "messages": [
+                    {"role": "user", "content": "hi"}]})
+                tab1.goto(tab1.url.replace(sid, tiny))
+                tab1.wait_for_selector("body[data-ready=true]")
+                tab1.click("#compact-button")
+                expect(tab1.locator("#compact-result")).to_have_class("no", timeout=30_000)
+                result = tab1.inner_text("#compact-result")
+                assert "Not effective" in result and "latest user message" in result
+        finally:
+            ctx.close()
+            d.stop()
+
+
+def _free_port_pair() -> int:
+    """A port P with P and P+1 free: `--port P` puts the WebSocket (and the page) on P+1."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no two free ports in a row")
+
+
+def test_a_restarted_daemon_asks_the_page_to_log_in_again(tmp_path: Path,
+                                                          browser: Browser) -> None:
+    port = _free_port_pair()
+    d = DaemonProcess(tmp_path, "--port", str(port)).start()
+    ctx = browser.new_context()
+    ctx.set_default_timeout(WAIT_MS)
+    try:
+        with d.client("jsonrpc") as client:
+            sid = new_session(client, "restart")
+        page = open_session(ctx, d, sid)
+        d.stop()
+        expect(page.locator("#conn")).not_to_have_text("● live")
+        d.start()  # same port, new secret: the old cookie is worthless
+        expect(page.locator("#conn")).to_have_text(re.compile("logged out"), timeout=20_000)
+        assert page.is_disabled("#send") and page.is_disabled("#compact-button")
+        # a new link from ctxd ui logs the same browser in again
+        page.goto(ui_url(d, sid))
+        page.wait_for_selector("body[data-ready=true]")
+        expect(page.locator("#conn")).to_have_text("● live")
+    finally:
+        ctx.close()
+        d.stop()

@@ -18,6 +18,7 @@ const S = {
   compacting: false,
   listCursor: null,
   listCount: 0,
+  unseen: 0,
 };
 
 const rpc = new Rpc({ onState: setConn, onNotification: onEvent, onOpen: catchUp });
@@ -109,8 +110,12 @@ async function openSession(sid) {
   $("#session-view").hidden = false;
   $("#search-scope").value = "session";
   $("#compact-result").textContent = "";
+  $("#compact-result").className = "";
   clear($("#approvals"));
   transcript.reset(sid);
+  S.unseen = 0;
+  S.session = null;
+  $("#new-below").hidden = true;
   let got;
   try {
     got = await rpc.call("session/get", { sessionId: sid });
@@ -124,7 +129,6 @@ async function openSession(sid) {
   if (S.sid !== sid) return;
   S.session = got.session;
   const title = got.session.title || sid;
-  document.title = `${title} · ctxd`;
   $("#crumb").textContent = title;
   setStatus(got.status);
   const m = location.hash.match(/^#m(\d+)$/);
@@ -163,6 +167,8 @@ function setStatus(st) {
   $("#n-run").textContent = st.compacting ? "compacting" : st.activeRunId ? "running" : "idle";
   $("#n-run").title = st.activeRunId || "";
   $("#n-approvals").textContent = fmtInt(st.pendingApprovals);
+  const name = (S.session && S.session.title) || S.sid;
+  if (name) document.title = `${st.pendingApprovals ? `(${st.pendingApprovals}) ` : ""}${name} · ctxd`;
   $("#n-approvals").classList.toggle("warn", st.pendingApprovals > 0);
   $("#n-paused").textContent = st.autoCompactionPaused ? "paused (3 failures)" : "on";
   $("#n-paused").classList.toggle("warn", st.autoCompactionPaused);
@@ -354,6 +360,7 @@ async function compactNow() {
   const instructions = $("#compact-instructions").value.trim() || undefined;
   const out = $("#compact-result");
   out.textContent = "Compacting…";
+  out.className = "";
   S.compacting = true;
   updateGates();
   try {
@@ -460,16 +467,27 @@ function closeSearch() {
 function start() {
   transcript = new Transcript(rpc, $("#transcript-scroller"), $("#transcript"), {
     isInContext,
+    // n > 0: messages arrived below the reader; -1: the reader is away from the newest
     onNewBelow: (n) => {
       const b = $("#new-below");
+      if (n > 0) S.unseen += n;
+      else if (n === 0) S.unseen = 0;
       b.hidden = n === 0;
-      if (n) b.textContent = `${n} new message${n === 1 ? "" : "s"} ↓`;
+      b.textContent = S.unseen ? `${S.unseen} new message${S.unseen === 1 ? "" : "s"} ↓` : "Newest ↓";
     },
   });
   $("#new-below").addEventListener("click", async () => {
     $("#new-below").hidden = true;
+    S.unseen = 0;
     if (transcript.hasNewer) await transcript.openNewest();
     else transcript.scrollToBottom();
+  });
+  document.addEventListener("keydown", (ev) => {
+    const typing = /^(INPUT|TEXTAREA|SELECT)$/.test(document.activeElement.tagName);
+    if (ev.key === "/" && !typing) {
+      ev.preventDefault();
+      $("#search-input").focus();
+    }
   });
   $("#home").addEventListener("click", (ev) => { ev.preventDefault(); go("/"); });
   $("#sessions-more").addEventListener("click", () => loadSessions(false));

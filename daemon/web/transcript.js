@@ -108,7 +108,7 @@ export class Transcript {
     const s = this.scroller;
     if (s.scrollTop < EDGE_PX && this.hasOlder) this.loadOlder();
     else if (s.scrollHeight - s.scrollTop - s.clientHeight < EDGE_PX && this.hasNewer) this.loadNewer();
-    if (this.atBottom() && !this.hasNewer) this.onNewBelow(0);
+    this.onNewBelow(this.atBottom() && !this.hasNewer ? 0 : -1);
   }
 
   async loadOlder() {
