@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import sys
@@ -90,10 +91,16 @@ class Contender:
     def fill(self, turns_: list[list[Message]]) -> None:
         raise NotImplementedError
 
-    def step(self, turn: list[Message]) -> tuple[int, int, bool]:
-        """Read the model input, store the turn; returns the input's messages and bytes,
-        and whether it held a tool result without its call."""
+    def step(self, turn: list[Message]) -> list[Any]:
+        """Read the model input, store the turn; returns the model input."""
         raise NotImplementedError
+
+    def measure(self, got: list[Any]) -> tuple[int, int, bool]:
+        """The model input's messages and bytes, and whether it held a tool result without
+        its call (measured outside the timed step)."""
+        if got and isinstance(got[0], dict):
+            return len(got), _size(got), _items_orphan(got)
+        return len(got), _lc_size(got), _lc_orphan(got)
 
     def close(self) -> None:
         pass
@@ -129,11 +136,11 @@ class AgentsSQLite(Contender):
         for chunk in _chunks([to_agents_items(t) for t in turns_]):
             self.loop.run(self.session.add_items(chunk))
 
-    def step(self, turn: list[Message]) -> tuple[int, int, bool]:
+    def step(self, turn: list[Message]) -> list[Any]:
         items = to_agents_items(turn)
         got = self.loop.run(self.session.get_items(limit=self.limit))
         self.loop.run(self.session.add_items(items))
-        return len(got), _size(got), _items_orphan(got)
+        return got
 
     def close(self) -> None:
         self.session.close()
@@ -156,11 +163,11 @@ class AgentsCtxd(Contender):
             self.loop.run(self.session.add_items(chunk))
         settle(self.daemon, "agents")
 
-    def step(self, turn: list[Message]) -> tuple[int, int, bool]:
+    def step(self, turn: list[Message]) -> list[Any]:
         items = to_agents_items(turn)
         got = self.loop.run(self.session.get_items())
         self.loop.run(self.session.add_items(items))
-        return len(got), _size(got), _items_orphan(got)
+        return got
 
     def close(self) -> None:
         self.loop.run(self.session.close())
@@ -182,11 +189,11 @@ class LangChainSQL(Contender):
         for chunk in _chunks([to_langchain(t) for t in turns_]):
             self.history.add_messages(chunk)
 
-    def step(self, turn: list[Message]) -> tuple[int, int, bool]:
+    def step(self, turn: list[Message]) -> list[Any]:
         msgs = to_langchain(turn)
         got = self.history.messages
         self.history.add_messages(msgs)
-        return len(got), _lc_size(got), _lc_orphan(got)
+        return got
 
     def close(self) -> None:
         self.history.engine.dispose()
@@ -255,11 +262,11 @@ class LangGraphSqlite(Contender):
         out = self.memory.pre_model_hook({"messages": state}, self.config)
         return list(out["llm_input_messages"])
 
-    def step(self, turn: list[Message]) -> tuple[int, int, bool]:
+    def step(self, turn: list[Message]) -> list[Any]:
         msgs = to_langchain(turn)
         got = self.model_input()
         self.graph.invoke({"turn": msgs}, self.config)
-        return len(got), _lc_size(got), _lc_orphan(got)
+        return got
 
     def close(self) -> None:
         self.conn.close()
@@ -319,8 +326,9 @@ def run_one(key: str, n: int, steps: int, cap: float, scratch: Scratch) -> dict[
         deadline = time.monotonic() + cap
         for turn in timed:
             s = time.perf_counter()
-            sizes.append(c.step(turn))
+            got = c.step(turn)
             times.append(time.perf_counter() - s)
+            sizes.append(c.measure(got))
             if time.monotonic() > deadline:
                 break
     finally:
@@ -331,7 +339,7 @@ def run_one(key: str, n: int, steps: int, cap: float, scratch: Scratch) -> dict[
     times.sort()
     return {
         "median": statistics.median(times),
-        "p90": times[int(0.9 * (len(times) - 1))],
+        "p90": times[max(0, math.ceil(0.9 * len(times)) - 1)],
         "steps": len(times),
         "input_msgs": statistics.median(m for m, _, _ in sizes),
         "input_kb": statistics.median(b for _, b, _ in sizes) / 1024,
