@@ -696,3 +696,45 @@ def test_a_restarted_daemon_asks_the_page_to_log_in_again(tmp_path: Path,
     finally:
         ctx.close()
         d.stop()
+
+
+def test_reading_back_keeps_a_bounded_window(daemon: DaemonProcess, client: Any,
+                                             context: BrowserContext) -> None:
+    sid = new_session(client, "long")
+    batch = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"line {i}"}
+             for i in range(900)]
+    ids = client.call("messages/append", {"sessionId": sid, "messages": batch})["messageIds"]
+    page = open_session(context, daemon, sid)
+    errors = watch_errors(page)
+    start = client.call("archive/read", {"sessionId": sid, "limit": 1})["messages"][0]["id"]
+    first = f"#transcript .msg[data-id='{start}']"
+    for _ in range(40):  # each scroll to the top pages 100 older messages in
+        if page.locator(first).count():
+            break
+        page.evaluate("() => { document.querySelector('#transcript-scroller').scrollTop = 0; }")
+        page.wait_for_timeout(150)
+    assert page.locator(first).count() == 1
+    expect(page.locator("#transcript")).to_have_attribute("data-start", "true")
+    # the newest messages left the DOM: at most 600 are kept
+    assert page.locator("#transcript .msg").count() <= 600
+    assert page.locator(f"#transcript .msg[data-id='{ids[-1]}']").count() == 0
+    page.click("#new-below")  # "Newest ↓" brings the newest page back
+    page.locator(f"#transcript .msg[data-id='{ids[-1]}']").wait_for()
+    assert page.locator("#transcript .msg").count() <= 600
+    assert errors == []
+
+
+def test_pins_from_the_page(daemon: DaemonProcess, client: Any, context: BrowserContext) -> None:
+    sid = new_session(client, "pins", turns=1)
+    page = open_session(context, daemon, sid)
+    tokens = page.inner_text("#n-tokens")
+    page.fill("#pin-input", "Always answer in 中文 🙂")
+    page.press("#pin-input", "Enter")
+    page.locator("#pins-box .pin >> text=Always answer in 中文 🙂").wait_for()
+    pins = client.call("context/pins/list", {"sessionId": sid})["pins"]
+    assert [p["text"] for p in pins] == ["Always answer in 中文 🙂"]
+    expect(page.locator("#n-tokens")).not_to_have_text(tokens)  # the pin counts in context
+    page.click(f"#pins-box .pin[data-pin-id='{pins[0]['pinId']}'] button")
+    page.locator("#pins-box .pin").wait_for(state="detached")
+    assert client.call("context/pins/list", {"sessionId": sid})["pins"] == []
+    expect(page.locator("#n-tokens")).to_have_text(tokens)
