@@ -7,6 +7,11 @@ topic with one `$/probe` message on that topic. Subscriptions travel in order on
 SUB socket's connection, so `subscribe()` subscribes to the session's topic, then to a
 fresh probe topic, and returns once the probe arrives: by then the session subscription
 is in effect (this also covers a SUB socket still connecting). No sleeping, no guessing.
+
+Trust: the token goes out only once `daemon_verified` is set, i.e. once the daemon has
+answered `initialize` with a correct `nonceMac` (the client sends that `initialize` with
+a proof of the token instead). Over TCP both sockets are CURVE clients with keys derived
+from the token, so the handshake fails with anything but the daemon holding that token.
 """
 
 from __future__ import annotations
@@ -22,14 +27,20 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from ctxd.protocol.auth import secure_client_socket
 from ctxd.protocol.codec import DEFAULT_MAX_FRAME, packb, unpackb
-from ctxd.protocol.errors import PayloadTooLarge
+from ctxd.protocol.errors import PayloadTooLarge, Unauthorized
 
 log = logging.getLogger("ctxd.client")
 
 PROBE_PREFIX = b"probe/"
 PROBE_METHOD = "$/probe"
 SESSION_PREFIX = b"session/"
+_HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 
 ReplySink = Callable[[dict[str, Any]], None]
 NotificationSink = Callable[[str, dict[str, Any]], None]
@@ -78,6 +89,8 @@ class ZmqTransport:
         self._topics: set[bytes] = set()
         self._probes: dict[bytes, asyncio.Future[None]] = {}
         self._waiting_sends = 0
+        # set by the client once the daemon proved it knows the token
+        self.daemon_verified = False
 
     async def open(self) -> None:
         for endpoint in (self.router_endpoint, self.pub_endpoint):
@@ -98,13 +111,14 @@ class ZmqTransport:
             sub.setsockopt(zmq.LINGER, 0)
             # Events are dropped by the publisher when this queue is full; keep it roomy.
             sub.setsockopt(zmq.RCVHWM, 100_000)
-            dealer.connect(self.router_endpoint)
+            curve = self.router_endpoint.startswith("tcp://")
+            if curve:
+                # the daemon admits only CURVE peers holding the token's key, and proves
+                # its own key: nothing passes before both sides know the token
+                for sock in (dealer, sub):
+                    secure_client_socket(sock, self._token)
+            await self._connect(dealer, curve)
             sub.connect(self.pub_endpoint)
-            # With IMMEDIATE, POLLOUT means the handshake with the daemon completed.
-            if not await dealer.poll(int(self.connect_timeout * 1000), zmq.POLLOUT):
-                raise ConnectionRefusedError(
-                    f"no answer from {self.router_endpoint} within {self.connect_timeout:g}s"
-                )
         except BaseException:
             await self.close()
             raise
@@ -113,11 +127,45 @@ class ZmqTransport:
             asyncio.create_task(self._read_events(sub), name="ctxd-zmq-events"),
         ]
 
+    async def _connect(self, dealer: zmq.asyncio.Socket, curve: bool) -> None:
+        """Connect and wait for the handshake; with IMMEDIATE, POLLOUT means it completed.
+
+        Over CURVE a failed handshake (a wrong token, or a server without the token's key)
+        is told apart from no answer at all through the socket monitor."""
+        monitor = dealer.get_monitor_socket(_HANDSHAKE_FAILED) if curve else None
+        try:
+            dealer.connect(self.router_endpoint)
+            poller = zmq.asyncio.Poller()
+            poller.register(dealer, zmq.POLLOUT)
+            if monitor is not None:
+                poller.register(monitor, zmq.POLLIN)
+            ready = dict(await poller.poll(int(self.connect_timeout * 1000)))
+            if monitor is not None and monitor in ready:
+                raise Unauthorized(
+                    f"the CURVE handshake with {self.router_endpoint} failed: the token does "
+                    "not match the daemon listening there (or what listens is no ctxd "
+                    "daemon); read the token from the daemon's connection file"
+                )
+            if dealer not in ready:
+                raise ConnectionRefusedError(
+                    f"no answer from {self.router_endpoint} within {self.connect_timeout:g}s"
+                )
+        finally:
+            if monitor is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    dealer.disable_monitor()
+                monitor.close(linger=0)
+
     async def send(self, req_id: int, method: str, params: Any) -> None:
         dealer = self._dealer
         if dealer is None:
             raise ConnectionError("the ZeroMQ transport is closed")
-        payload = packb({"id": req_id, "method": method, "params": params, "token": self._token})
+        msg = {"id": req_id, "method": method, "params": params}
+        if self.daemon_verified:
+            msg["token"] = self._token
+        elif method != "initialize":
+            raise ConnectionError("the daemon has not proven it knows the token yet")
+        payload = packb(msg)
         if len(payload) > self.max_message_size:
             raise PayloadTooLarge(
                 f"request of {len(payload)} bytes exceeds the limit of "

@@ -15,8 +15,12 @@
             ...
 
 The daemon is found through its connection file (`connection_file_for(data_dir)`), which
-names the endpoints and the token. On the JSON-RPC wires the client sends `initialize`
-with the token first; on ZeroMQ the token travels in every request.
+names the endpoints and the token; a file or directory another user owns or may write to
+is refused. On every wire the client first sends `initialize` with a nonce and a proof of
+the token (never the token itself), and checks the daemon's `nonceMac` before sending
+anything else (`ctxd.protocol.auth`): a process that took over a stale file's endpoint
+gets nothing (`DaemonNotAuthentic`). Then, on ZeroMQ, the token travels in every request,
+and a `heartbeat` keeps the lease of the client's runs (ZeroMQ has no disconnect signal).
 
 `call()` returns the `result` of the reply, raises the typed `CtxdError` subclass for an
 error reply (`SessionNotFound`, `InvalidParams`, ...), `ConnectionError` when the daemon
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import os
@@ -45,6 +50,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
+from ctxd.protocol import auth
 from ctxd.protocol.codec import DEFAULT_MAX_FRAME
 from ctxd.protocol.connection import connection_file_for, default_data_dir, read_connection_file
 from ctxd.protocol.errors import InternalError, error_from_dict
@@ -55,6 +61,7 @@ from ._zmq import ZmqTransport
 __all__ = [
     "AsyncClient",
     "Client",
+    "DaemonNotAuthentic",
     "DaemonNotRunning",
     "NotificationCallback",
     "Wire",
@@ -134,6 +141,11 @@ def _check_wire(wire: str) -> None:
 
 def _drop_none(**params: Any) -> dict[str, Any]:
     return {k: v for k, v in params.items() if v is not None}
+
+
+class DaemonNotAuthentic(ConnectionError):
+    """Whatever answered at the connection file's endpoint could not prove it knows the
+    token: not the daemon that wrote the file. Nothing but a proof of the token was sent."""
 
 
 # typed convenience calls, shared by both clients
@@ -297,6 +309,10 @@ class _Methods(Generic[R]):
     def list_approvals(self, session_id: str, status: str | None = None) -> R:
         return self.call("approval/list", _drop_none(sessionId=session_id, status=status))
 
+    def heartbeat(self) -> R:
+        """Renew the lease of this client's runs (ZeroMQ); sent by the client on its own."""
+        return self.call("heartbeat", {})
+
     def list_tools(self) -> R:
         return self.call("tools/list", {})
 
@@ -400,6 +416,7 @@ class AsyncClient(_Methods[Awaitable[Any]]):
         self._end_hooks: list[Callable[[], None]] = []
         self._transport: ZmqTransport | TcpTransport | WebSocketTransport | None = None
         self._lost: ConnectionError | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
         self._opened = False
         self._closed = False
 
@@ -438,16 +455,55 @@ class AsyncClient(_Methods[Awaitable[Any]]):
                 f"(endpoints from {self.source})"
             ) from None
         self._transport = transport
-        if self.wire != "zmq":
-            try:
-                self.server_info = await self.call(
-                    "initialize",
-                    {"token": str(self.info["token"]), "clientName": self.client_name},
-                    timeout=max(self.connect_timeout, 1.0),
+        try:
+            await self._authenticate(transport)
+        except BaseException:
+            await self.close()
+            raise
+        if isinstance(transport, ZmqTransport):
+            lease = (self.server_info or {}).get("capabilities", {}).get("runLeaseSeconds")
+            if isinstance(lease, int | float) and lease > 0:
+                self._heartbeat = asyncio.create_task(
+                    self._send_heartbeats(float(lease)), name="ctxd-heartbeat"
                 )
-            except BaseException:
-                await self.close()
+
+    async def _authenticate(
+        self, transport: ZmqTransport | TcpTransport | WebSocketTransport
+    ) -> None:
+        """Mutual authentication (see `ctxd.protocol.auth`): prove the token without sending
+        it, and have the daemon prove it before anything else is sent."""
+        token = str(self.info.get("token", ""))
+        nonce = auth.new_nonce()
+        params = {
+            "nonce": nonce,
+            "proof": auth.client_proof(token, nonce),
+            "clientName": self.client_name,
+        }
+        info = await self.call("initialize", params, timeout=max(self.connect_timeout, 1.0))
+        mac = info.get("nonceMac") if isinstance(info, dict) else None
+        if not auth.check_daemon_proof(token, nonce, mac):
+            raise DaemonNotAuthentic(
+                f"the server at {transport.endpoint} did not prove it knows the token of "
+                f"{self.source}: it is not that daemon (a stale connection file whose "
+                "endpoint another process took over?); nothing was sent to it"
+            )
+        self.server_info = info
+        if isinstance(transport, ZmqTransport):
+            transport.daemon_verified = True
+
+    async def _send_heartbeats(self, lease: float) -> None:
+        # any request renews the lease; a heartbeat covers a client that is only waiting
+        period = max(0.05, lease / 3)
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.call("heartbeat", {}, timeout=period)
+            except asyncio.CancelledError:
                 raise
+            except Exception as exc:  # a lost daemon is reported by the calls that fail
+                if self.closed:
+                    return
+                log.debug("heartbeat failed: %s", exc)
 
     def _make_transport(self) -> ZmqTransport | TcpTransport | WebSocketTransport:
         key = _WIRE_KEYS[self.wire]
@@ -483,6 +539,11 @@ class AsyncClient(_Methods[Awaitable[Any]]):
         if self._closed and self._transport is None:
             return
         self._closed = True
+        heartbeat, self._heartbeat = self._heartbeat, None
+        if heartbeat is not None and heartbeat is not asyncio.current_task():
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await heartbeat
         transport, self._transport = self._transport, None
         if transport is not None:
             await transport.close()

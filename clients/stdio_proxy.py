@@ -4,9 +4,20 @@ Editors speak Content-Length framed JSON-RPC over the stdio of a process they sp
 proxy connects that process to the shared daemon (starting it when needed), so every
 editor window talks to the same archive as every other client.
 
+Trust: the connection file and its directory must be this user's alone, and before any
+byte of the editor's goes out the proxy authenticates the daemon: it sends its own
+`initialize` with a nonce and a proof of the token (not the token), and goes on only if
+the daemon answers with the right `nonceMac` (`ctxd.protocol.auth`). Something else
+listening on a stale file's port learns nothing and gets nothing.
+
 Frames are copied byte for byte in both directions. The one exception is an
 `initialize` request whose params lack `token`: the token from the connection file is
-inserted, so editors need no knowledge of it.
+inserted, so editors need no knowledge of it (the connection is already authenticated,
+so the daemon does not need it; older daemons did).
+
+Requests the editor sent are remembered by id until their reply passes; if the daemon
+goes away first, each gets an error reply (-32603) before the proxy exits with status 1,
+so the editor never waits for an answer that cannot come.
 
 Two plain threads: the calling thread copies daemon output to stdout, a helper thread
 copies stdin to the daemon. Blocking I/O keeps the proxy simple and exact.
@@ -24,7 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..protocol.codec import dumps_json
+from ..protocol import auth
+from ..protocol.codec import FrameReader, dumps_json, frame
 from ..protocol.connection import read_connection_file
 
 START_TIMEOUT = 10.0
@@ -33,8 +45,17 @@ DRAIN_TIMEOUT = 5.0
 _POLL = 0.05
 
 
+# the id of the proxy's own `initialize`; its reply never reaches the editor
+_AUTH_ID = "ctxd-stdio-auth"
+AUTH_TIMEOUT = 5.0
+
+
 class DaemonUnreachable(Exception):
     pass
+
+
+class DaemonNotAuthentic(ConnectionError):
+    """What listens at the file's endpoint could not prove it knows the token."""
 
 
 def _parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -63,9 +84,57 @@ def _try_connect(connection_file: Path) -> tuple[socket.socket, dict[str, Any]]:
         raise ConnectionRefusedError(f"daemon pid {info.get('pid')} is not running")
     host, port = _parse_endpoint(str(info.get("jsonrpc_tcp", "")))
     sock = socket.create_connection((host, port), timeout=2.0)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _authenticate(sock, info, f"{host}:{port}")
+    except BaseException:
+        sock.close()
+        raise
     sock.settimeout(None)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock, info
+
+
+def _authenticate(sock: socket.socket, info: dict[str, Any], where: str) -> None:
+    """Mutual authentication before anything of the editor's is sent (see module doc)."""
+    token = info.get("token")
+    if not isinstance(token, str):
+        raise ValueError("the connection file has no token")
+    nonce = auth.new_nonce()
+    params = {"nonce": nonce, "proof": auth.client_proof(token, nonce), "clientName": "ctxd stdio"}
+    sock.settimeout(AUTH_TIMEOUT)
+    sock.sendall(
+        frame(dumps_json({"jsonrpc": "2.0", "id": _AUTH_ID, "method": "initialize",
+                          "params": params}))
+    )
+    reader = FrameReader(1024 * 1024)
+    while True:
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            raise DaemonNotAuthentic(f"no answer to initialize from {where}") from None
+        if not data:
+            raise DaemonNotAuthentic(f"{where} closed the connection during initialize")
+        try:
+            bodies = reader.feed(data)
+        except Exception as exc:
+            raise DaemonNotAuthentic(f"{where} does not speak ctxd's JSON-RPC ({exc})") from None
+        for body in bodies:
+            try:
+                msg = json.loads(body)
+            except ValueError:
+                continue
+            if not isinstance(msg, dict) or msg.get("id") != _AUTH_ID:
+                continue
+            result = msg.get("result")
+            mac = result.get("nonceMac") if isinstance(result, dict) else None
+            if not auth.check_daemon_proof(token, nonce, mac):
+                error = msg.get("error")
+                why = f": {error.get('message')}" if isinstance(error, dict) else ""
+                raise DaemonNotAuthentic(
+                    f"the server at {where} did not prove it knows the token of the "
+                    f"connection file{why}; it is not that daemon"
+                )
+            return
 
 
 def connect_daemon(
@@ -176,7 +245,70 @@ class _FdReader:
         return out
 
 
-def _stdin_to_daemon(stdin: _FdReader, sock: socket.socket, token: Any) -> None:
+class _InFlight:
+    """Ids of the editor's requests still waiting for a reply (shared by both threads)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _ids_of(body: bytes, requests: bool) -> list[Any]:
+        try:
+            msg = json.loads(body)
+        except ValueError:
+            return []
+        items = msg if isinstance(msg, list) else [msg]
+        out = []
+        for item in items:
+            if not isinstance(item, dict) or item.get("id") is None:
+                continue
+            if requests == isinstance(item.get("method"), str):
+                out.append(item["id"])
+        return out
+
+    def sent(self, body: bytes) -> None:
+        ids = self._ids_of(body, requests=True)
+        if ids:
+            with self._lock:
+                for i in ids:
+                    self._ids[json.dumps(i)] = i
+
+    def answered(self, body: bytes) -> None:
+        ids = self._ids_of(body, requests=False)
+        if ids:
+            with self._lock:
+                for i in ids:
+                    self._ids.pop(json.dumps(i), None)
+
+    def take(self) -> list[Any]:
+        with self._lock:
+            ids, self._ids = list(self._ids.values()), {}
+        return ids
+
+
+def _fail_in_flight(stdout: Any, in_flight: _InFlight, why: str) -> None:
+    """Answer every request the daemon will now never answer."""
+    for req_id in in_flight.take():
+        reply = {
+            "jsonrpc": "2.0",
+            "id": req_id,
+            "error": {
+                "code": -32603,
+                "message": f"the ctxd daemon went away before answering ({why}); "
+                "restart it with 'ctxd serve' and send the request again",
+            },
+        }
+        try:
+            stdout.write(frame(dumps_json(reply)))
+            stdout.flush()
+        except (OSError, ValueError):
+            return
+
+
+def _stdin_to_daemon(
+    stdin: _FdReader, sock: socket.socket, token: Any, in_flight: _InFlight | None = None
+) -> None:
     """Copy frames from stdin until it closes."""
     while True:
         header = bytearray()
@@ -198,6 +330,8 @@ def _stdin_to_daemon(stdin: _FdReader, sock: socket.socket, token: Any) -> None:
                 sock.sendall(chunk)
             return
         body = stdin.read(length)
+        if in_flight is not None and len(body) == length:
+            in_flight.sent(body)
         injected = _inject_token(body, token) if len(body) == length else None
         if injected is not None:
             sock.sendall(b"Content-Length: %d\r\n\r\n" % len(injected) + injected)
@@ -217,10 +351,11 @@ def run_stdio_proxy(connection_file: Path, start_daemon: Callable[[], None] | No
 
     stdin_closed = threading.Event()
     closed_at: list[float] = []
+    in_flight = _InFlight()
 
     def pump_stdin() -> None:
         try:
-            _stdin_to_daemon(_FdReader(sys.stdin.fileno()), sock, info.get("token"))
+            _stdin_to_daemon(_FdReader(sys.stdin.fileno()), sock, info.get("token"), in_flight)
         except OSError:
             return  # the daemon went away; the reading side reports it
         closed_at.append(time.monotonic())
@@ -234,6 +369,7 @@ def run_stdio_proxy(connection_file: Path, start_daemon: Callable[[], None] | No
     threading.Thread(target=pump_stdin, name="ctxd-stdio-in", daemon=True).start()
 
     stdout = sys.stdout.buffer
+    replies: FrameReader | None = FrameReader()
     # a short timeout lets this thread notice when the drain time after stdin EOF is over
     sock.settimeout(0.25)
     try:
@@ -248,10 +384,17 @@ def run_stdio_proxy(connection_file: Path, start_daemon: Callable[[], None] | No
                 break
             stdout.write(data)
             stdout.flush()
+            if replies is not None:
+                try:
+                    for body in replies.feed(data):
+                        in_flight.answered(body)
+                except Exception:
+                    replies = None  # not frames we can follow: stop tracking, keep copying
     except (BrokenPipeError, ValueError):
         return 0  # the editor went away: nothing left to serve
     except OSError as exc:
         if not stdin_closed.is_set():
+            _fail_in_flight(stdout, in_flight, f"connection lost: {exc}")
             print(f"ctxd stdio: lost the daemon connection ({exc})", file=sys.stderr)
             return 1
     finally:
@@ -259,5 +402,6 @@ def run_stdio_proxy(connection_file: Path, start_daemon: Callable[[], None] | No
 
     if stdin_closed.is_set():
         return 0
+    _fail_in_flight(stdout, in_flight, "it closed the connection")
     print("ctxd stdio: the daemon closed the connection", file=sys.stderr)
     return 1

@@ -22,6 +22,7 @@ import apsw
 
 from ctxd import __version__
 from ctxd.protocol.connection import (
+    UnsafePath,
     connection_file_for,
     default_runtime_dir,
     ensure_private_dir,
@@ -31,6 +32,15 @@ from ctxd.protocol.connection import (
 from .config import Config, StartupError
 from .dispatch import Dispatcher
 from .engine import Engine
+from .ownership import (
+    ConnectionFileLock,
+    Refused,
+    check_data_dir,
+    ipc_endpoints,
+    open_private_file,
+    prepare_connection_dir,
+    refuse_live_socket,
+)
 from .servers.base import EventHub
 from .servers.jsonrpc import start_tcp_server, start_websocket_server
 from .servers.web import PageServer
@@ -53,7 +63,7 @@ class DataDirLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = open_private_file(self.path, "lock file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -90,13 +100,23 @@ class Daemon:
                     f"tcp://{host}:{self.config.port + 3}",
                 )
             return f"tcp://{host}:0", f"tcp://{host}:0"
-        run_dir = ensure_private_dir(default_runtime_dir())
-        stem = self.connection_file.stem
-        return f"ipc://{run_dir}/{stem}-router.sock", f"ipc://{run_dir}/{stem}-pub.sock"
+        run_dir = ensure_private_dir(default_runtime_dir(), what="runtime dir")
+        endpoints = ipc_endpoints(run_dir, self.connection_file)
+        for endpoint in endpoints:
+            refuse_live_socket(endpoint)
+        return endpoints
 
     async def run(self) -> int:
         cfg = self.config
         lock, engine = open_data_dir(cfg)
+        conn_lock = ConnectionFileLock(self.connection_file)
+        try:
+            prepare_connection_dir(self.connection_file)
+            conn_lock.acquire()
+        except BaseException:
+            engine.close()
+            lock.release()
+            raise
         hub = EventHub()
         engine.add_listener(hub.publish)
         dispatcher = Dispatcher(
@@ -106,7 +126,10 @@ class Daemon:
             on_shutdown=self.stopping.set,
             wires=["jsonrpc-tcp", "websocket", "zmq", "stdio"],
             auth_timeout=cfg.auth_timeout_seconds,
+            run_lease=cfg.run_lease_seconds,
         )
+        # runs a dead daemon left open: their clients get one lease to come back for them
+        dispatcher.lease_stale_runs(engine.runs.open_run_ids())
         port = cfg.port
         tcp = ws = zmq_server = None
         # before anything is announced: a client may stop us as soon as it can find us
@@ -134,7 +157,13 @@ class Daemon:
             http = page_base_url(cfg.host, ws.port)
             router, pub = self._zmq_endpoints()
             zmq_server = ZmqServer(
-                dispatcher, hub, router, pub, max_message_size=cfg.max_request_bytes
+                dispatcher,
+                hub,
+                router,
+                pub,
+                max_message_size=cfg.max_request_bytes,
+                curve_token=self.token if cfg.zmq_transport == "tcp" else None,
+                run_lease=cfg.run_lease_seconds,
             )
             await zmq_server.start()
             self.info = {
@@ -148,7 +177,6 @@ class Daemon:
                 "data_dir": str(cfg.data_dir),
                 "version": __version__,
             }
-            ensure_private_dir(self.connection_file.parent)
             write_connection_file(self.connection_file, self.info)
             log.info(
                 "ctxd %s serving %s; connection file %s",
@@ -179,6 +207,7 @@ class Daemon:
                 await dispatcher.scheduler.drain(SHUTDOWN_GRACE_SECONDS)
             finally:
                 engine.close()
+                conn_lock.release()
                 lock.release()
         return 0
 
@@ -191,7 +220,8 @@ def open_data_dir(cfg: Config) -> tuple[DataDirLock, Engine]:
     try:
         if cfg.data_dir.exists() and not cfg.data_dir.is_dir():
             raise NotADirectoryError(20, "it is a file, not a directory")
-        cfg.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # refuses a data dir, database or lock file another user owns or may write to
+        check_data_dir(cfg.data_dir)
         lock = DataDirLock(cfg.data_dir)
         where = lock.path
         lock.acquire()
@@ -232,6 +262,8 @@ def serve(config: Config) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # files and sockets the daemon creates are its user's alone, whatever the umask
+    os.umask(0o077)
     try:
         daemon = Daemon(config)
     except OSError as exc:  # the runtime dir for the connection file
@@ -244,3 +276,6 @@ def serve(config: Config) -> int:
     except AlreadyRunning as exc:
         print(f"ctxd: {exc}", file=sys.stderr)
         return 3
+    except (Refused, UnsafePath) as exc:
+        print(f"ctxd: {exc}", file=sys.stderr)
+        return 2

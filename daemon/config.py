@@ -66,6 +66,9 @@ class Config:
     # a search running longer is stopped with SEARCH_TOO_BROAD (it runs beside the event
     # loop, so other clients are served meanwhile)
     search_budget_seconds: float = 2.0
+    # a run opened over ZeroMQ is interrupted when its client sends nothing (no request,
+    # no heartbeat) for this long: ZeroMQ never says when a client goes away
+    run_lease_seconds: float = 30.0
     # "normal": survives a process crash; "full": also survives power loss (fsync per commit)
     durability: str = "normal"
     summarizer: str = "builtin"  # "builtin" or "openai"

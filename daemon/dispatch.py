@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ctxd import __version__
+from ctxd.protocol import auth
 from ctxd.protocol.errors import RunActive, SearchTooBroad, Unauthorized
 from ctxd.protocol.methods import NOTIFICATIONS, PROTOCOL_VERSION, SERVER_NAME, validate_params
 
@@ -38,6 +39,7 @@ class Dispatcher:
         on_shutdown: Callable[[], None] | None = None,
         wires: list[str] | None = None,
         auth_timeout: float = 5.0,
+        run_lease: float = 30.0,
     ) -> None:
         self.engine = engine
         self.hub = hub
@@ -47,10 +49,14 @@ class Dispatcher:
         self.wires = wires or []
         self.started_at = time.time()
         self.auth_timeout = auth_timeout
+        self.run_lease = run_lease
+        # runs open in the file when this daemon started, not yet claimed by a client
+        self._stale_runs: set[str] = set()
         self._live: set[Connection] = set()
         self._handlers: dict[str, Handler] = {
             "initialize": self.initialize,
             "shutdown": self.shutdown,
+            "heartbeat": self.heartbeat,
             "session/create": lambda c, p: engine.create_session(
                 p["sessionId"], p["title"], p["metadata"]
             ),
@@ -136,14 +142,52 @@ class Dispatcher:
             self.engine.interrupt_runs(set(conn.open_runs))
             conn.open_runs.clear()
 
+    def lease_stale_runs(self, run_ids: set[str]) -> None:
+        """Runs left open by a daemon that died. A client that comes back claims its run
+        by naming it (`messages/append`, `approval/request` with its `runId`) within one
+        lease; the others are marked interrupted then, so no dead run locks a session."""
+        if not run_ids:
+            return
+        self._stale_runs |= set(run_ids)
+        asyncio.get_running_loop().call_later(self.run_lease, self._expire_stale_runs)
+
+    def _claim(self, conn: Connection, run_id: str | None) -> None:
+        if run_id is not None and run_id in self._stale_runs:
+            self._stale_runs.discard(run_id)
+            conn.open_runs.add(run_id)
+
+    def _expire_stale_runs(self) -> None:
+        stale, self._stale_runs = self._stale_runs, set()
+        if stale:
+            log.info("runs left open by a previous daemon and not claimed: interrupted %s",
+                     sorted(stale))
+            self.engine.interrupt_runs(stale)
+
     # handlers with more than one line
 
     def initialize(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
         if not conn.authenticated:
-            if not self.check_token(p["token"]):
+            if p["proof"] is not None:
+                if not auth.check_client_proof(self.token, p["nonce"], p["proof"]):
+                    raise Unauthorized(
+                        "wrong proof of the token; compute it from the token in the daemon's "
+                        "connection file and the nonce sent with it"
+                    )
+            elif not self.check_token(p["token"]):
                 raise Unauthorized("wrong token; read it from the daemon's connection file")
             conn.authenticated = True
         conn.client_name = p["clientName"]
+        result = self._server_info()
+        if p["nonce"] is not None:
+            # mutual authentication: the client checks this before sending anything else
+            result["nonceMac"] = auth.daemon_proof(self.token, p["nonce"])
+        return result
+
+    def heartbeat(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+        # any request renews the lease of a ZeroMQ client's runs: nothing else to do
+        return {"leaseSeconds": self.run_lease}
+
+    def _server_info(self) -> dict[str, Any]:
         return {
             "serverName": SERVER_NAME,
             "version": __version__,
@@ -155,6 +199,7 @@ class Dispatcher:
                 "summarizer": getattr(self.engine.summarizer, "name", "custom"),
                 "tokenEncoding": self.engine.tokens.encoding_name,
                 "search": {"languages": ["en", "zh"], "advanced": True},
+                "runLeaseSeconds": self.run_lease,
             },
         }
 
@@ -174,6 +219,7 @@ class Dispatcher:
 
     def append(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
         sid = p["sessionId"]
+        self._claim(conn, p["runId"])
         result = self.engine.append(
             sid, p["messages"], run_id=p["runId"], client_batch_id=p["clientBatchId"]
         )
@@ -231,9 +277,9 @@ class Dispatcher:
             log.info("run %s predates this daemon and has no client: interrupted", stale)
             self.engine.finish_run(stale, "interrupted")
             run = self.engine.start_run(p["sessionId"])
-        # ZeroMQ has no disconnect signal: only stream connections interrupt their runs
-        if conn.wire != "zmq":
-            conn.open_runs.add(run["runId"])
+        # interrupted when the connection closes; on ZeroMQ, which never says so, when the
+        # client stays silent past its lease (see ZmqServer)
+        conn.open_runs.add(run["runId"])
         return {"runId": run["runId"], "run": run}
 
     def _orphaned(self, run_id: str) -> bool:
@@ -259,6 +305,7 @@ class Dispatcher:
         return approval
 
     def approval_request(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+        self._claim(conn, p["runId"])
         approval = self.engine.request_approval(
             p["sessionId"], p["runId"], p["toolCallId"], p["toolName"], p["arguments"]
         )

@@ -68,6 +68,9 @@ class RunStore:
         ).fetchone()
         return _run(row) if row else None
 
+    def open_run_ids(self) -> set[str]:
+        return {r[0] for r in self.conn.execute("SELECT id FROM runs WHERE status = 'open'")}
+
     def finish(self, run_id: str, status: str) -> dict[str, Any]:
         self.conn.execute(
             "UPDATE runs SET status = ?, finished_at = ? WHERE id = ?",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import warnings
 from pathlib import Path
@@ -48,13 +49,46 @@ def default_runtime_dir() -> Path:
         return Path(platformdirs.user_runtime_dir("ctxd")).resolve()
 
 
-def ensure_private_dir(path: Path) -> Path:
-    """Create `path` (0700) if needed and tighten its mode; refuse a dir owned by another user."""
+class UnsafePath(PermissionError):
+    """A file or directory another user owns, or may write to: not to be trusted."""
+
+
+def _uid() -> int | None:
+    return os.getuid() if hasattr(os, "getuid") else None
+
+
+def unsafe_reason(st: os.stat_result, *, allow_group_write: bool = False) -> str | None:
+    """Why a file or dir with this stat must not be trusted, or None when it is ours alone."""
+    uid = _uid()
+    if uid is None:
+        return None
+    if st.st_uid != uid:
+        return f"is owned by uid {st.st_uid}, not by you (uid {uid})"
+    writable = 0o002 if allow_group_write else 0o022
+    if st.st_mode & writable:
+        return f"is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def check_private(path: Path | str, what: str, st: os.stat_result | None = None) -> None:
+    """Raise `UnsafePath` unless `path` is owned by this user and not writable by others."""
+    reason = unsafe_reason(st if st is not None else os.stat(path))
+    if reason is not None:
+        raise UnsafePath(f"{what} {path} {reason}; refusing to use it")
+
+
+def ensure_private_dir(path: Path, *, what: str = "directory", tighten: bool = True) -> Path:
+    """Create `path` (0700) if needed; refuse one another user owns or may write to.
+
+    An existing directory is never opened up or taken over: one shared with others is
+    refused, not changed. `tighten` drops group/other read access from a directory that
+    is ours alone (the runtime dir, which holds the ZeroMQ sockets).
+    """
+    created = not path.exists()
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     st = path.stat()
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise PermissionError(f"{path} belongs to another user; choose another runtime dir")
-    if st.st_mode & 0o077:
+    check_private(path, what, st)
+    if (created or tighten) and st.st_mode & 0o077:
         os.chmod(path, 0o700)
     return path
 
@@ -83,7 +117,15 @@ def write_connection_file(path: Path, info: dict[str, Any]) -> None:
 
 
 def read_connection_file(path: Path | str) -> dict[str, Any]:
+    """Read a connection file, trusting it only if this user alone could have written it.
+
+    Another user who can plant the file (or replace it through its directory) could point
+    clients at their own server and collect everything clients send.
+    """
+    path = Path(path)
+    check_private(path.parent.resolve(), "the directory of the connection file")
     with open(path) as f:
+        check_private(path, "connection file", os.fstat(f.fileno()))
         info = json.load(f)
     if not isinstance(info, dict) or "token" not in info:
         raise ValueError(f"{path} is not a ctxd connection file")

@@ -99,6 +99,37 @@ every other request before a successful `initialize` is refused with `UNAUTHORIZ
 A ZeroMQ request carries the token in its `token` key each time, so `initialize` is not
 needed there (it may still be called to read versions and capabilities).
 
+**Mutual authentication.** A client should also check that what answers is the daemon
+that wrote the connection file (after a crash, another process may hold its port):
+
+1. pick a fresh random `nonce` (16 to 128 characters) and send `initialize` with `nonce`
+   and `proof` = hex HMAC-SHA256 with the token as key of `"ctxd-client:" + nonce`,
+   instead of `token` (the token itself never reaches a server that is not the daemon);
+2. the daemon answers with `nonceMac` = hex HMAC-SHA256 with the token as key of
+   `"ctxd-daemon:" + nonce`;
+3. compare it with your own computation and close the connection when it differs;
+   send nothing else before.
+
+On ZeroMQ, send that `initialize` without `token` in the envelope; once `nonceMac` checks
+out, put the token in every request. Clients that send `token` and no `nonce` keep
+working. Check the connection file too: accept it only when it and its directory belong
+to you and are not writable by others (anyone who can write there can send you elsewhere).
+
+**ZeroMQ over TCP** (`--zmq-transport tcp`) is authenticated at the socket with CURVE:
+both sockets are CURVE servers whose key pair is derived from the token, and a ZAP
+handler admits only peers with the client key pair derived from the token, so nothing is
+accepted or published to anyone else. Key derivation: the secret key is the 32-byte
+HMAC-SHA256 with the token as key of `"ctxd-zmq-curve-server"` (daemon) or
+`"ctxd-zmq-curve-client"` (clients), the public key is its Curve25519 public key
+(`zmq.curve_public`). A peer that has not completed the handshake within 5 s is
+disconnected. Over ipc the sockets sit in the daemon's private runtime directory.
+
+**Run leases on ZeroMQ.** ZeroMQ does not tell the daemon when a client goes away. A
+client that opened a run over ZeroMQ must send some request at least every
+`runLeaseSeconds` (from `initialize`'s `capabilities`; `heartbeat` will do), or its runs
+are marked interrupted. Runs left open by a daemon that died are marked interrupted when
+the next daemon starts.
+
 ## Connection file
 
 A running daemon writes a JSON file (mode 0600, in a 0700 runtime directory) telling

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .auth import MAC_HEX_LENGTH, NONCE_MAX, NONCE_MIN
 from .errors import ErrorCode, InvalidParams, MethodNotFound
 
 PROTOCOL_VERSION = "1.0"
@@ -237,12 +238,43 @@ _METHOD_LIST: tuple[Method, ...] = (
     Method(
         "initialize",
         (
-            Param("token", "string", True, "The token from the connection file.", max=TOKEN_MAX),
+            Param(
+                "token",
+                "string",
+                False,
+                "The token from the connection file. Required unless `proof` is sent.",
+                max=TOKEN_MAX,
+            ),
             Param("clientName", "string", False, "Shown in the daemon log.", max=NAME_MAX),
+            Param(
+                "nonce",
+                "string",
+                False,
+                "A fresh random string from the client (16 to 128 characters). The daemon "
+                "answers with `nonceMac`, proving it knows the token too.",
+                min=NONCE_MIN,
+                max=NONCE_MAX,
+            ),
+            Param(
+                "proof",
+                "string",
+                False,
+                'Sent instead of `token`: hex HMAC-SHA256 under the token of `"ctxd-client:"` '
+                "followed by `nonce`, so a server that is not the daemon never learns the "
+                "token. Needs `nonce`.",
+                max=MAC_HEX_LENGTH,
+            ),
         ),
         '`serverName` ("ctxd"), `version` (daemon version), `protocolVersion` ("1.0"), '
-        "`capabilities` (object naming the optional features this daemon serves).",
-        "Proves the token. On JSON-RPC wires it must be the first request of a connection.",
+        "`capabilities` (object naming the optional features this daemon serves; "
+        "`runLeaseSeconds`: how long a ZeroMQ client holding a run may stay silent), "
+        '`nonceMac` (when `nonce` was sent: hex HMAC-SHA256 under the token of `"ctxd-daemon:"` '
+        "followed by `nonce`; a client must check it before sending anything else and close "
+        "the connection when it differs).",
+        "Proves the token, and with `nonce` has the daemon prove it too (mutual "
+        "authentication). On JSON-RPC wires it must be the first request of a connection. "
+        "On ZeroMQ it may be sent with `proof` and no token in the envelope, so the client "
+        "checks the daemon before sending the token.",
         (_E.UNAUTHORIZED,),
         False,
     ),
@@ -762,6 +794,17 @@ _METHOD_LIST: tuple[Method, ...] = (
         "`search_past_messages` takes the same query limits as `archive/search`.",
         (_E.SESSION_NOT_FOUND, _E.NOT_FOUND, _E.SEARCH_TOO_BROAD),
         True,
+    ),
+    Method(
+        "heartbeat",
+        (),
+        "`leaseSeconds` (how long the daemon waits for the next request before it interrupts "
+        "this client's runs).",
+        "Tells the daemon the client is alive. ZeroMQ has no disconnect signal: a ZeroMQ "
+        "client holding an open run must send a request (any, or this one) at least every "
+        "`leaseSeconds`, or its runs are marked interrupted.",
+        (),
+        False,
     ),
     Method(
         "shutdown",

@@ -33,11 +33,13 @@ from ctxd.daemon.servers.jsonrpc import (
     start_tcp_server,
     start_websocket_server,
 )
+from ctxd.protocol import auth
 from ctxd.protocol.codec import FrameReader, dumps_json, frame
 from ctxd.protocol.connection import write_connection_file
-from ctxd.protocol.errors import SessionNotFound
+from ctxd.protocol.errors import SessionNotFound, Unauthorized
 
 CHINESE = "上下文压缩：保留最近的对话"
+FILE_TOKEN = "secret-from-file"
 TIMEOUT = 5.0
 
 
@@ -92,6 +94,11 @@ class EchoHandler:
             self.hub.notify_connection(conn, "session/hello", {"text": CHINESE})
             return "sent"
         if method == "initialize":
+            if isinstance(params, dict) and "nonce" in params:
+                # mutual authentication, as the daemon does it (the `ctxd stdio` handshake)
+                if not auth.check_client_proof(FILE_TOKEN, params["nonce"], params.get("proof")):
+                    raise Unauthorized("wrong proof")
+                return {"nonceMac": auth.daemon_proof(FILE_TOKEN, params["nonce"])}
             return {"token": params.get("token") if isinstance(params, dict) else None}
         if method.startswith("note/"):
             self.notes.append((method, params))
@@ -679,7 +686,7 @@ def _conn_info(port: int) -> dict[str, Any]:
         "websocket": "ws://127.0.0.1:1",
         "zmq_router": "tcp://127.0.0.1:2",
         "zmq_pub": "tcp://127.0.0.1:3",
-        "token": "secret-from-file",
+        "token": FILE_TOKEN,
         "data_dir": "/nonexistent",
         "version": "0.1.0",
     }

@@ -24,7 +24,7 @@ from ctxd.protocol.methods import (
 
 # The contract other clients are written against: method -> param names, in order.
 EXPECTED: dict[str, tuple[str, ...]] = {
-    "initialize": ("token", "clientName"),
+    "initialize": ("token", "clientName", "nonce", "proof"),
     "session/create": ("sessionId", "title", "metadata"),
     "session/list": ("limit", "cursor", "title"),
     "session/get": ("sessionId",),
@@ -61,11 +61,12 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "approval/list": ("sessionId", "status"),
     "tools/list": (),
     "tools/call": ("sessionId", "name", "arguments"),
+    "heartbeat": (),
     "shutdown": (),
 }
 
 REQUIRED: dict[str, set[str]] = {
-    "initialize": {"token"},
+    "initialize": set(),  # `token`, or `nonce` with `proof`
     "session/list": set(),
     "session/create": set(),
     "messages/append": {"sessionId", "messages"},
@@ -75,6 +76,7 @@ REQUIRED: dict[str, set[str]] = {
     "approval/resolve": {"approvalId", "decision"},
     "tools/call": {"sessionId", "name", "arguments"},
     "tools/list": set(),
+    "heartbeat": set(),
     "shutdown": set(),
 }
 
@@ -92,7 +94,7 @@ EXPECTED_NOTIFICATIONS = {
 
 # One valid call of every method, with every param set.
 GOOD: dict[str, dict[str, Any]] = {
-    "initialize": {"token": "t" * 32, "clientName": "cli"},
+    "initialize": {"token": "t" * 32, "clientName": "cli", "nonce": "n" * 32, "proof": "0" * 64},
     "session/create": {"sessionId": "s1", "title": "T", "metadata": {"k": [1]}},
     "session/list": {"limit": 10, "cursor": "abc", "title": "demo"},
     "session/get": {"sessionId": "s1"},
@@ -147,6 +149,7 @@ GOOD: dict[str, dict[str, Any]] = {
     "approval/list": {"sessionId": "s1", "status": "pending"},
     "tools/list": {},
     "tools/call": {"sessionId": "s1", "name": "search_past_messages", "arguments": {}},
+    "heartbeat": {},
     "shutdown": {},
 }
 

@@ -26,6 +26,7 @@ from outcomes import OutcomeCounts
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
+from ctxd.protocol.auth import secure_client_socket
 from ctxd.protocol.codec import FrameReader, frame
 from ctxd.protocol.errors import CtxdError, PayloadTooLarge
 from ctxd.protocol.methods import METHODS
@@ -284,6 +285,7 @@ def test_zmq_needs_the_token_in_every_request(env: Env) -> None:
     before = env.message_count()
     sock = env.ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    secure_client_socket(sock, env.token)  # CURVE over TCP: the socket holds the token's key
     sock.connect(env.info["zmq_router"])
     t = env.token
     try:
@@ -619,6 +621,7 @@ def test_a_request_above_max_request_bytes(env: Env) -> None:
     # ZeroMQ: a typed error
     sock = env.ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    secure_client_socket(sock, env.token)  # CURVE over TCP: the socket holds the token's key
     sock.connect(env.info["zmq_router"])
     try:
         reply = zmq_request(env, sock, {"id": 1, "method": "messages/append", "token": env.token,

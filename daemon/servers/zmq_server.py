@@ -11,6 +11,19 @@ subscribes to a topic starting with `probe/`, the server answers with one `$/pro
 message on that topic. Subscriptions travel in order on one connection, so once a
 subscriber receives its probe, every subscription it made before is in effect: this is
 how clients wait out ZeroMQ's slow-joiner problem without sleeping.
+
+Over TCP (`curve_token`), both sockets are CURVE servers and a ZAP handler admits only
+peers holding the client key derived from the token (`ctxd.protocol.auth`): a peer that
+cannot complete the handshake never gets a request in or an event out, and one that does
+not finish it within `handshake_timeout` seconds is disconnected. Over ipc the socket
+files sit in the daemon's private runtime dir.
+
+`initialize` is accepted without the token in the envelope when its params carry a
+`proof` of the token: that is how a client checks the daemon (`nonceMac`) before it
+sends the token or anything else.
+
+Runs opened over ZeroMQ have a lease: a peer with open runs that sends nothing (no
+request, no `heartbeat`) for `run_lease` seconds is dropped and its runs are interrupted.
 """
 
 from __future__ import annotations
@@ -26,6 +39,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from ctxd.protocol.auth import curve_server_keys
 from ctxd.protocol.codec import DEFAULT_MAX_FRAME, packb, unpackb
 from ctxd.protocol.errors import (
     CtxdError,
@@ -35,6 +49,7 @@ from ctxd.protocol.errors import (
 )
 
 from .base import Connection, EventHub, RequestHandler
+from .zmq_auth import ZapHandler
 
 log = logging.getLogger("ctxd.servers.zmq")
 
@@ -102,6 +117,9 @@ class ZmqServer:
         max_inflight: int = 1024,
         idle_timeout: float = 3600.0,
         send_timeout: float = 10.0,
+        curve_token: str | None = None,
+        run_lease: float = 30.0,
+        handshake_timeout: float = 5.0,
     ) -> None:
         self.handler = handler
         self.hub = hub
@@ -113,6 +131,10 @@ class ZmqServer:
         self.max_inflight = max_inflight
         self.idle_timeout = idle_timeout
         self.send_timeout = send_timeout
+        self.run_lease = run_lease
+        self.handshake_timeout = handshake_timeout
+        self._curve_token = curve_token
+        self._zap: ZapHandler | None = None
         self._own_context = context is None
         self._ctx: zmq.asyncio.Context | None = context
         self._router: zmq.asyncio.Socket | None = None
@@ -133,6 +155,9 @@ class ZmqServer:
             "events_dropped": 0,
             "replies_dropped": 0,
             "peers_reaped": 0,
+            "runs_lease_expired": 0,
+            "zap_allowed": 0,
+            "zap_denied": 0,
         }
 
     # lifecycle
@@ -145,9 +170,20 @@ class ZmqServer:
         if self._ctx is None:
             self._ctx = zmq.asyncio.Context()
         ctx = self._ctx
+        if self._curve_token is not None:
+            self._zap = ZapHandler(ctx, self._curve_token, self.stats)
         router = ctx.socket(zmq.ROUTER)
         pub = ctx.socket(zmq.XPUB)
         try:
+            for sock in (router, pub):
+                # a peer that does not complete the handshake in time is disconnected
+                sock.setsockopt(zmq.HANDSHAKE_IVL, int(self.handshake_timeout * 1000))
+                if self._curve_token is not None:
+                    public, secret = curve_server_keys(self._curve_token)
+                    sock.curve_server = True
+                    sock.curve_publickey = public
+                    sock.curve_secretkey = secret
+                    sock.zap_domain = b"ctxd"
             # Without ROUTER_MANDATORY a reply to a vanished peer is silently dropped;
             # with it we get EHOSTUNREACH and can forget the peer.
             router.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -166,6 +202,9 @@ class ZmqServer:
         except BaseException:
             router.close(linger=0)
             pub.close(linger=0)
+            if self._zap is not None:
+                self._zap.close()
+                self._zap = None
             raise
         self._router, self._pub = router, pub
         self.router_endpoint = _endpoint(router)
@@ -184,6 +223,8 @@ class ZmqServer:
             asyncio.create_task(self._serve_subscriptions(), name="zmq-xpub"),
             asyncio.create_task(self._reap_idle_peers(), name="zmq-reaper"),
         ]
+        if self._zap is not None:
+            self._bg.append(asyncio.create_task(self._zap.serve(), name="zmq-zap"))
         log.info("ZeroMQ wire on %s (events on %s)", self.router_endpoint, self.pub_endpoint)
 
     async def close(self, grace: float = 1.0) -> None:
@@ -204,11 +245,16 @@ class ZmqServer:
             if pending:
                 await asyncio.wait(pending, timeout=grace)
         for conn in list(self._peers.values()):
+            # A ZeroMQ client outlives the daemon (its socket reconnects to the next one),
+            # so its runs stay open: the next daemon leases them until it comes back.
+            conn.open_runs.clear()
             self._drop_peer(conn, "daemon closing")
         for sock in (self._router, self._pub):
             if sock is not None:
                 sock.close(linger=0)
-        self._router = self._pub = None
+        if self._zap is not None:
+            self._zap.close()
+        self._router = self._pub = self._zap = None
         if self._own_context and self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -340,6 +386,13 @@ class ZmqServer:
             self._reply_error(envelope, req_id, InvalidRequest("'params' must be a map"))
             return
         conn = self._peers.get(identity)
+        if method == "initialize" and not self._token_ok(msg.get("token")):
+            # Mutual authentication: the client proves the token in the params and waits
+            # for the daemon's proof before sending the token. Answered on a connection of
+            # its own; the peer is registered only once it sends the token.
+            probe = ZmqConnection(identity)
+            self._start_task(self._run(probe, envelope, req_id, method, params, counted=False))
+            return
         if not self._token_ok(msg.get("token")):
             if conn is not None:
                 conn.authenticated = False
@@ -360,7 +413,10 @@ class ZmqServer:
         conn.last_seen = time.monotonic()
         conn.inflight += 1
         await self._slots.acquire()  # bounded: beyond this, back-pressure via RCVHWM
-        task = asyncio.create_task(self._run(conn, envelope, req_id, method, params))
+        self._start_task(self._run(conn, envelope, req_id, method, params))
+
+    def _start_task(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -374,7 +430,13 @@ class ZmqServer:
             return False
 
     async def _run(
-        self, conn: ZmqConnection, envelope: list[bytes], req_id: Any, method: str, params: Any
+        self,
+        conn: ZmqConnection,
+        envelope: list[bytes],
+        req_id: Any,
+        method: str,
+        params: Any,
+        counted: bool = True,
     ) -> None:
         try:
             try:
@@ -397,9 +459,10 @@ class ZmqServer:
             conn.last_seen = time.monotonic()
             await self._send_reply(envelope, reply)
         finally:
-            conn.inflight -= 1
-            assert self._slots is not None
-            self._slots.release()
+            if counted:
+                conn.inflight -= 1
+                assert self._slots is not None
+                self._slots.release()
 
     def _reply_error(self, envelope: list[bytes], req_id: Any, err: CtxdError) -> None:
         self.stats["errors"] += 1
@@ -470,13 +533,21 @@ class ZmqServer:
 
     async def _reap_idle_peers(self) -> None:
         # ZeroMQ never says when a peer goes away, so peers silent for `idle_timeout`
-        # (and with nothing in flight) are treated as gone.
-        period = max(0.05, min(self.idle_timeout / 4, 30.0))
+        # (and with nothing in flight) are treated as gone; peers holding runs must show
+        # they are alive within the shorter `run_lease`, or their runs are interrupted.
+        period = max(0.05, min(self.idle_timeout / 4, self.run_lease / 4, 30.0))
         while True:
             await asyncio.sleep(period)
-            cutoff = time.monotonic() - self.idle_timeout
+            now = time.monotonic()
             for conn in list(self._peers.values()):
-                if conn.inflight == 0 and conn.last_seen < cutoff:
+                if conn.inflight:
+                    continue
+                if conn.open_runs and conn.last_seen < now - self.run_lease:
+                    self.stats["runs_lease_expired"] += 1
+                    self._drop_peer(
+                        conn, f"silent for more than the run lease of {self.run_lease:g}s"
+                    )
+                elif conn.last_seen < now - self.idle_timeout:
                     self.stats["peers_reaped"] += 1
                     self._drop_peer(conn, f"idle for more than {self.idle_timeout:g}s")
 
