@@ -444,3 +444,42 @@ def test_starts_the_daemon_when_none_runs(tmp_path: Path) -> None:
                 time.sleep(0.05)
 
     _run(go())
+
+
+def test_tcp_for_debugging(daemon: DaemonProcess, tmp_path: Path) -> None:
+    import socket
+
+    _seed(daemon, 1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([*lsp_command(daemon, tmp_path / "cache"), "--tcp", "--port",
+                             str(port)], env=daemon.env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    async def go() -> None:
+        ed = Editor()
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                await ed.client.start_tcp("127.0.0.1", port)
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+        await ed.client.initialize_async(t.InitializeParams(
+            capabilities=ed.capabilities(), process_id=None))
+        ed.client.initialized(t.InitializedParams())
+        await ed.connected()
+        hits = await ed.symbols("staging")
+        assert len(hits) == 1 and "staging" in hits[0].name
+        await ed.client.shutdown_async(None)
+        ed.client.exit(None)
+        await ed.client.stop()
+
+    try:
+        _run(go())
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,6 +33,10 @@ START_TIMEOUT = 15.0
 # events are coalesced this long before documents and status are refreshed
 REFRESH_DELAY = 0.15
 SYMBOL_LIMIT = 100
+# rendered documents kept for links, hovers and refreshes; older ones are rendered again
+LIVE_DOCUMENTS = 256
+# sessions listed per discovery poll (newest first; a page of known ones ends the walk)
+DISCOVER_PAGE = 20
 FILE_HISTORY_LIMIT = 200
 # approval arguments shown in a prompt are cut to this many characters
 PROMPT_ARGS_CHARS = 300
@@ -86,7 +91,8 @@ class Bridge:
         self.current: str | None = None
         self.chosen = False  # the user chose `current`: events no longer move it
         self.titles: dict[str, str] = {}
-        self.live: dict[DocKey, Rendered] = {}  # documents the editor has read
+        # documents the editor has read, least recently rendered first (bounded)
+        self.live: OrderedDict[DocKey, Rendered] = OrderedDict()
         self._subscribed: set[str] = set()
         self._asked: set[str] = set()
         self._answered_elsewhere: dict[str, dict[str, Any]] = {}
@@ -209,7 +215,7 @@ class Bridge:
         cursor: str | None = None
         newest: str | None = None
         while True:
-            page = await self.call("session/list", {"limit": 100, "cursor": cursor})
+            page = await self.call("session/list", {"limit": DISCOVER_PAGE, "cursor": cursor})
             sessions = page.get("sessions") or []
             fresh = False
             for s in sessions:
@@ -311,7 +317,9 @@ class Bridge:
             if self.current in dirty:
                 await self.push_status()
             changed = []
-            for key in [k for k in self.live if k.session_id in dirty]:
+            # a full transcript page never changes (the archive is append-only)
+            for key in [k for k, r in self.live.items()
+                        if k.session_id in dirty and not r.complete]:
                 changed.append(await self.render(key))
             if changed:
                 self.ui.documents_changed(changed)
@@ -390,6 +398,9 @@ class Bridge:
             explain = await self.call("context/explain", {"sessionId": key.session_id})
             rendered = docs.render_context(key, title, context, explain, now)
         self.live[key] = rendered
+        self.live.move_to_end(key)
+        while len(self.live) > LIVE_DOCUMENTS:
+            self.live.popitem(last=False)
         return rendered
 
     async def rendered(self, key: DocKey) -> Rendered:

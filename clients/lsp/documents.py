@@ -148,6 +148,8 @@ class Rendered:
     lenses: list[Lens] = field(default_factory=list)
     # archive message id -> text of that message (for hover), bounded by MAX_BODY_CHARS
     bodies: dict[int, str] = field(default_factory=dict)
+    # a full transcript page: the append-only archive never changes it again
+    complete: bool = False
 
     @property
     def lines(self) -> list[str]:
@@ -277,7 +279,8 @@ def render_transcript(key: DocKey, title: str, page: dict[str, Any]) -> Rendered
         w.add("---")
         w.add_linked("", "next page", f" (after message #{nxt})",
                      DocKey("transcript", key.session_id, int(nxt) + 1))
-    return Rendered(key, "\n".join(w.lines) + "\n", w.links, [], bodies)
+    return Rendered(key, "\n".join(w.lines) + "\n", w.links, [], bodies,
+                    complete=len(messages) >= PAGE_SIZE)
 
 
 def status_line(status: dict[str, Any], now: float) -> str:
