@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
         "ctxd keeps an agent's full history in an append-only archive and serves the "
         "compacted model context to many clients at once."))
     parser.add_argument("--version", action="version", version=f"ctxd {__version__}")
+    parser.add_argument("--json", action="store_true", dest="json_first",
+                        help="machine-readable output for the commands that talk to the "
+                        "daemon (also accepted after the command)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="run the daemon in the foreground")
@@ -108,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="address to bind TCP endpoints to (default 127.0.0.1)")
     p.add_argument("--durability", choices=["normal", "full"],
                    help="full: every commit survives power loss, not only a crash")
-    p.add_argument("--zmq-transport", choices=["ipc", "tcp"], dest="zmq_transport")
+    p.add_argument("--zmq-transport", choices=["ipc", "tcp"], dest="zmq_transport",
+                   help="ZeroMQ over Unix sockets in the private runtime dir (ipc, the "
+                   "default) or loopback TCP")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("stdio", help="JSON-RPC on stdin/stdout, forwarded to the daemon "
@@ -154,7 +159,14 @@ def main(argv: list[str] | None = None) -> int:
     from ctxd.daemon.config import StartupError
 
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, so a closed pipe is caught below, not at exit
+        return code
+    except BrokenPipeError:
+        # the reader (`| head`) has all it wanted: no complaint at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         return 130
     except StartupError as exc:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
 
+from ctxd.clients.cli_text import clean, clean_json, cli_message
 from ctxd.clients.client import Client, DaemonNotRunning, Wire, find_daemon
 from ctxd.daemon.config import ConfigError
 from ctxd.protocol.connection import connection_file_for
@@ -93,16 +94,20 @@ class Output:
     def bold(self) -> bool:
         return self.tty and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
 
-    def line(self, text: str = "") -> None:
-        self.stream.write(text + "\n")
+    def line(self, text: str = "", raw: bool = False) -> None:
+        """One line for people: control characters, escape sequences and bidi controls
+        in it are shown as visible escapes (`raw`: the caller added its own styling to
+        text it cleaned)."""
+        self.stream.write((text if raw else clean(text)) + "\n")
 
     def document(self, obj: Any) -> None:
-        self.stream.write(json.dumps(obj, ensure_ascii=self.ascii_only, indent=2) + "\n")
+        text = json.dumps(obj, ensure_ascii=self.ascii_only, indent=2)
+        self.stream.write(clean_json(text) + "\n")
         self.stream.flush()
 
     def record(self, obj: Any) -> None:
         """One JSON line, flushed so a pipe sees it at once."""
-        self.stream.write(json_line(obj, self.ascii_only) + "\n")
+        self.stream.write(clean_json(json_line(obj, self.ascii_only)) + "\n")
         self.stream.flush()
 
 
@@ -111,7 +116,7 @@ def json_line(obj: Any, ascii_only: bool = False) -> str:
 
 
 def fail(message: str) -> None:
-    sys.stderr.write(f"ctxd: {message}\n")
+    sys.stderr.write(f"ctxd: {clean(message)}\n")
     sys.stderr.flush()
 
 
@@ -149,17 +154,17 @@ def pad(text: str, width: int) -> str:
 
 
 def one_line(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip()
+    return clean(re.sub(r"\s+", " ", text).strip())
 
 
 def table(out: Output, headers: list[str], rows: list[list[str]], flex: int) -> None:
     """Print aligned columns; column `flex` shrinks so the table fits the terminal."""
-    widths = [max([text_width(h)] + [text_width(r[i]) for r in rows]) for i, h in
+    widths = [max([text_width(h)] + [text_width(clean(r[i])) for r in rows]) for i, h in
               enumerate(headers)]
     others = sum(w for i, w in enumerate(widths) if i != flex) + 2 * (len(widths) - 1)
     widths[flex] = max(min(widths[flex], out.width - others), text_width(headers[flex]), 8)
     for row in [headers, *rows]:
-        cells = [pad(fit(cell, widths[i]), widths[i]) for i, cell in enumerate(row)]
+        cells = [pad(fit(clean(cell), widths[i]), widths[i]) for i, cell in enumerate(row)]
         out.line("  ".join(cells).rstrip())
 
 
@@ -296,21 +301,25 @@ def _run(handler: Handler) -> Callable[[argparse.Namespace], int]:
 
     def run(args: argparse.Namespace) -> int:
         _client_log_to_stderr()
-        out = Output(sys.stdout, bool(args.json))
+        # `ctxd --json status` and `ctxd status --json` alike
+        json_mode = bool(args.json or getattr(args, "json_first", False))
+        out = Output(sys.stdout, json_mode)
         client: Client | None = None
         try:
             path, info, data_dir = _find(args)
             client = Client(info, cast(Wire, args.wire), source=str(path))
             client.open()
             return handler(Context(args, out, client, info, path, data_dir))
+        except BrokenPipeError:
+            raise  # the reader went away: not an error to report (see `guarded`)
         except NoDaemon as exc:
             fail(str(exc))
             fail(exc.detail)
-            if args.json and args.command == "status":
+            if json_mode and args.command == "status":
                 out.document({"running": False, "message": str(exc), "detail": exc.detail})
             return EXIT_UNREACHABLE
         except CtxdError as exc:
-            fail(exc.message)
+            fail(cli_message(exc.message, getattr(args, "session", None)))
             return EXIT_REFUSED
         except (ConnectionError, TimeoutError) as exc:
             fail(str(exc))
@@ -568,6 +577,13 @@ def cmd_show(ctx: Context) -> int:
         out.line()
         for text in left:
             out.line(text)
+    if mapping is not None and mapping.summary_index is not None:
+        # the listing above gives the summary one line; here it is whole
+        out.line()
+        out.line("SUMMARY  (pins and summary as the model reads them; `ctxd explain "
+                 f"{sid}` shows where each line came from)")
+        for text in content_text(ctx_msgs[mapping.summary_index].get("content")).splitlines():
+            out.line(f"  {text}")
     return EXIT_OK
 
 
@@ -597,10 +613,10 @@ def cmd_search(ctx: Context) -> int:
         where = "in context" if hit.get("inActiveContext") else "archive only"
         out.line(f"#{hit['messageId']}  {hit['sessionId']}  {hit.get('role', '?')}  "
                  f"{when(hit.get('createdAt'))}  [{where}]")
-        snippet = one_line(hit.get("snippet") or "")
+        snippet = one_line(hit.get("snippet") or "")  # cleaned: the bold is ours alone
         if out.bold:
             snippet = _BOLD.sub("\x1b[1m\\1\x1b[0m", snippet)
-        out.line(f"    {snippet}")
+        out.line(f"    {snippet}", raw=True)
     return EXIT_OK
 
 
@@ -617,9 +633,16 @@ def _compaction_report(ctx: Context, result: dict[str, Any], verb: str) -> int:
         if result.get("summarizedFrom") is not None:
             span = f" (summarized #{result['summarizedFrom']}–#{result['summarizedTo']})"
         out.line(f"{verb}: effective, {numbers}{span}")
+    elif result.get("underLimits"):
+        limits = result.get("limits") or {}
+        out.line(f"{verb}: not effective, {numbers}")
+        out.line(f"reason: the context is under its limit ({before.get('messages', '?')} of "
+                 f"{limits.get('messages', '?')} messages, {before.get('tokens', '?')} of "
+                 f"{limits.get('tokens', '?')} tokens); use --force to compact it anyway")
     else:
         out.line(f"{verb}: not effective, {numbers}")
-        out.line(f"reason: {result.get('reason') or 'the context did not shrink'}")
+        reason = cli_message(result.get("reason") or "the context did not shrink")
+        out.line(f"reason: {reason}")
         if result.get("compactionId"):
             # a rebuild replaces the context even when the result is not smaller
             out.line(f"note: the daemon kept the new context ({result['compactionId']})")
@@ -856,10 +879,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     p.add_argument("--limit", type=count, default=20,
                    help="how many of the latest archive messages to list (default 20)")
 
-    p = add("search", cmd_search, "full-text search of the archive")
+    p = add("search", cmd_search, "full-text search of the archive: messages with all the "
+            "words; when none has them all, those with some of them, marked as such")
     p.add_argument("query", help="words to find (FTS5 syntax with --advanced)")
     p.add_argument("--session", help="only this session")
-    p.add_argument("--role", choices=["system", "user", "assistant", "tool"])
+    p.add_argument("--role", choices=["system", "user", "assistant", "tool"],
+                   help="only messages of this role")
     p.add_argument("--limit", type=positive, default=20, help="most hits (default 20)")
     p.add_argument("--advanced", action="store_true",
                    help="pass the query through as SQLite FTS5 syntax")
@@ -892,3 +917,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
 
     p = add("watch", cmd_watch, "print a session's live events until Ctrl-C")
     p.add_argument("session", help="session id")
+
+    from ctxd.clients import commands_admin
+
+    commands_admin.register(add)

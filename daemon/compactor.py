@@ -122,10 +122,13 @@ class Compactor:
             )
         self.running.add(session_id)
         self._idle.setdefault(session_id, asyncio.Event()).clear()
+        under = not self.over_limits(e.context_state(session_id))
         try:
             result = await self._attempt(
                 session_id, force, instructions, trigger, dry_run, cid, begun
             )
+            if under and trigger == "manual" and not force and not result["effective"]:
+                self._say_under_limits(result)
         except CtxdError:
             if trigger == "auto":
                 self.auto_failures[session_id] = self.auto_failures.get(session_id, 0) + 1
@@ -143,6 +146,18 @@ class Compactor:
                 {"sessionId": session_id, **result, "status": self.engine.status(session_id)},
             )
         return result
+
+    def _say_under_limits(self, result: dict[str, Any]) -> None:
+        """A compaction nobody forced, of a context under its limits: that is the news."""
+        p = self.policy
+        before = result["before"]
+        result["underLimits"] = True
+        result["limits"] = {"messages": p.max_active_messages, "tokens": p.max_active_tokens}
+        result["reason"] = (
+            f"the context is under its limits ({before['messages']} of "
+            f"{p.max_active_messages} messages, {before['tokens']} of {p.max_active_tokens} "
+            "tokens): nothing is due; pass force to compact it anyway"
+        )
 
     async def _wait_for_running(self, session_id: str, cid: str, trigger: str) -> bool:
         """Wait, at most `wait_seconds`, until no compaction of the session runs; reports

@@ -29,6 +29,8 @@ log = logging.getLogger("ctxd.dispatch")
 
 Handler = Callable[[Connection, dict[str, Any]], Any]
 
+SHUTDOWN_REPLY_DELAY = 0.1
+
 
 class Dispatcher:
     def __init__(
@@ -205,7 +207,8 @@ class Dispatcher:
 
     def shutdown(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
         if self.on_shutdown is not None:
-            self.on_shutdown()
+            # a moment for this reply to leave: a ZeroMQ socket closed at once drops it
+            asyncio.get_running_loop().call_later(SHUTDOWN_REPLY_DELAY, self.on_shutdown)
         return {}
 
     def subscribe(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:

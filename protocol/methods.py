@@ -230,7 +230,8 @@ _COMPACT_RESULT = (
     "when nothing was committed), `before` and `after`: `{messages, tokens}` of the "
     "active context, `summarizedFrom`/`summarizedTo` (archive ids), `trigger`, "
     "`rederived` (true when the summary was derived again from the archive: the drift "
-    "bound)."
+    "bound). A compaction without `force` of a context under its limits that moved nothing "
+    "also has `underLimits: true` and `limits` (`{messages, tokens}`)."
 )
 _SESSION_ONLY = (_session_id(),)
 
