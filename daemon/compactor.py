@@ -45,6 +45,10 @@ MAX_AUTO_FAILURES = 3
 ARCHIVE_PAGE = 2000
 
 
+# ordinals counted per compaction for sources cited before ordinals were kept
+_BACKFILL = 32
+
+
 def strip_archive_fields(msg: dict[str, Any]) -> dict[str, Any]:
     """An archived message as the model takes it: no archive bookkeeping, no metadata."""
     return {
@@ -271,6 +275,11 @@ class Compactor:
         previous = Summary() if rederive else st.summary
         pins = [p["text"] for p in cs.list_pins(e.conn, session_id)]
         ordinals = {**st.summary.ordinals, **self._ordinals(session_id, st.summary, leaving)}
+        # items from before ordinals were kept: a few are counted each time, so the
+        # summary moves to compact pointers without one compaction paying for all
+        missing = sorted(st.summary.all_sources() - ordinals.keys())[-_BACKFILL:]
+        for mid in missing:
+            ordinals[mid] = e.archive.count_between(session_id, 0, mid)
         try:
             summary = await self._summarize(
                 session_id, previous, leaving, pins, instructions, cid, ordinals
