@@ -66,14 +66,17 @@ def trim_keeping_hedge(text: str, limit: int) -> str:
     short = _trim(text, limit)
     if short == text or not short.endswith("…") or _HEDGE.search(short[:-1]):
         return short
-    m = None
-    for m in _HEDGE.regex.finditer(text):  # noqa: B007 - the last one is wanted
-        pass
-    if m is None:
+    hedges = list(_HEDGE.regex.finditer(text))
+    if not hedges:
         return short
-    start = max(text.rfind(sep, 0, m.start()) for sep in (",", "，", ";", "；", " — "))
-    clause = text[start + 1 :].strip() if start >= 0 else text[m.start() :]
-    clause = _trim(clause, max(limit // 2, 24))
+    at = hedges[-1].start()
+    # the clause holding the hedge, or from the hedge on when that clause is long
+    start = max(text.rfind(sep, 0, at) for sep in (",", "，", ";", "；", " — "))
+    room = max(limit // 2, 24)
+    clause = text[start + 1 :].strip(" —") if start >= 0 else text[at:]
+    if len(clause) > room:
+        clause = text[at:]
+    clause = _trim(clause, room)
     head = _trim(text, max(limit - len(clause) - 2, 16))
     return f"{head.rstrip('…').rstrip()} … {clause}"
 
