@@ -228,6 +228,23 @@ def test_artifacts_come_from_the_agents_own_calls_newest_first() -> None:
     assert "pyproject.toml" in files and "tests/test_report.py" in files
 
 
+def test_a_patch_names_the_files_it_changes() -> None:
+    patch = (
+        "*** Begin Patch\n*** Update File: src/app.py\n@@\n-a\n+b\n"
+        "*** Add File: src/health.py\n+x = 1\n*** Delete File: src/old.py\n*** End Patch"
+    )
+    diff = "--- a/docs/guide.md\n+++ b/docs/guide.md\n@@ -1 +1 @@\n-a\n+b\n"
+    summary = run([
+        assistant(1, None, call("p1", "apply_patch", input=patch)),
+        result(2, "p1", "Done!"),
+        assistant(3, None, call("p2", "apply_diff", diff=diff)),
+        result(4, "p2", "applied"),
+    ])
+    assert [i.text for i in summary.sections["artifacts"]] == [
+        "edited docs/guide.md", "deleted src/old.py", "created src/health.py", "edited src/app.py"
+    ]
+
+
 def test_artifacts_of_a_chinese_session_and_a_failed_write() -> None:
     summary = run([
         user(1, "把报表模块提交一下，然后开个 PR。"),

@@ -233,6 +233,10 @@ _OPS = (
 _SRC_KEYS = ("source", "src", "from", "old_path", "path", "file_path", "file")
 _DST_KEYS = ("destination", "dst", "to", "new_path", "target")
 _PATH_ARG_KEYS = ("path", "file_path", "filepath", "file", "filename", "target_file")
+# "*** Update File: src/app.py" (apply_patch), "+++ b/src/app.py" (unified diff)
+_PATCH_FILE = re.compile(
+    r"^\*\*\* (Add|Update|Delete) File: (\S+)|^\+\+\+ (?:b/)?(?!/dev/null)(\S+)", re.MULTILINE
+)
 _COMMIT = re.compile(r"^\[[\w./-]+(?: \(root-commit\))? ([0-9a-f]{7,40})\]", re.MULTILINE)
 _COMMIT_WORD = re.compile(r"\bcommit ([0-9a-f]{7,40})\b")
 _BRANCH = re.compile(
@@ -303,6 +307,12 @@ def artifacts_of(name: str, args: Any, result: str) -> list[tuple[str, str]]:
             path = _arg(args, _PATH_ARG_KEYS)
             if path:
                 out.append((path, f"{op} {path}"))
+            else:  # a patch names its files in its headers
+                patch = next((v for v in args.values() if isinstance(v, str) and "\n" in v), "")
+                for m in _PATCH_FILE.finditer(patch[:20000]):
+                    kind, target = m.group(1) or "", m.group(2) or m.group(3)
+                    what = {"Add": "created", "Delete": "deleted"}.get(kind, "edited")
+                    out.append((target, f"{what} {target}"))
         cmd = args.get("command") or args.get("cmd")
         if op is None and isinstance(cmd, str):
             out += [(target, text) for _, target, text in _shell_ops(cmd.strip())]
