@@ -28,7 +28,7 @@ def _load(args: argparse.Namespace) -> Any:
         "data_dir": args.data_dir,
         "connection_file": getattr(args, "connection_file", None),
     }
-    for name in ("port", "host", "durability", "zmq_transport"):
+    for name in ("port", "host", "durability", "zmq_transport", "log_file"):
         if getattr(args, name, None) is not None:
             overrides[name] = getattr(args, name)
     return load_config(args.config, overrides)
@@ -64,7 +64,13 @@ def _spawn_daemon(args: argparse.Namespace) -> None:
         cmd += ["--config", str(args.config)]
     log_dir = Path(args.data_dir or default_data_dir())
     log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with open(log_dir / "daemon.log", "ab") as log:
+    log_path = log_dir / "daemon.log"
+    # the daemon rotates this file itself; until its logging is set up (and for a start
+    # that fails before), its output goes to the same file. 0600: the log is private.
+    cmd += ["--log-file", str(log_path)]
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)
+    with open(fd, "ab") as log:
         subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                          start_new_session=True, env=os.environ.copy())
 
@@ -114,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zmq-transport", choices=["ipc", "tcp"], dest="zmq_transport",
                    help="ZeroMQ over Unix sockets in the private runtime dir (ipc, the "
                    "default) or loopback TCP")
+    p.add_argument("--log-file", type=Path, dest="log_file",
+                   help="write the log to this file (rotated, mode 0600) instead of stderr")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("stdio", help="JSON-RPC on stdin/stdout, forwarded to the daemon "

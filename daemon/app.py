@@ -32,6 +32,7 @@ from ctxd.protocol.connection import (
 from .config import Config, StartupError
 from .dispatch import Dispatcher
 from .engine import Engine
+from .logsetup import configure_logging
 from .ownership import (
     ConnectionFileLock,
     Refused,
@@ -41,6 +42,7 @@ from .ownership import (
     prepare_connection_dir,
     refuse_live_socket,
 )
+from .servers.admission import plan_budget, raise_descriptor_limit
 from .servers.base import EventHub
 from .servers.jsonrpc import start_tcp_server, start_websocket_server
 from .servers.web import PageServer
@@ -132,26 +134,25 @@ class Daemon:
         dispatcher.lease_stale_runs(engine.runs.open_run_ids())
         port = cfg.port
         tcp = ws = zmq_server = None
+        budget = plan_budget(
+            raise_descriptor_limit(), cfg.max_connections, cfg.max_unauthenticated_connections
+        )
+        wire_limits: dict[str, Any] = {
+            "max_frame": cfg.max_request_bytes,
+            "max_connections": budget.max_connections,
+            "require_login": True,
+            "login_timeout": cfg.auth_timeout_seconds,
+            "max_unauthenticated": budget.max_unauthenticated,
+            "fd_ceiling": budget.ceiling,
+        }
         # before anything is announced: a client may stop us as soon as it can find us
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
         try:
-            tcp = await start_tcp_server(
-                dispatcher,
-                hub,
-                cfg.host,
-                port,
-                max_frame=cfg.max_request_bytes,
-                max_connections=cfg.max_connections,
-            )
+            tcp = await start_tcp_server(dispatcher, hub, cfg.host, port, **wire_limits)
             ws = await start_websocket_server(
-                dispatcher,
-                hub,
-                cfg.host,
-                port + 1 if port else 0,
-                max_frame=cfg.max_request_bytes,
-                max_connections=cfg.max_connections,
+                dispatcher, hub, cfg.host, port + 1 if port else 0, **wire_limits
             )
             ws.pages = PageServer(self.token, ws.port, cfg.host)
             http = page_base_url(cfg.host, ws.port)
@@ -257,11 +258,7 @@ def page_base_url(host: str, port: int) -> str:
 
 
 def serve(config: Config) -> int:
-    logging.basicConfig(
-        level=os.environ.get("CTXD_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(config.log_file, config.log_max_bytes, config.log_backups)
     # files and sockets the daemon creates are its user's alone, whatever the umask
     os.umask(0o077)
     try:

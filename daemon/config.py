@@ -60,7 +60,11 @@ class Config:
     max_message_bytes: int = 8 * 1024 * 1024
     max_request_bytes: int = 64 * 1024 * 1024
     max_batch_messages: int = 10_000
+    # clients that logged in, per JSON-RPC wire
     max_connections: int = 256
+    # connections that have not logged in yet, per JSON-RPC wire: while this many are
+    # open the wire accepts nothing more (see docs/reliability.md)
+    max_unauthenticated_connections: int = 32
     # a connection that has not proven the token by then is closed
     auth_timeout_seconds: float = 5.0
     # a search running longer is stopped with SEARCH_TOO_BROAD (it runs beside the event
@@ -69,6 +73,11 @@ class Config:
     # a run opened over ZeroMQ is interrupted when its client sends nothing (no request,
     # no heartbeat) for this long: ZeroMQ never says when a client goes away
     run_lease_seconds: float = 30.0
+    # the daemon's log file (stderr when unset): rotated at log_max_bytes, keeping
+    # log_backups older files, created 0600
+    log_file: Path | None = None
+    log_max_bytes: int = 10 * 1024 * 1024
+    log_backups: int = 3
     # "normal": survives a process crash; "full": also survives power loss (fsync per commit)
     durability: str = "normal"
     summarizer: str = "builtin"  # "builtin" or "openai"
@@ -79,6 +88,7 @@ class Config:
         out = asdict(self)
         out["data_dir"] = str(self.data_dir)
         out["connection_file"] = str(self.connection_file) if self.connection_file else None
+        out["log_file"] = str(self.log_file) if self.log_file else None
         return out
 
     @property
@@ -122,7 +132,7 @@ def _coerce(value: Any, current: Any, name: str, source: str) -> Any:
         if out < 0 and name.rpartition(".")[2] not in _SIGNED:
             raise wrong("a number of at least 0")
         return out
-    if isinstance(current, Path) or name in ("data_dir", "connection_file"):
+    if isinstance(current, Path) or name in ("data_dir", "connection_file", "log_file"):
         if not isinstance(value, str | Path):
             raise wrong("a path (a string)")
         return Path(str(value)).expanduser()

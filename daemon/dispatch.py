@@ -103,7 +103,8 @@ class Dispatcher:
 
     async def handle(self, conn: Connection, method: str, params: Any) -> Any:
         if not conn.authenticated and method != "initialize":
-            validate_params(method, params)  # unknown methods still say so
+            # the same answer for every method, known or not: before login the list of
+            # methods (which an unknown-method error names) is nobody's business
             raise Unauthorized("send initialize with the token from the connection file first")
         p = validate_params(method, params)
         result = self._handlers[method](conn, p)

@@ -5,6 +5,7 @@ WebSocket text frame) and msgpack maps over ZeroMQ. Both carry the same messages
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import msgpack
@@ -14,6 +15,8 @@ from .errors import CtxdError, InvalidRequest, ParseError, PayloadTooLarge
 # Requests bigger than this are refused before parsing (configurable by the daemon).
 DEFAULT_MAX_FRAME = 64 * 1024 * 1024
 _HEADER_LIMIT = 8192
+# an HTTP header name (RFC 9110 token): "POST http://host:1/ HTTP/1.1" is not one
+_TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
 def dumps_json(obj: Any) -> bytes:
@@ -54,12 +57,16 @@ class FrameReader:
         self._buf = bytearray()
         self._need: int | None = None
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes, max_bodies: int | None = None) -> list[bytes]:
+        """Complete bodies so far; with `max_bodies`, at most that many (the rest of the
+        bytes stay buffered until the next call)."""
         self._buf += data
         out: list[bytes] = []
-        while True:
+        while max_bodies is None or len(out) < max_bodies:
             if self._need is None:
-                end = self._buf.find(b"\r\n\r\n")
+                # only the first _HEADER_LIMIT bytes may hold the header, whether it came
+                # in one read or in many
+                end = self._buf.find(b"\r\n\r\n", 0, _HEADER_LIMIT + 4)
                 if end < 0:
                     if len(self._buf) > _HEADER_LIMIT:
                         raise ParseError("frame header too long; expected 'Content-Length: N'")
@@ -71,12 +78,13 @@ class FrameReader:
             out.append(bytes(self._buf[: self._need]))
             del self._buf[: self._need]
             self._need = None
+        return out
 
     def _parse_header(self, header: bytes) -> int:
         length: int | None = None
         for line in header.split(b"\r\n"):
             name, sep, value = line.partition(b":")
-            if not sep:
+            if not sep or not _TOKEN.fullmatch(name):
                 raise ParseError(f"malformed header line {line[:80]!r}; expected 'Name: value'")
             if name.strip().lower() == b"content-length":
                 try:

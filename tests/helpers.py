@@ -44,7 +44,8 @@ def agent_turn(i: int) -> list[dict[str, Any]]:
 class DaemonProcess:
     """A real `ctxd serve` subprocess on a temp data dir, found through its connection file."""
 
-    def __init__(self, root: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, root: Path, *extra: str, env: dict[str, str] | None = None,
+                 preexec_fn: Any = None) -> None:
         self.root = root
         self.data_dir = root / "data"
         self.runtime_dir = root / "run"
@@ -53,6 +54,8 @@ class DaemonProcess:
         self.env = {**os.environ, "CTXD_RUNTIME_DIR": str(self.runtime_dir),
                     "CTXD_LOG_LEVEL": "WARNING", **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
+        # runs in the child before exec: e.g. a low descriptor limit for a flood test
+        self.preexec_fn = preexec_fn
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "ctxd.daemon", "serve", "--data-dir", str(self.data_dir),
@@ -64,7 +67,7 @@ class DaemonProcess:
         self.log_path = self.root / f"daemon-{time.monotonic_ns()}.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command(), env=self.env, stdout=log,
-                                         stderr=subprocess.STDOUT)
+                                         stderr=subprocess.STDOUT, preexec_fn=self.preexec_fn)
         deadline = time.monotonic() + timeout
         while not self.connection_file.exists():
             if self.proc.poll() is not None:

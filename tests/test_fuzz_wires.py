@@ -16,9 +16,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +35,8 @@ from outcomes import OutcomeCounts
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
-from ctxd.protocol.codec import FrameReader, frame
+from ctxd.protocol.codec import FrameReader, check_request, frame
+from ctxd.protocol.errors import CtxdError
 from ctxd.protocol.methods import METHODS
 
 # Small limits so that "too large" cases are cheap to send.
@@ -387,6 +390,30 @@ def check_replies(case: Case, replies: list[Any]) -> str:
     return f"error {case.expect[0][1]}" if case.expect else "no reply (notification)"
 
 
+def preauth_expect(case: Case) -> tuple[str, int]:
+    """Before login the one message read gets one error, then the connection closes:
+    -32600 for a batch or a malformed request, -32001 for anything but an `initialize`
+    request, and for `initialize` what it gets anyway (bad params, wrong token)."""
+    if case.batch:
+        return canonical(None), INVALID_REQUEST
+    msg = case.msg
+    try:
+        id_, method, _, is_notification = check_request(msg)
+    except CtxdError:
+        return canonical(msg.get("id") if isinstance(msg, dict) else None), INVALID_REQUEST
+    if method != "initialize" or is_notification:
+        return canonical(id_), UNAUTHORIZED
+    return case.expect[0]
+
+
+def check_preauth(case: Case, replies: list[Any], closed: bool) -> str:
+    assert closed, "the connection stayed open after a message before login"
+    got = [(canonical(r.get("id")), r["error"]["code"]) for r in replies]
+    expect = preauth_expect(case)
+    assert got == [expect], (got, expect)
+    return f"before login: error {expect[1]}, closed"
+
+
 # raw TCP
 
 
@@ -417,8 +444,10 @@ def tcp_exchange_raw(
                 s.sendall(chunk)
             if half_close:
                 s.shutdown(socket.SHUT_WR)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the daemon closed early: what it said before is still to be read
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            # the daemon closed early (ENOTCONN for the half-close): what it said before
+            # is still to be read
+            pass
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -451,12 +480,18 @@ def test_tcp_requests_of_every_wrong_shape_get_their_code(
         world, [frame(dumps(c.msg)), frame(dumps(sentinel_request(world)))],
         authenticate=authenticated)
     assert closed, "the daemon did not close after the client's half-close"
+    if not authenticated:
+        note(check_preauth(c, replies, closed))
+        world.check()
+        return
     assert replies, "no reply at all"
     check_sentinel(world, replies[-1], authenticated)
     note(check_replies(c, replies[:-1]))
     world.check()
 
 
+# what the daemon takes for an HTTP request line at the start of a connection
+HTTP_REQUEST_LINE = re.compile(rb"[A-Z]{1,16} ")
 HEADER_TEXT = st.binary(max_size=60).filter(lambda b: b"\r\n" not in b)
 
 
@@ -504,6 +539,11 @@ def test_tcp_broken_headers_get_an_error_then_close(
     # no half-close: the daemon must close the connection by itself
     replies, closed = tcp_exchange(world, [data], authenticate=authenticate, half_close=False)
     assert closed, f"{kind}: connection left open after a broken header"
+    if not authenticate and HTTP_REQUEST_LINE.match(data):
+        assert replies == [], replies  # taken for an HTTP request: closed without a word
+        note("an HTTP request line: closed without an answer")
+        world.check()
+        return
     assert [(r["id"], r["error"]["code"]) for r in replies] == [(None, code)], replies
     note(f"error {code} then closed")
     world.check()
@@ -587,6 +627,12 @@ def test_tcp_invalid_json_gets_parse_errors_and_the_connection_lives(
     chunks = [frame(b) for b in bodies] + [frame(dumps(sentinel_request(world)))]
     replies, closed = tcp_exchange(world, chunks, authenticate=authenticate)
     assert closed and replies
+    if not authenticate:
+        # before login the first bad message ends the connection
+        assert [(r["id"], r["error"]["code"]) for r in replies] == [(None, PARSE_ERROR)]
+        note("before login: error -32700, closed")
+        world.check()
+        return
     check_sentinel(world, replies[-1], authenticate)
     assert [(r["id"], r["error"]["code"]) for r in replies[:-1]] == [(None, PARSE_ERROR)] * len(
         bodies), replies
@@ -597,13 +643,26 @@ def test_tcp_invalid_json_gets_parse_errors_and_the_connection_lives(
 # WebSocket
 
 
-def ws_open(world: World, authenticate: bool) -> Any:
-    ws = ws_connect(world.info["websocket"], open_timeout=TIMEOUT, close_timeout=2,
-                    max_size=None)
-    if authenticate:
-        ws.send(dumps(init_request(world.info["token"])).decode())
-        assert json.loads(ws.recv(TIMEOUT))["result"]["serverName"] == "ctxd"
-    return ws
+@contextmanager
+def ws_open(world: World, authenticate: bool) -> Iterator[Any]:
+    with ws_connect(world.info["websocket"], open_timeout=TIMEOUT, close_timeout=2,
+                    max_size=None) as ws:
+        if authenticate:
+            ws.send(dumps(init_request(world.info["token"])).decode())
+            assert json.loads(ws.recv(TIMEOUT))["result"]["serverName"] == "ctxd"
+        yield ws
+
+
+def ws_until_closed(ws: Any) -> tuple[list[Any], bool]:
+    """Every reply until the daemon closes the connection, and whether it did."""
+    replies: list[Any] = []
+    try:
+        while True:
+            replies.append(json.loads(ws.recv(TIMEOUT)))
+    except ConnectionClosed:
+        return replies, True
+    except TimeoutError:
+        return replies, False
 
 
 def ws_until_sentinel(ws: Any) -> list[Any]:
@@ -625,6 +684,11 @@ def test_ws_requests_of_every_wrong_shape_get_their_code(
     authenticated, c = case
     with ws_open(world, authenticated) as ws:
         ws.send(dumps(c.msg).decode())
+        if not authenticated:
+            replies, closed = ws_until_closed(ws)
+            note(check_preauth(c, replies, closed))
+            world.check()
+            return
         ws.send(dumps(sentinel_request(world)).decode())
         replies = ws_until_sentinel(ws)
     check_sentinel(world, replies[-1], authenticated)
@@ -641,6 +705,14 @@ def test_ws_garbage_text_and_binary_frames_get_parse_errors(
 ) -> None:
     assume(all(_json_error(f) for f in frames))
     with ws_open(world, authenticate) as ws:
+        if not authenticate:
+            ws.send(frames[0])
+            replies, closed = ws_until_closed(ws)
+            assert closed
+            assert [(r["id"], r["error"]["code"]) for r in replies] == [(None, PARSE_ERROR)]
+            note("before login: error -32700, closed")
+            world.check()
+            return
         for f in frames:
             ws.send(f)  # str: a text frame, bytes: a binary frame
         ws.send(dumps(sentinel_request(world)).decode())

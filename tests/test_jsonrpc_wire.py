@@ -632,6 +632,37 @@ def test_ws_origin_policy(env: Env, caplog: pytest.LogCaptureFixture) -> None:
         sock.close()
 
 
+def _close_code(sock: socket.socket, timeout: float = TIMEOUT) -> int | None:
+    """Read server frames (unmasked) until a close frame; its code (None at EOF)."""
+    buf = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        while len(buf) >= 2:
+            opcode, n = buf[0] & 0x0F, buf[1] & 0x7F
+            start = 2
+            if n == 126:
+                if len(buf) < 4:
+                    break
+                n, start = struct.unpack("!H", buf[2:4])[0], 4
+            elif n == 127:
+                if len(buf) < 10:
+                    break
+                n, start = struct.unpack("!Q", buf[2:10])[0], 10
+            if len(buf) < start + n:
+                break
+            if opcode == 0x8:
+                return int(struct.unpack("!H", buf[start:start + 2])[0])
+            buf = buf[start + n:]
+        try:
+            data = sock.recv(1 << 20)
+        except ConnectionResetError:
+            return None
+        if not data:
+            return None
+        buf += data
+    raise AssertionError("no close frame")
+
+
 def test_ws_client_that_stops_reading_is_dropped(env: Env) -> None:
     server = env.ws(max_queue_bytes=256 * 1024)
     slow, head = _raw_handshake(server.port, None)
@@ -648,6 +679,9 @@ def test_ws_client_that_stops_reading_is_dropped(env: Env) -> None:
         assert wait_until(lambda: slow_conn in env.handler.closed)
         fast.send(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "echo", "params": {"ok": 1}}))
         assert _ws_recv(fast)["result"] == {"ok": 1}
+    # once it reads again, after what was already sent, a close frame says why: 1013
+    # ("try again later"), so the client reconnects and catches up
+    assert _close_code(slow) == 1013
     slow.close()
 
 

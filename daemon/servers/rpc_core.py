@@ -1,0 +1,468 @@
+"""What the JSON-RPC wires share: per-server state, and one connection's message handling.
+
+See `jsonrpc.py` for the behaviour both wires promise; this module implements it over
+four transport hooks that `rpc_tcp` and `rpc_websocket` provide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from ...protocol.codec import (
+    check_request,
+    dumps_json,
+    error_response,
+    loads_json,
+    notification,
+    response,
+)
+from ...protocol.errors import (
+    CtxdError,
+    InternalError,
+    InvalidRequest,
+    PayloadTooLarge,
+    Unauthorized,
+)
+from .admission import Gate
+from .base import Connection, EventHub, RequestHandler
+
+log = logging.getLogger("ctxd.servers.jsonrpc")
+
+DEFAULT_MAX_QUEUE_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_CONNECTIONS = 1024
+DEFAULT_MAX_UNAUTHENTICATED = 32
+DEFAULT_MAX_INFLIGHT = 1024
+DEFAULT_MAX_BATCH = 256
+DEFAULT_CLOSE_GRACE = 5.0
+# before login a frame carries `initialize` only: its params are a few hundred bytes
+PREAUTH_MAX_FRAME = 64 * 1024
+_CLOSE_FLUSH_TIMEOUT = 5.0
+
+
+def format_hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def peer_name(addr: Any) -> str:
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        return format_hostport(str(addr[0]), int(addr[1]))
+    return str(addr or "")
+
+
+def too_many_connections(limit: int) -> CtxdError:
+    return InternalError(
+        f"the daemon serves at most {limit} connections; close idle clients and retry",
+        {"reason": "too_many_connections", "limit": limit},
+    )
+
+
+def internal(exc: BaseException) -> CtxdError:
+    return InternalError(
+        f"internal error ({type(exc).__name__}); the daemon log has the details",
+        {"type": type(exc).__name__},
+    )
+
+
+_LOGIN_FIRST = "send initialize with the token from the connection file first"
+
+
+class ServerCore:
+    """State shared by all connections of one listening server.
+
+    With `require_login` (what the daemon uses) a connection must log in with one
+    `initialize` request before anything else: see `JsonRpcConnection._login`. Without
+    it (a bare transport, as the wire tests use) every connection counts as a client.
+    """
+
+    def __init__(
+        self,
+        handler: RequestHandler,
+        hub: EventHub,
+        *,
+        max_frame: int,
+        max_queue_bytes: int,
+        max_connections: int,
+        max_inflight: int,
+        require_login: bool = False,
+        login_timeout: float | None = None,
+        max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_reply_bytes: int | None = None,
+        fd_ceiling: int | None = None,
+    ) -> None:
+        self.handler = handler
+        self.hub = hub
+        self.max_frame = max_frame
+        self.max_queue_bytes = max_queue_bytes
+        self.max_connections = max_connections
+        self.max_inflight = max(1, max_inflight)
+        self.require_login = require_login
+        self.login_timeout = login_timeout
+        self.max_batch = max(1, max_batch)
+        self.max_reply_bytes = max_reply_bytes or max(max_frame, 1 << 20)
+        self.preauth_max_frame = min(max_frame, PREAUTH_MAX_FRAME)
+        self.gate = Gate(max_unauthenticated if require_login else max_connections, fd_ceiling)
+        self.connections: set[JsonRpcConnection] = set()
+        self.clients: set[JsonRpcConnection] = set()  # logged in (all, without login)
+        # every running request task of every connection, so close() can wait for them
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.closing = False
+
+    def full(self) -> bool:
+        """No room for one more client (unauthenticated connections have their own quota)."""
+        counted = self.clients if self.require_login else self.connections
+        return len(counted) >= self.max_connections
+
+    async def drain_tasks(self, grace: float) -> None:
+        """Wait up to `grace` seconds for running requests, then cancel the rest."""
+        if not self.tasks:
+            return
+        pending = set(self.tasks)
+        _done, still = await asyncio.wait(pending, timeout=grace)
+        for task in still:
+            task.cancel()
+        if still:
+            log.warning("cancelled %d request(s) still running at shutdown", len(still))
+            await asyncio.wait(still, timeout=1.0)
+
+
+class JsonRpcConnection(Connection):
+    """One JSON-RPC client: decodes messages, runs requests as tasks, writes replies.
+
+    Subclasses provide the byte transport: `_pending_output`, `_write_message`,
+    `_abort`, and the flow-control hooks `_pause_input`/`_resume_input`.
+    """
+
+    def __init__(self, core: ServerCore, peer: str) -> None:
+        super().__init__(peer)
+        self._core = core
+        self._inflight = 0
+        self._input_paused = False
+        self._cleaned_up = False
+        self._opened = False
+        self._login_started = False
+        self._login_timer: asyncio.TimerHandle | None = None
+        # what holds this connection's place in the quota before login
+        self._gate_key: object = self
+
+    # transport hooks
+
+    def _pending_output(self) -> int:
+        raise NotImplementedError
+
+    def _write_message(self, body: bytes) -> None:
+        raise NotImplementedError
+
+    def _abort(self) -> None:
+        raise NotImplementedError
+
+    def _pause_input(self) -> None:
+        pass
+
+    def _resume_input(self) -> None:
+        pass
+
+    def _idle(self) -> None:
+        """Called when the last running request finished."""
+
+    def _logged_in(self) -> None:
+        """Called once `initialize` succeeded: lift the limits for strangers."""
+
+    def abort(self) -> None:
+        """Drop the connection now, whatever is still queued for it."""
+        self.closed = True
+        self._abort()
+
+    # lifecycle
+
+    def _open(self) -> bool:
+        core = self._core
+        core.connections.add(self)
+        core.hub.add_connection(self)
+        self._opened = True
+        if not core.require_login or self.authenticated:
+            # a bare transport, or a connection authenticated by its transport (the web
+            # page's cookie): a client from the start
+            core.clients.add(self)
+            core.gate.leave(self._gate_key)
+            if core.require_login:
+                self._logged_in()
+        elif core.login_timeout is not None:
+            # whatever the connection does (or does not read), the deadline drops it
+            self._login_timer = asyncio.get_running_loop().call_later(
+                core.login_timeout, self._login_expired
+            )
+        try:
+            core.handler.connection_opened(self)
+        except Exception:
+            log.exception("connection_opened failed for %r; closing it", self)
+            self.close()
+            return False
+        log.debug("opened %r", self)
+        return True
+
+    def _login_expired(self) -> None:
+        self._login_timer = None
+        if not self.authenticated and not self._cleaned_up:
+            log.info("%r did not log in within %.0f s: dropped", self, self._core.login_timeout)
+            self.abort()
+
+    def _cleanup(self) -> None:
+        """Runs exactly once when the connection is gone, whatever the reason."""
+        if self._cleaned_up:
+            return
+        self._cleaned_up = True
+        self.closed = True
+        core = self._core
+        core.connections.discard(self)
+        core.clients.discard(self)
+        core.gate.leave(self._gate_key)
+        if self._login_timer is not None:
+            self._login_timer.cancel()
+            self._login_timer = None
+        if not self._opened:
+            return
+        try:
+            core.handler.connection_closed(self)
+        except Exception:
+            log.exception("connection_closed failed for %r", self)
+        finally:
+            core.hub.remove_connection(self)
+        log.debug("closed %r", self)
+
+    # output
+
+    def send_notification(self, method: str, params: dict[str, Any]) -> None:
+        self._send(dumps_json(notification(method, params)))
+
+    def _send(self, body: bytes) -> None:
+        """Queue one message without blocking; drop the client if it stopped reading."""
+        if self.closed:
+            return
+        pending = self._pending_output()
+        if pending > self._core.max_queue_bytes:
+            log.warning(
+                "dropping %r: %d bytes of output unread (limit %d); the client stopped reading",
+                self,
+                pending,
+                self._core.max_queue_bytes,
+            )
+            self.abort()
+            return
+        self._write_message(body)
+
+    def _send_error(self, id_: Any, err: CtxdError) -> None:
+        self._send(dumps_json(error_response(id_, err)))
+
+    def _refuse(self, id_: Any, err: CtxdError) -> None:
+        """One error, then the connection is closed (dropped at the login deadline at
+        the latest if the client does not read it)."""
+        log.info("closing %r before login: %s", self, err.message)
+        self._send_error(id_, err)
+        self.close()
+
+    # input
+
+    def handle_message(self, body: bytes | str) -> None:
+        """Decode one JSON-RPC message (object or batch) and start its request task(s)."""
+        if self.closed:
+            return
+        if self._core.require_login and not self.authenticated:
+            self._login(body)
+            return
+        try:
+            msg = loads_json(body)
+        except CtxdError as err:
+            self._send_error(None, err)
+            return
+        if isinstance(msg, dict):
+            if "method" not in msg and ("result" in msg or "error" in msg):
+                log.info("ignoring a response-shaped message from %r", self)
+                return
+            try:
+                id_, method, params, is_notification = check_request(msg)
+            except CtxdError as err:
+                self._send_error(msg.get("id"), err)
+                return
+            self._start(id_, method, params, is_notification)
+        elif isinstance(msg, list):
+            self._start_batch(msg)
+        else:
+            self._send_error(None, InvalidRequest("a JSON-RPC request must be an object"))
+
+    def _login(self, body: bytes | str) -> None:
+        """Before login exactly one message is read: an `initialize` request. Anything
+        else (a batch, a notification, another method, bad JSON) gets one error and the
+        connection is closed; so does a failed `initialize`."""
+        if self._login_started:
+            return  # input is paused while initialize runs; nothing more is read
+        self._login_started = True
+        try:
+            msg = loads_json(body)
+        except CtxdError as err:
+            self._refuse(None, err)
+            return
+        if isinstance(msg, list):
+            self._refuse(None, InvalidRequest(f"no batches before login; {_LOGIN_FIRST}"))
+            return
+        try:
+            id_, method, params, is_notification = check_request(msg)
+        except CtxdError as err:
+            self._refuse(msg.get("id") if isinstance(msg, dict) else None, err)
+            return
+        if method != "initialize" or is_notification:
+            # not MethodNotFound with the list of methods: strangers learn nothing
+            self._refuse(id_, Unauthorized(_LOGIN_FIRST))
+            return
+        self._input_paused = True
+        self._pause_input()
+        self._track(self._run_login(id_, params))
+
+    async def _run_login(self, id_: Any, params: Any) -> None:
+        core = self._core
+        try:
+            if core.full():
+                log.warning(
+                    "refusing %r: %d clients logged in (limit %d)",
+                    self, len(core.clients), core.max_connections,
+                )
+                self._refuse(id_, too_many_connections(core.max_connections))
+                return
+            reply = await self._call(id_, "initialize", params, False)
+            if not self.authenticated:
+                log.info("closing %r: initialize failed", self)
+                if reply is not None:
+                    self._send(self._encode(reply))
+                self.close()
+                return
+            if self._login_timer is not None:
+                self._login_timer.cancel()
+                self._login_timer = None
+            core.gate.leave(self._gate_key)
+            core.clients.add(self)
+            self._logged_in()
+            if reply is not None:
+                self._send(self._encode(reply))
+        finally:
+            # resumes input (see _untrack): the next messages are read as a client's
+            self._untrack()
+
+    def _track(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._core.tasks.add(task)
+        self._inflight += 1
+        if self._inflight >= self._core.max_inflight and not self._input_paused:
+            self._input_paused = True
+            self._pause_input()
+        return task
+
+    def _untrack(self) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._core.tasks.discard(task)
+        self._inflight -= 1
+        if self._input_paused and self._inflight <= self._core.max_inflight // 2:
+            self._input_paused = False
+            self._resume_input()
+        if self._inflight == 0:
+            self._idle()
+
+    def _start(self, id_: Any, method: str, params: Any, is_notification: bool) -> None:
+        # created right away, in arrival order: see the module docstring
+        self._track(self._run(id_, method, params, is_notification))
+
+    async def _run(self, id_: Any, method: str, params: Any, is_notification: bool) -> None:
+        try:
+            reply = await self._call(id_, method, params, is_notification)
+            if reply is not None:
+                self._send(self._encode(reply))
+        finally:
+            # after the reply is queued: finishing the last request may close the connection
+            self._untrack()
+
+    def _start_batch(self, items: list[Any]) -> None:
+        if not items:
+            self._send_error(None, InvalidRequest("an empty batch is not a valid request"))
+            return
+        limit = self._core.max_batch
+        if len(items) > limit:
+            self._send_error(None, InvalidRequest(
+                f"a batch of {len(items)} requests; the limit is {limit}: split it",
+                {"limit": limit},
+            ))
+            return
+        entries: list[Any] = []
+        for item in items:
+            try:
+                id_, method, params, is_notification = check_request(item)
+            except CtxdError as err:
+                item_id = item.get("id") if isinstance(item, dict) else None
+                entries.append(error_response(item_id, err))
+                continue
+            entries.append(self._track(self._call_untrack(id_, method, params, is_notification)))
+        # the batch reply counts as running work too, so a half-close waits for it
+        self._track(self._finish_batch(entries))
+
+    async def _call_untrack(
+        self, id_: Any, method: str, params: Any, is_notification: bool
+    ) -> dict[str, Any] | None:
+        try:
+            return await self._call(id_, method, params, is_notification)
+        finally:
+            self._untrack()
+
+    async def _finish_batch(self, entries: list[Any]) -> None:
+        try:
+            parts: list[bytes] = []
+            size = 2
+            for entry in entries:
+                if isinstance(entry, asyncio.Task):
+                    entry = await entry
+                if entry is None:
+                    continue
+                part = self._encode(entry, self._core.max_reply_bytes - size)
+                size += len(part) + 1
+                parts.append(part)
+            if parts:
+                self._send(b"[" + b",".join(parts) + b"]")
+        finally:
+            self._untrack()
+
+    async def _call(
+        self, id_: Any, method: str, params: Any, is_notification: bool
+    ) -> dict[str, Any] | None:
+        """Run one request through the handler; return its reply (None for a notification)."""
+        try:
+            result = await self._core.handler.handle(self, method, params)
+        except CtxdError as err:
+            if is_notification:
+                log.info("notification %s from %r failed: %r", method, self, err)
+                return None
+            return error_response(id_, err)
+        except Exception as exc:
+            log.exception("%s from %r failed", method, self)
+            return None if is_notification else error_response(id_, internal(exc))
+        return None if is_notification else response(id_, result)
+
+    def _encode(self, reply: dict[str, Any], room: int | None = None) -> bytes:
+        """The reply's bytes; an error in its place when it cannot be encoded or is
+        larger than `room` (the reply size limit by default)."""
+        limit = self._core.max_reply_bytes if room is None else room
+        try:
+            body = dumps_json(reply)
+        except (TypeError, ValueError) as exc:
+            # a handler returned something JSON cannot carry: the client still gets an answer
+            log.exception("cannot encode the reply to %r for %r", reply.get("id"), self)
+            return dumps_json(error_response(reply.get("id"), internal(exc)))
+        if len(body) > limit:
+            log.warning("reply to %r for %r is %d bytes: refused", reply.get("id"), self, len(body))
+            err = PayloadTooLarge(
+                f"the reply is {len(body)} bytes; replies are limited to "
+                f"{self._core.max_reply_bytes}: ask for less at a time (a smaller limit, "
+                "fewer requests per batch)",
+                {"limit": self._core.max_reply_bytes, "size": len(body)},
+            )
+            return dumps_json(error_response(reply.get("id"), err))
+        return body
