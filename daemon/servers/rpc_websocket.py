@@ -2,9 +2,9 @@
 
 The library's `serve()` accepts whenever the socket is readable; the daemon needs its
 own accept loop (`admission.Acceptor`) so that a full quota of connections that have
-not logged in stops accepting. So this module builds the server from the library's
-public parts: a `Server` whose handler does the opening handshake and then runs
-`JsonRpcWebSocketServer._serve`, and a factory of `ServerConnection`s for the acceptor.
+not logged in stops accepting. So the library's server is created without serving
+(`start_serving=False`) and the connection factory it gave asyncio is handed to the
+acceptor: the library still does the handshake and the framing.
 
 HTTP requests arrive in `JsonRpcWebSocketServer._process_request`: more than one
 Origin header is a bad request, then the web page (`web.py`) answers plain GETs and
@@ -20,12 +20,10 @@ from collections.abc import Iterable
 from http import HTTPStatus
 
 from websockets.asyncio.server import Server as WsServer
-from websockets.asyncio.server import ServerConnection
+from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
-from websockets.protocol import OPEN
-from websockets.server import ServerProtocol
 
 from ...protocol.codec import DEFAULT_MAX_FRAME, dumps_json, error_response
 from .admission import Acceptor, bind_listener
@@ -72,16 +70,6 @@ class _Transport(ServerConnection):
     def connection_lost(self, exc: Exception | None) -> None:
         self.core.gate.leave(self)
         super().connection_lost(exc)
-
-
-class _Server(WsServer):
-    """The library's server, with the handshake-then-handler task of `serve()` and a
-    serving flag of its own (the asyncio server underneath never accepts by itself)."""
-
-    serving = True
-
-    def is_serving(self) -> bool:
-        return self.serving
 
 
 class WebSocketConnection(JsonRpcConnection):
@@ -223,14 +211,14 @@ class JsonRpcWebSocketServer:
         self.host = host
         self.port = 0
         self.endpoint = ""
-        self._server: _Server | None = None
+        self._server: WsServer | None = None
         self._acceptor: Acceptor | None = None
         self._extra_origins = list(extra_origins)
         self.allowed_origins: frozenset[str] = frozenset()
         # the web page (web.py): answers plain GETs and vets browsers before the checks below
         self.pages: PageServer | None = None
 
-    def _bound(self, server: _Server, listener: socket.socket) -> None:
+    def _bound(self, server: WsServer, listener: socket.socket) -> None:
         self._server = server
         self.port = listener.getsockname()[1]
         self.endpoint = "ws://" + format_hostport(self.host, self.port)
@@ -278,29 +266,6 @@ class JsonRpcWebSocketServer:
             del resp.headers["Access-Control-Allow-Origin"]
         return None
 
-    async def _handshake_then_serve(self, ws: ServerConnection) -> None:
-        """What `websockets.serve` runs per connection, with the daemon's hooks."""
-        server = self._server
-        assert server is not None
-        try:
-            async with asyncio.timeout(self._core.login_timeout or HANDSHAKE_TIMEOUT):
-                await ws.handshake(self._process_request, self._process_response, None)
-            if ws.protocol.state is not OPEN:
-                ws.transport.abort()
-                return
-            server.all_connections.add(ws)
-            ws.start_keepalive()
-            try:
-                async with ws:
-                    await self._serve(ws)
-            finally:
-                server.all_connections.discard(ws)
-        except Exception:
-            # a handshake that timed out or failed: nothing to answer
-            ws.transport.abort()
-        finally:
-            server.handler_tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
-
     async def _serve(self, ws: ServerConnection) -> None:
         core = self._core
         conn = WebSocketConnection(core, ws)
@@ -333,22 +298,12 @@ class JsonRpcWebSocketServer:
         finally:
             conn.finish()
 
-    def _connection_factory(self) -> _Transport:
-        core = self._core
-        assert self._server is not None
-        first_limit = core.preauth_max_frame if core.require_login else core.max_frame
-        protocol = ServerProtocol(max_size=first_limit)
-        conn = _Transport(protocol, self._server, close_timeout=_CLOSE_FLUSH_TIMEOUT)
-        conn.core = core
-        return conn
-
     async def close(self, grace: float = DEFAULT_CLOSE_GRACE) -> None:
         """Stop accepting, close every connection, let running requests finish briefly."""
         self._core.closing = True
         if self._acceptor is not None:
             await self._acceptor.stop()
         if self._server is not None:
-            self._server.serving = False
             self._server.close(close_connections=True)
         await self._core.drain_tasks(grace)
         if self._server is not None:
@@ -396,18 +351,28 @@ async def start_websocket_server(
     )
     out = JsonRpcWebSocketServer(core, host, allowed_origins)
     listener = bind_listener(host, port)
-    loop = asyncio.get_running_loop()
-
-    async def create_server() -> asyncio.Server:
-        # owns (and closes) the socket; never accepts by itself: the acceptor does
-        return await loop.create_server(
-            out._connection_factory, sock=listener, start_serving=False
-        )
-
-    server = _Server(create_server, out._handshake_then_serve)
-    await server
+    # the library builds the connections and runs the handshake; it never accepts by
+    # itself (start_serving=False): the acceptor takes connections while the quota allows
+    server = await serve(
+        out._serve,
+        sock=listener,
+        start_serving=False,
+        process_request=out._process_request,
+        process_response=out._process_response,
+        server_header=None,
+        # by the login deadline when there is one (it starts again after the handshake)
+        open_timeout=login_timeout or HANDSHAKE_TIMEOUT,
+        close_timeout=_CLOSE_FLUSH_TIMEOUT,
+        max_size=core.preauth_max_frame if require_login else max_frame,
+        compression=None,
+        create_connection=type("Transport", (_Transport,), {"core": core}),
+    )
+    # the handshake refuses upgrades while the server "is not serving"
+    server.is_serving = lambda: not core.closing  # type: ignore[method-assign]
     out._bound(server, listener)
-    acceptor = Acceptor(listener, core.gate, out._connection_factory, "WebSocket")
+    # asyncio.Server keeps the factory it was created with; the acceptor calls it
+    factory = server.server._protocol_factory  # type: ignore[attr-defined]
+    acceptor = Acceptor(listener, core.gate, factory, "WebSocket")
     out._acceptor = acceptor
     acceptor.start()
     log.info("JSON-RPC over WebSocket on %s", out.endpoint)
