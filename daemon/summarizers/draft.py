@@ -188,7 +188,8 @@ class _Draft:
     def supersede_setting(self, new: _Entry, message_id: int) -> None:
         """A later value for the same subject supersedes the earlier one, whatever the
         wording: "raise the batch size to 2000" after "batch size 500", "改到周二上午".
-        The best-matching current setting goes, and only when its value differs."""
+        A current setting goes when its subject is (almost) all in the new one's and
+        its value differs."""
         if new.setting is None or new.status != "current":
             return
         # only settings sharing enough of the subject's terms are scored: a bulk batch
@@ -200,7 +201,7 @@ class _Draft:
                 shared[id(entry)] = shared.get(id(entry), 0) + 1
                 by_id[id(entry)] = entry
         n = len(new.setting.terms)
-        scored: list[tuple[float, _Entry]] = []
+        scored: list[_Entry] = []
         for key, count in shared.items():
             entry = by_id[key]
             setting = entry.setting
@@ -212,15 +213,12 @@ class _Draft:
                 continue
             if setting.values <= new.setting.values:
                 continue  # the same value again: a restatement, not an update
-            score = same_subject(setting, new.setting)
-            if score >= 0.9:
-                scored.append((score, entry))
-        if not scored:
-            return
-        best = max(score for score, _ in scored)
-        for score, entry in scored:
-            if score >= best - 0.01:
-                self._retire(entry, new)
+            # every current value of the subject goes, not only the closest wording:
+            # two phrasings of it may both be current when a third one comes
+            if same_subject(setting, new.setting) >= 0.9:
+                scored.append(entry)
+        for entry in sorted(scored, key=_Entry.recency):
+            self._retire(entry, new)
 
     def _retire(self, old: _Entry, new: _Entry) -> None:
         if old.status == "current" and old.setting is not None:

@@ -160,10 +160,14 @@ def setting_of(text: str, loose: bool = False) -> Setting | None:
         # Chinese states a setting in the clause holding the value; a long sentence's
         # other clauses (reasons, plans) would drown the subject.
         clauses = [c for c in _CLAUSE.split(low) if _VALUE.search(c)]
-        grams = _bigrams(clauses)
-        # a clause that is little more than the value ("应该是重试 2 次，账本客户端改成这样")
-        # leaves its subject to the rest of the sentence
-        order += grams if len(set(grams)) >= 3 else _bigrams([low])
+        # The subject comes before the value ("到期窗口按 60128 天来"): what follows is the
+        # unit and particles. A clause that is little more than the value ("应该是重试 2
+        # 次，账本客户端改成这样") leaves its subject to the rest of the sentence.
+        for scope in ([_before_value(c) for c in clauses], clauses, [low]):
+            grams = _bigrams(scope)
+            if len(set(grams)) >= 3:
+                break
+        order += grams
     if not order:
         return None
     if _CJK_RUN.search(low):
@@ -177,6 +181,11 @@ def setting_of(text: str, loose: bool = False) -> Setting | None:
     return Setting(
         frozenset(order), frozenset(values), frozenset(old), tuple(order), label[:60] or None
     )
+
+
+def _before_value(clause: str) -> str:
+    m = _VALUE.search(clause)
+    return clause[: m.start()] if m else clause
 
 
 def _bigrams(clauses: list[str]) -> list[str]:
