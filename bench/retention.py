@@ -393,11 +393,14 @@ async def main_async(args: argparse.Namespace) -> str:
     root = Path(tempfile.mkdtemp(prefix="ctxd-retention-"))
     blocks: list[Block] = []
     notes: list[str] = [
-        "*Current marked superseded* counts each planted pair on its own, but the generator "
-        "may later plant another value for the same setting (\"Scratch that: the media "
-        "client should retry 3 times\" after the pair that set it to 2). The summary "
-        "supersedes by subject and value, so such a correction is marked superseded by the "
-        "later one, as it should be; those are the cases this column shows."
+        "*Current marked superseded* (and the few current facts not kept) counts each "
+        "planted fact on its own, but the generator may later plant another value for the "
+        "same setting or choice (\"Scratch that: the media client should retry 3 times\" "
+        "after the pair that set it to 2; \"Use requests for HTTP calls in catalog\" after "
+        "aiohttp; \"We'll use DuckDB for the payments search index\" after Celery). The "
+        "summary supersedes by subject and value, so the earlier one is marked superseded "
+        "(and, being history, is the first to go under the budget), as it should be; those "
+        "are the cases these columns show."
     ]
     try:
         for lang in ("en", "zh"):

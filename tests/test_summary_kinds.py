@@ -110,6 +110,25 @@ def test_chinese_update_of_a_weekday_and_of_a_long_sentence() -> None:
     assert (items[2].subject, items[2].was) == ("复盘会", "周一上午")
 
 
+def test_a_named_choice_is_a_value_too() -> None:
+    summary = run([
+        user(1, "Use Redis for the billing job queue."),
+        user(2, "Use Redis for the ledger job queue."),
+        assistant(3, "We'll use RabbitMQ instead of Redis for the billing job queue."),
+        user(4, "计费的缓存用 Memcached。"),
+        user(5, "计费的缓存改用 Redis。"),
+    ])
+    assert statuses(summary) == {
+        "Use Redis for the billing job queue.": "superseded",
+        "Use Redis for the ledger job queue.": "current",
+        "计费的缓存用 Memcached。": "superseded",
+        "计费的缓存改用 Redis。": "current",
+    }
+    [decision] = summary.sections["decisions"]
+    assert (decision.subject, decision.value) == ("billing job queue", "rabbitmq")
+    assert summary.sections["constraints"][3].subject == "计费的缓存"
+
+
 def test_similar_subjects_are_not_confused() -> None:
     summary = run([
         user(1, "Set the billing batch size to 500."),

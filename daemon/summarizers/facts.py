@@ -109,7 +109,8 @@ _SETS = re.compile(
 )
 # verbs stripped before Chinese bigrams, so "大小改到" does not make the bigram "小改"
 _CJK_VERBS = re.compile(
-    r"设为|设置为|设成|先定为|定为|定在|安排在|改到|改在|改成|改为|调整到|调整为|调整|调到|提高到|降低到|"
+    r"设为|设置为|设成|先定为|定为|定在|安排在|改到|改在|改成|改为|改用|使用|采用|调整到|调整为|调整|调到|"
+    r"提高到|降低到|"
     r"应该是|需要|"
     r"从原来的|原来的|用|按|吧|换成|以后|放在|不是|而是|不对|搞错了?|是|了"
 )
@@ -117,8 +118,23 @@ _CLAUSE = re.compile(r"[，,；;]")
 _PUNCT = " 。.！!？?：:，,；;"
 _SUBJECT_STOP = _STOP | frozenset(
     """raise lower increase decrease reduce bump go from now on be with after before
-    look looking correction update updated""".split()
+    look looking correction update updated ll ve re""".split()
 )
+
+
+# A named value: the choice after "use ... for", "switch ... to", "改用"; or the one a
+# sentence says it replaces ("instead of X", "not X", "而不是 X")
+_NAME = r"([a-z][\w.+#-]*[\w+#]|[a-z])"
+_NAMED = re.compile(
+    r"\b(?:use|using|go with|adopt|prefer|pick|choose|switch to|move to)\s+" + _NAME
+    + r"(?=\s+(?:for|as|in|on|instead|rather)\b)"
+    + r"|\b(?:switch|change|move|migrate)\b[^.。;；]*?\bto\s+" + _NAME + r"\b"
+    + r"|(?:改用|换成|改成|改为|使用|采用|用)\s*" + _NAME
+    + r"|(?:\binstead of|\brather than|,\s*not)\s+" + _NAME + r"\b"
+    + r"|(?:而不是|不是|不用)\s*" + _NAME,
+    re.IGNORECASE,
+)
+_NAMED_OLD = frozenset({4, 5})
 
 
 @dataclass(frozen=True)
@@ -146,6 +162,15 @@ def setting_of(text: str, loose: bool = False) -> Setting | None:
         v = _norm_value(m.group(0))
         spans.append(m.span())
         (old if _OLD_BEFORE.search(low[max(0, m.start() - 16) : m.start()]) else values).append(v)
+    if not values and not spans:
+        # no number or day: a named choice ("use Redis for the job queue", "缓存改用 Redis")
+        for m in _NAMED.finditer(low):
+            group = next(g for g in range(1, 6) if m.group(g))
+            v = m.group(group)
+            if v in _STOP or len(v) < 2:
+                continue
+            spans.append(m.span(group))
+            (old if group in _NAMED_OLD else values).append(v)
     if not values or not (loose or _SETS.search(low)):
         return None
     stripped = low
@@ -172,9 +197,9 @@ def setting_of(text: str, loose: bool = False) -> Setting | None:
         return None
     if _CJK_RUN.search(low):
         # the subject comes before the value in Chinese: "复盘会改到周二上午"
-        clause = next((c for c in _CLAUSE.split(text) if _VALUE.search(c.casefold())), text)
-        first = _VALUE.search(clause.casefold())
-        head = clause[: first.start()] if first and first.start() > 1 else clause
+        first = min(a for a, _ in spans)
+        start = max(text.rfind(sep, 0, first) for sep in "，,；;") + 1
+        head = text[start:first] if first - start > 1 else text
         label = re.sub(r"\s+", "", _VALUE.sub("", _CJK_VERBS.sub("", head))).strip(_PUNCT)
     else:
         label = " ".join(dict.fromkeys(order))
@@ -225,7 +250,9 @@ def same_subject(old: Setting, new: Setting) -> float:
     if (only_old and only_new and max(only_old, only_new) <= 3) or (
         _inner_extra(old.order, common) or _inner_extra(new.order, common)
     ):
-        score *= 0.6
+        # naming the old value does not make up for it: "instead of Redis" may be the
+        # Redis of another subject
+        return score * 0.6
     if new.old & old.values:  # "45 days, not 30": it names the value it replaces
         score += 0.5
     return score
