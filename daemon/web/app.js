@@ -1,9 +1,10 @@
 // ctxd's web page: the session list, and one session live (numbers, transcript, active
 // context, compaction, approvals, a message box), over the daemon's JSON-RPC WebSocket.
 
-import { $, clear, fmtAgo, fmtInt, fmtTime, h, prettyArgs, snippetNodes } from "./dom.js";
+import { $, clear, fmtAgo, fmtInt, fmtTime, h, prettyArgs } from "./dom.js";
 import { renderHistory, renderPins, renderSummary, renderSystem, renderTail } from "./panel.js";
 import { Rpc } from "./rpc.js";
+import { Search } from "./search.js";
 import { Transcript } from "./transcript.js";
 
 const S = {
@@ -23,6 +24,16 @@ const S = {
 
 const rpc = new Rpc({ onState: setConn, onNotification: onEvent, onOpen: catchUp });
 let transcript;
+// a hit of this session scrolls to its message; another session's opens that session there
+const finder = new Search(rpc, () => S.sid, (hit) => {
+  if (hit.sessionId === S.sid) {
+    history.replaceState(null, "", `#m${hit.messageId}`);
+    jump(hit.messageId);
+  } else {
+    go(`/s/${encodeURIComponent(hit.sessionId)}#m${hit.messageId}`);
+  }
+});
+const closeSearch = () => finder.close();
 
 // connection state
 
@@ -407,61 +418,6 @@ async function addPin(ev) {
   await Promise.all([refreshPins(), refreshStatus()]);
 }
 
-// search
-
-let searchSeq = 0;
-async function search(ev) {
-  if (ev) ev.preventDefault();
-  const query = $("#search-input").value.trim();
-  const box = $("#search-results");
-  if (!query) return closeSearch();
-  const seq = ++searchSeq;
-  const scope = $("#search-scope").value;
-  const params = { query, limit: 30 };
-  if (scope === "session" && S.sid) params.sessionId = S.sid;
-  let hits;
-  try {
-    hits = (await rpc.call("archive/search", params)).hits;
-  } catch (err) {
-    hits = null;
-    if (seq !== searchSeq) return;
-    clear(box).append(h("p", { class: "reason" }, err.message));
-  }
-  if (seq !== searchSeq) return;
-  box.hidden = false;
-  if (!hits) return;
-  clear(box);
-  box.append(h("div", { class: "search-head" },
-    `${hits.length} hit${hits.length === 1 ? "" : "s"} for “${query}” ${params.sessionId ? "in this session" : "in all sessions"}`,
-    h("button", { type: "button", class: "icon", onclick: closeSearch, "aria-label": "Close" }, "✕")));
-  for (const hit of hits) {
-    const href = `/s/${encodeURIComponent(hit.sessionId)}#m${hit.messageId}`;
-    box.append(h("a", { class: "hit", href, dataset: { messageId: String(hit.messageId) },
-      onclick: (e) => { e.preventDefault(); openHit(hit); } },
-    h("div", { class: "meta" }, `${hit.role} · #${hit.messageId} · ${fmtTime(hit.createdAt)} · `,
-      h("span", { class: hit.inActiveContext ? "badge in" : "badge out" },
-        hit.inActiveContext ? "in context" : "archived only"),
-      hit.sessionId !== S.sid ? ` · ${hit.sessionId}` : ""),
-    h("div", { class: "snippet" }, snippetNodes(hit.snippet))));
-  }
-}
-
-function openHit(hit) {
-  closeSearch();
-  if (hit.sessionId === S.sid) {
-    history.replaceState(null, "", `#m${hit.messageId}`);
-    jump(hit.messageId);
-  } else {
-    go(`/s/${encodeURIComponent(hit.sessionId)}#m${hit.messageId}`);
-  }
-}
-
-function closeSearch() {
-  const box = $("#search-results");
-  box.hidden = true;
-  clear(box);
-}
-
 // wiring
 
 function start() {
@@ -503,8 +459,10 @@ function start() {
   });
   $("#pin-form").addEventListener("submit", addPin);
   $("#explain-toggle").addEventListener("change", drawSummary);
-  $("#search-form").addEventListener("submit", search);
-  $("#search-scope").addEventListener("change", () => { if ($("#search-input").value.trim()) search(); });
+  $("#search-form").addEventListener("submit", (ev) => { ev.preventDefault(); finder.run(); });
+  $("#search-scope").addEventListener("change", () => {
+    if ($("#search-input").value.trim()) finder.run();
+  });
   document.addEventListener("keydown", (ev) => { if (ev.key === "Escape") closeSearch(); });
   window.addEventListener("popstate", route);
   // the list has no events of its own: look again every few seconds while it is shown
