@@ -29,7 +29,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Optional
 
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import (
@@ -303,24 +303,38 @@ class CtxdThreadMemory:
 
     # the hooks
 
-    def pre_model_hook(self, state: Any, config: RunnableConfig | None = None) -> dict[str, Any]:
+    # LangGraph passes `config` to a node only when its annotation (a string here) is one
+    # it lists: "Optional[RunnableConfig]" is, "RunnableConfig | None" is not.
+    def pre_model_hook(
+        self,
+        state: Any,
+        config: Optional[RunnableConfig] = None,  # noqa: UP045
+    ) -> dict[str, Any]:
         """For `create_react_agent(pre_model_hook=...)`: stores the thread's new messages
         and gives the model ctxd's context (`llm_input_messages`); state is untouched."""
         return {"llm_input_messages": self._sync(state, config, context=True)}
 
-    def post_model_hook(self, state: Any, config: RunnableConfig | None = None) -> dict[str, Any]:
+    def post_model_hook(
+        self,
+        state: Any,
+        config: Optional[RunnableConfig] = None,  # noqa: UP045
+    ) -> dict[str, Any]:
         """For `create_react_agent(post_model_hook=...)`: stores the model's answer at
         once and finishes the run when it called no tool."""
         self._sync(state, config, context=False)
         return {}
 
     async def apre_model_hook(
-        self, state: Any, config: RunnableConfig | None = None
+        self,
+        state: Any,
+        config: Optional[RunnableConfig] = None,  # noqa: UP045
     ) -> dict[str, Any]:
         return await asyncio.to_thread(self.pre_model_hook, state, config)
 
     async def apost_model_hook(
-        self, state: Any, config: RunnableConfig | None = None
+        self,
+        state: Any,
+        config: Optional[RunnableConfig] = None,  # noqa: UP045
     ) -> dict[str, Any]:
         return await asyncio.to_thread(self.post_model_hook, state, config)
 
