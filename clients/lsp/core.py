@@ -336,6 +336,15 @@ class Bridge:
     # approvals
 
     async def _ask(self, approval: dict[str, Any]) -> None:
+        try:
+            await self._ask_once(approval)
+        except (DaemonGone, CtxdError, TimeoutError) as exc:
+            self.ui.show("error", f"ctxd: could not resolve approval "
+                                  f"{approval.get('approvalId')}: {exc}")
+        except Exception:
+            log.exception("asking about approval %s failed", approval.get("approvalId"))
+
+    async def _ask_once(self, approval: dict[str, Any]) -> None:
         aid = approval.get("approvalId")
         if not isinstance(aid, str) or aid in self._asked or approval.get("status") != "pending":
             return
