@@ -113,7 +113,7 @@ def ipc_endpoints(run_dir: Path, connection_file: Path) -> tuple[str, str]:
     Named after a hash of the connection file's full path, not its base name: two
     daemons whose connection files share a name in different folders must not meet.
     """
-    key = hashlib.sha256(str(connection_file.resolve()).encode()).hexdigest()[:16]
+    key = hashlib.sha256(str(connection_file.resolve()).encode()).hexdigest()[:12]
     return f"ipc://{run_dir}/zmq-{key}-router.sock", f"ipc://{run_dir}/zmq-{key}-pub.sock"
 
 

@@ -48,8 +48,9 @@ from ctxd.protocol.errors import (
     Unauthorized,
 )
 
-from .base import Connection, EventHub, RequestHandler
+from .base import EventHub, RequestHandler
 from .zmq_auth import ZapHandler
+from .zmq_frames import ZmqConnection, endpoint_of, error_payload, send_now, split_envelope
 
 log = logging.getLogger("ctxd.servers.zmq")
 
@@ -63,25 +64,6 @@ _ENVELOPE_SLACK = 64 * 1024
 
 def session_topic(session_id: str) -> bytes:
     return SESSION_PREFIX + session_id.encode("utf-8")
-
-
-class ZmqConnection(Connection):
-    """The daemon's view of one ROUTER peer (one client socket)."""
-
-    wire = "zmq"
-
-    def __init__(self, identity: bytes) -> None:
-        super().__init__(peer=f"zmq:{identity.hex()}")
-        self.identity = identity
-        self.last_seen = time.monotonic()
-        self.inflight = 0
-
-    def send_notification(self, method: str, params: dict[str, Any]) -> None:
-        # Session events already reach ZeroMQ subscribers through the PUB socket (the
-        # server is an EventHub sink and subscribers filter by topic); sending them again
-        # per connection would deliver every event twice. A ROUTER cannot push to REQ
-        # peers either, so there is no per-peer channel to use here.
-        log.debug("%r: per-connection notification %s not sent over ZeroMQ", self, method)
 
 
 class ZmqServer:
@@ -207,8 +189,8 @@ class ZmqServer:
                 self._zap = None
             raise
         self._router, self._pub = router, pub
-        self.router_endpoint = _endpoint(router)
-        self.pub_endpoint = _endpoint(pub)
+        self.router_endpoint = endpoint_of(router)
+        self.pub_endpoint = endpoint_of(pub)
         self._ipc_paths = [
             ep[len("ipc://") :]
             for ep in (self.router_endpoint, self.pub_endpoint)
@@ -296,7 +278,7 @@ class ZmqServer:
             self.stats["events_dropped"] += 1
             return
         try:
-            _send_now(self._pub, [session_topic(session_id), payload])
+            send_now(self._pub, [session_topic(session_id), payload])
         except zmq.Again:
             self.stats["events_dropped"] += 1
             log.warning("event queue full: dropped %s for session %s", method, session_id)
@@ -324,7 +306,7 @@ class ZmqServer:
             topic = msg[1:]
             payload = packb({"method": PROBE_METHOD, "params": {"topic": topic.decode("latin-1")}})
             with contextlib.suppress(zmq.ZMQError):
-                _send_now(pub, [topic, payload])
+                send_now(pub, [topic, payload])
 
     # requests
 
@@ -352,7 +334,7 @@ class ZmqServer:
         """
         if len(frames) < 2:
             return  # only an identity: nothing to answer
-        envelope, body = _split_envelope(frames)
+        envelope, body = split_envelope(frames)
         identity = frames[0]
         self.stats["requests"] += 1
         if len(body) != 1:
@@ -391,7 +373,9 @@ class ZmqServer:
             # for the daemon's proof before sending the token. Answered on a connection of
             # its own; the peer is registered only once it sends the token.
             probe = ZmqConnection(identity)
-            self._start_task(self._run(probe, envelope, req_id, method, params, counted=False))
+            probe.inflight += 1
+            await self._slots.acquire()
+            self._start_task(self._run(probe, envelope, req_id, method, params))
             return
         if not self._token_ok(msg.get("token")):
             if conn is not None:
@@ -430,13 +414,7 @@ class ZmqServer:
             return False
 
     async def _run(
-        self,
-        conn: ZmqConnection,
-        envelope: list[bytes],
-        req_id: Any,
-        method: str,
-        params: Any,
-        counted: bool = True,
+        self, conn: ZmqConnection, envelope: list[bytes], req_id: Any, method: str, params: Any
     ) -> None:
         try:
             try:
@@ -444,13 +422,13 @@ class ZmqServer:
                 reply = packb({"id": req_id, "result": result})
             except CtxdError as err:
                 self.stats["errors"] += 1
-                reply = _error_payload(req_id, err)
+                reply = error_payload(req_id, err)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self.stats["errors"] += 1
                 log.exception("%s failed for %r", method, conn)
-                reply = _error_payload(
+                reply = error_payload(
                     req_id,
                     InternalError(
                         f"internal error in {method}: {type(exc).__name__}; see the daemon log",
@@ -459,14 +437,13 @@ class ZmqServer:
             conn.last_seen = time.monotonic()
             await self._send_reply(envelope, reply)
         finally:
-            if counted:
-                conn.inflight -= 1
-                assert self._slots is not None
-                self._slots.release()
+            conn.inflight -= 1
+            assert self._slots is not None
+            self._slots.release()
 
     def _reply_error(self, envelope: list[bytes], req_id: Any, err: CtxdError) -> None:
         self.stats["errors"] += 1
-        reply = _error_payload(req_id, err)
+        reply = error_payload(req_id, err)
         if not self._try_send(envelope, reply):
             task = asyncio.create_task(self._send_reply(envelope, reply))
             self._tasks.add(task)
@@ -478,7 +455,7 @@ class ZmqServer:
         if sock is None:
             return True  # closing: nothing more to do
         try:
-            _send_now(sock, [*envelope, reply])
+            send_now(sock, [*envelope, reply])
             return True
         except zmq.Again:
             return False
@@ -550,47 +527,3 @@ class ZmqServer:
                 elif conn.last_seen < now - self.idle_timeout:
                     self.stats["peers_reaped"] += 1
                     self._drop_peer(conn, f"idle for more than {self.idle_timeout:g}s")
-
-
-def _split_envelope(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
-    """Routing frames (identities, then the empty delimiter if any) and the body.
-
-    REQ sends `[identity, b"", body]`, a DEALER `[identity, body]` or `[identity, b"",
-    body]`; a proxy may add identities. Replying with the same envelope suits them all.
-    """
-    for i in range(1, len(frames)):
-        if not frames[i]:
-            return frames[: i + 1], frames[i + 1 :]
-    return frames[:1], frames[1:]
-
-
-def _send_now(sock: zmq.asyncio.Socket, frames: list[bytes]) -> None:
-    """Send without waiting; raises `zmq.Again` when the queue is full.
-
-    Goes through the asyncio socket rather than a plain shadow of it: ZeroMQ signals
-    readiness on an edge-triggered fd, and a send can consume the edge of a message that
-    arrived meanwhile. The asyncio socket re-checks for input after each send; a bare send
-    would leave the pending receive asleep until the next message came in.
-    A reply never waits for another in the socket's FIFO of blocked sends, because every
-    send here is non-blocking, so a slow peer cannot hold up replies to anyone else.
-    """
-    fut = sock.send_multipart(frames, flags=zmq.NOBLOCK)
-    if not fut.done():  # only if a blocking send were queued ahead of it
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-        return
-    exc = fut.exception()
-    if exc is not None:
-        raise exc
-
-
-def _error_payload(req_id: Any, err: CtxdError) -> bytes:
-    try:
-        return packb({"id": req_id, "error": err.to_dict()})
-    except Exception:
-        # `data` held something msgpack cannot encode: keep the code and message.
-        return packb({"id": req_id, "error": {"code": int(err.code), "message": err.message}})
-
-
-def _endpoint(sock: zmq.asyncio.Socket) -> str:
-    raw = sock.getsockopt(zmq.LAST_ENDPOINT)
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
