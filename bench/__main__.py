@@ -13,7 +13,7 @@ import argparse
 import sys
 import time
 
-from bench import bench_core, bench_import, bench_peers
+from bench import bench_core, bench_import, bench_mcp, bench_peers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,9 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tmp", help="directory for the scratch files (default: /tmp)")
     parser.add_argument(
         "--only",
-        choices=("core", "peers", "import"),
-        help="run one benchmark: core (engine in-process), peers (ctxd beside its peers) or "
-        "import (ctxd import of a transcript folder)",
+        choices=("core", "peers", "import", "mcp"),
+        help="run one benchmark: core (engine in-process), peers (ctxd beside its peers), "
+        "import (ctxd import of a transcript folder) or mcp (ctxd mcp with the MCP SDK)",
     )
     args = parser.parse_args(argv)
     common = (["--full"] if args.full else []) + (["--tmp", args.tmp] if args.tmp else [])
@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         size = ["--size-mb", "100"] if args.full else [
             "--size-mb", "20", "--out", "bench/results/import_small.md"]
         status |= bench_import.main(size + (["--tmp", args.tmp] if args.tmp else []))
+    if args.only in (None, "mcp"):
+        status |= bench_mcp.main(["--tmp", args.tmp] if args.tmp else [])
     print(f"all benchmarks done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return status
 

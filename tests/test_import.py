@@ -372,3 +372,19 @@ def test_default_locations(daemon: DaemonProcess, client: Client, tmp_path: Path
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["messages"] == expected
     assert client.get_session("claude-code-home-agent-a1b2c3d4")["status"]["archiveMessages"] == 4
+
+
+def test_codex_call_waits_for_its_output(daemon: DaemonProcess, client: Client,
+                                         tmp_path: Path) -> None:
+    from transcript_gen import codex_lines
+
+    lines = list(codex_lines("wait0001", 5))
+    path = tmp_path / "rollout-wait0001.jsonl"
+    path.write_text("\n".join(lines[:7]) + "\n", encoding="utf-8")  # ends on a call
+    first = ctxd_import(daemon, "codex", str(path))
+    assert first["deferred"] == 1 and first["messages"] == 5
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("\n".join(lines[7:]) + "\n")
+    ctxd_import(daemon, "codex", str(path))
+    msgs = archive(client, "codex-wait0001")
+    assert len(msgs) == 20 and not any((m.get("metadata") or {}).get("repaired") for m in msgs)

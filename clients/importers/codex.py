@@ -70,7 +70,9 @@ class CodexMapper:
         return False
 
     def incomplete(self, msg: dict[str, Any]) -> bool:
-        return False  # one line per item: nothing is ever merged
+        """A tool call last in the file waits for its output: it is imported with it, so
+        a compaction between two imports cannot leave the output without its call."""
+        return bool(msg.get("tool_calls"))
 
     def map_line(self, obj: dict[str, Any], line: int) -> list[Emit]:
         kind = obj.get("type")
