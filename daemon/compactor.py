@@ -82,14 +82,17 @@ class Compactor:
     def auto_paused(self, session_id: str) -> bool:
         return self.auto_failures.get(session_id, 0) >= MAX_AUTO_FAILURES
 
-    def auto_due(self, session_id: str) -> bool:
+    def auto_due(self, session_id: str, status: dict[str, Any] | None = None) -> bool:
         e = self.engine
         st = e.context_state(session_id)
         if session_id in self.running or self._waiting.get(session_id) or not self.over_limits(st):
             return False
         if self.auto_paused(session_id):
             return False
-        if e.runs.pending_count(session_id) or e.runs.open_run(session_id):
+        if status is not None:
+            if status["pendingApprovals"] or status["activeRunId"] is not None:
+                return False
+        elif e.runs.pending_count(session_id) or e.runs.open_run(session_id):
             return False
         retry_at = self._auto_retry_at.get(session_id)
         return retry_at is None or st.rendered_messages >= retry_at

@@ -11,18 +11,17 @@ import asyncio
 import hmac
 import inspect
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 from ctxd import __version__
 from ctxd.protocol import auth
-from ctxd.protocol.errors import RunActive, SearchTooBroad, Unauthorized
+from ctxd.protocol.errors import SearchTooBroad, Unauthorized
 from ctxd.protocol.methods import NOTIFICATIONS, PROTOCOL_VERSION, SERVER_NAME, validate_params
 
 from . import context_edit, projection, recall
 from .engine import Engine
-from .scheduler import AutoCompactor
+from .scheduler import Scheduler
 from .servers.base import Connection, EventHub
 
 log = logging.getLogger("ctxd.dispatch")
@@ -46,14 +45,13 @@ class Dispatcher:
         self.engine = engine
         self.hub = hub
         self.token = token
-        self.scheduler = AutoCompactor(engine)
+        # the rules of what follows from what (auto-compaction, runs without a client)
+        self.scheduler = Scheduler(engine, run_lease)
         self.on_shutdown = on_shutdown
         self.wires = wires or []
-        self.started_at = time.time()
+        self.started_at = self.scheduler.started_at
         self.auth_timeout = auth_timeout
         self.run_lease = run_lease
-        # runs open in the file when this daemon started, not yet claimed by a client
-        self._stale_runs: set[str] = set()
         self._live: set[Connection] = set()
         self._handlers: dict[str, Handler] = {
             "initialize": self.initialize,
@@ -142,29 +140,16 @@ class Dispatcher:
                 conn,
                 sorted(conn.open_runs),
             )
-            self.engine.interrupt_runs(set(conn.open_runs))
+            self.scheduler.client_gone(set(conn.open_runs))
             conn.open_runs.clear()
 
     def lease_stale_runs(self, run_ids: set[str]) -> None:
-        """Runs left open by a daemon that died. A client that comes back claims its run
-        by naming it (`messages/append`, `approval/request` with its `runId`) within one
-        lease; the others are marked interrupted then, so no dead run locks a session."""
-        if not run_ids:
-            return
-        self._stale_runs |= set(run_ids)
-        asyncio.get_running_loop().call_later(self.run_lease, self._expire_stale_runs)
+        """Runs left open by a daemon that died (see Scheduler.lease_stale_runs)."""
+        self.scheduler.lease_stale_runs(run_ids)
 
     def _claim(self, conn: Connection, run_id: str | None) -> None:
-        if run_id is not None and run_id in self._stale_runs:
-            self._stale_runs.discard(run_id)
-            conn.open_runs.add(run_id)
-
-    def _expire_stale_runs(self) -> None:
-        stale, self._stale_runs = self._stale_runs, set()
-        if stale:
-            log.info("runs left open by a previous daemon and not claimed: interrupted %s",
-                     sorted(stale))
-            self.engine.interrupt_runs(stale)
+        if self.scheduler.claim(run_id):
+            conn.open_runs.add(run_id)  # type: ignore[arg-type]
 
     # handlers with more than one line
 
@@ -227,8 +212,7 @@ class Dispatcher:
         result = self.engine.append(
             sid, p["messages"], run_id=p["runId"], client_batch_id=p["clientBatchId"]
         )
-        if p["runId"] is None:  # appends outside a run are checked here, runs at run/finish
-            self.scheduler.maybe_schedule(sid)
+        self.scheduler.after_append(sid, p["runId"], result["status"])
         return result
 
     async def search(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
@@ -270,42 +254,23 @@ class Dispatcher:
         return await self.engine.rebuild(p["sessionId"], dry_run=bool(p["dryRun"]))
 
     def run_start(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
-        try:
-            run = self.engine.start_run(p["sessionId"])
-        except RunActive as exc:
-            stale = exc.data["runId"]
-            if not self._orphaned(stale):
-                raise
-            # opened before this daemon started, by a client no longer connected: the
-            # client died with the old daemon and must not lock the session forever
-            log.info("run %s predates this daemon and has no client: interrupted", stale)
-            self.engine.finish_run(stale, "interrupted")
-            run = self.engine.start_run(p["sessionId"])
+        run = self.scheduler.start_run(p["sessionId"], self._held)
         # interrupted when the connection closes; on ZeroMQ, which never says so, when the
         # client stays silent past its lease (see ZmqServer)
         conn.open_runs.add(run["runId"])
         return {"runId": run["runId"], "run": run}
 
-    def _orphaned(self, run_id: str) -> bool:
-        run = self.engine.runs.get(run_id)
-        if run is None or run["startedAt"] >= self.started_at:
-            return False
-        return not any(run_id in c.open_runs for c in self._live)
+    def _held(self, run_id: str) -> bool:
+        return any(run_id in c.open_runs for c in self._live)
 
     def run_finish(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
         result = self.engine.finish_run(p["runId"], p["outcome"])
         conn.open_runs.discard(p["runId"])
-        if result["autoCompactionScheduled"]:
-            result["autoCompactionScheduled"] = self.scheduler.maybe_schedule(
-                result["run"]["sessionId"]
-            )
-        return result
+        return self.scheduler.after_run_finished(result)
 
     def approval_resolve(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
         approval = self.engine.resolve_approval(p["approvalId"], p["decision"], p["reason"])
-        # a run that finished while this approval was pending scheduled nothing: with the
-        # last approval resolved and no run open, the held-back compaction is due now
-        self.scheduler.maybe_schedule(approval["sessionId"])
+        self.scheduler.after_approval_resolved(approval)
         return approval
 
     def approval_request(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:

@@ -653,8 +653,12 @@ class Engine:
     def over_limits(self, session_id: str) -> bool:
         return self.compactor.over_limits(self.context_state(session_id))
 
-    def auto_compaction_due(self, session_id: str) -> bool:
-        return self.compactor.auto_due(session_id)
+    def auto_compaction_due(
+        self, session_id: str, status: dict[str, Any] | None = None
+    ) -> bool:
+        """`status`: the session's status just read, if the caller has it (its open run and
+        pending approvals need not be asked for again)."""
+        return self.compactor.auto_due(session_id, status)
 
     async def compact(
         self,

@@ -1,16 +1,31 @@
-"""AutoCompactor: background auto-compaction, one at a time per session.
+"""Scheduling rules: what follows from what, in one place of the core.
 
-It never blocks request handling: a compaction runs as its own task, and its progress
-and result reach subscribers as notifications from the engine. Failures are counted by
-the engine's Compactor, which pauses auto-compaction on a session after three in a row.
+- after an append outside a run, auto-compaction runs if it is due (appends inside a
+  run are checked when the run finishes, so a turn is never summarized half-way);
+- after a run finishes `completed`, auto-compaction runs if it is due;
+- after an approval is resolved, a compaction held back by it runs if it is now due;
+- a run whose client went away is interrupted; a run left open by a daemon that died is
+  interrupted when its client does not claim it within one lease, or at once when a new
+  run is started in its session by someone else.
+
+The wires' dispatcher only reports what happened (`after_append`, `after_run_finished`,
+...) and keeps which connection holds which run; the rules are here.
+
+AutoCompactor never blocks request handling: a compaction runs as its own task, and its
+progress and result reach subscribers as notifications from the engine. Failures are
+counted by the engine's Compactor, which pauses auto-compaction on a session after three
+in a row.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
+from typing import Any
 
-from ctxd.protocol.errors import CtxdError
+from ctxd.protocol.errors import CtxdError, RunActive
 
 from .engine import Engine
 
@@ -22,9 +37,17 @@ class AutoCompactor:
         self.engine = engine
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
-    def maybe_schedule(self, session_id: str) -> bool:
-        """Schedule auto-compaction if it is due; True when it was scheduled."""
-        if session_id in self._tasks or not self.engine.auto_compaction_due(session_id):
+    def maybe_schedule(
+        self, session_id: str, *, due: bool | None = None, status: dict[str, Any] | None = None
+    ) -> bool:
+        """Schedule auto-compaction if it is due; True when it was scheduled. `due` is the
+        answer the caller just had (nothing ran since); `status`, the session's status it
+        just read, saves asking for its open run and pending approvals again."""
+        if session_id in self._tasks:
+            return False
+        if due is None:
+            due = self.engine.auto_compaction_due(session_id, status)
+        if not due:
             return False
         self._tasks[session_id] = asyncio.get_running_loop().create_task(
             self._run(session_id), name=f"auto-compact {session_id}"
@@ -61,3 +84,79 @@ class AutoCompactor:
             t.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+
+
+class Scheduler(AutoCompactor):
+    """The rules above, for a daemon started at `started_at` whose clients hold runs for
+    `run_lease` seconds after their daemon died."""
+
+    def __init__(self, engine: Engine, run_lease: float = 30.0) -> None:
+        super().__init__(engine)
+        self.run_lease = run_lease
+        self.started_at = time.time()
+        # runs open in the file when this daemon started, not yet claimed by a client
+        self._stale_runs: set[str] = set()
+
+    # what a change triggers
+
+    def after_append(self, session_id: str, run_id: str | None, status: dict[str, Any]) -> None:
+        if run_id is None:  # appends outside a run are checked here, runs at run/finish
+            self.maybe_schedule(session_id, status=status)
+
+    def after_run_finished(self, result: dict[str, Any]) -> dict[str, Any]:
+        """`result` of Engine.finish_run, with `autoCompactionScheduled` made true only
+        when a compaction was really started."""
+        if result["autoCompactionScheduled"]:
+            result["autoCompactionScheduled"] = self.maybe_schedule(
+                result["run"]["sessionId"], due=True
+            )
+        return result
+
+    def after_approval_resolved(self, approval: dict[str, Any]) -> None:
+        # a run that finished while this approval was pending scheduled nothing: with the
+        # last approval resolved and no run open, the held-back compaction is due now
+        self.maybe_schedule(approval["sessionId"])
+
+    # runs without a client
+
+    def start_run(self, session_id: str, held: Callable[[str], bool]) -> dict[str, Any]:
+        """Start a run; an open run of the session that predates this daemon and that no
+        live client holds (`held`) is interrupted first: its client died with the old
+        daemon and must not lock the session forever."""
+        try:
+            return self.engine.start_run(session_id)
+        except RunActive as exc:
+            stale = exc.data["runId"]
+            run = self.engine.runs.get(stale)
+            if run is None or run["startedAt"] >= self.started_at or held(stale):
+                raise
+            log.info("run %s predates this daemon and has no client: interrupted", stale)
+            self.engine.finish_run(stale, "interrupted")
+            return self.engine.start_run(session_id)
+
+    def client_gone(self, run_ids: set[str]) -> None:
+        """Runs whose client went away without run/finish."""
+        self.engine.interrupt_runs(run_ids)
+
+    def lease_stale_runs(self, run_ids: set[str]) -> None:
+        """Runs left open by a daemon that died. A client that comes back claims its run
+        by naming it (`messages/append`, `approval/request` with its `runId`) within one
+        lease; the others are marked interrupted then, so no dead run locks a session."""
+        if not run_ids:
+            return
+        self._stale_runs |= set(run_ids)
+        asyncio.get_running_loop().call_later(self.run_lease, self._expire_stale_runs)
+
+    def claim(self, run_id: str | None) -> bool:
+        """Whether `run_id` was a stale run, now held by the client that named it."""
+        if run_id is not None and run_id in self._stale_runs:
+            self._stale_runs.discard(run_id)
+            return True
+        return False
+
+    def _expire_stale_runs(self) -> None:
+        stale, self._stale_runs = self._stale_runs, set()
+        if stale:
+            log.info("runs left open by a previous daemon and not claimed: interrupted %s",
+                     sorted(stale))
+            self.engine.interrupt_runs(stale)
