@@ -197,9 +197,11 @@ class ArchiveStore:
         digest: str,
         run_id: str | None,
         client_batch_id: str | None,
+        index_texts: Sequence[str] | None = None,
     ) -> tuple[int, list[int], float]:
         """Write one batch: (normalized message, JSON body, tokens) each. Returns
-        (batch id, message ids, created_at). Must run inside a transaction."""
+        (batch id, message ids, created_at). Must run inside a transaction.
+        `index_texts` are the messages' `fts.index_text`, when computed beforehand."""
         now = time.time()
         first = (self.conn.execute("SELECT max(id) FROM messages").fetchone()[0] or 0) + 1
         ids = list(range(first, first + len(messages)))
@@ -220,8 +222,10 @@ class ArchiveStore:
         self.conn.executemany(
             "INSERT INTO messages_fts(rowid, body) VALUES (?, ?)",
             [
-                (i, fts.index_text(message_text(m)))
-                for i, (m, _, _) in zip(ids, messages, strict=True)
+                (i, fts.index_text(message_text(m)) if index_texts is None else text)
+                for i, (m, _, _), text in zip(
+                    ids, messages, index_texts or [None] * len(ids), strict=True
+                )
             ],
         )
         calls = [

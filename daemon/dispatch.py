@@ -21,10 +21,14 @@ from ctxd.protocol.methods import NOTIFICATIONS, PROTOCOL_VERSION, SERVER_NAME, 
 
 from . import context_edit, projection, recall
 from .engine import Engine
+from .messages import PreparedBatch, text_size
 from .scheduler import Scheduler
 from .servers.base import Connection, EventHub
 
 log = logging.getLogger("ctxd.dispatch")
+
+# an append carrying this much text is validated and counted in a worker thread
+OFFLOAD_TEXT_CHARS = 256 * 1024
 
 Handler = Callable[[Connection, dict[str, Any]], Any]
 
@@ -53,6 +57,8 @@ class Dispatcher:
         self.auth_timeout = auth_timeout
         self.run_lease = run_lease
         self._live: set[Connection] = set()
+        # per connection: the request (behind a large append) the next one waits for
+        self._in_turn: dict[Connection, asyncio.Future[None]] = {}
         self._handlers: dict[str, Handler] = {
             "initialize": self.initialize,
             "shutdown": self.shutdown,
@@ -105,7 +111,43 @@ class Dispatcher:
             # methods (which an unknown-method error names) is nobody's business
             raise Unauthorized("send initialize with the token from the connection file first")
         p = validate_params(method, params)
+        before = self._in_turn.get(conn)
+        if before is not None or (
+            method == "messages/append" and text_size(p["messages"]) >= OFFLOAD_TEXT_CHARS
+        ):
+            return await self._after(conn, before, method, p)
         result = self._handlers[method](conn, p)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    async def _after(
+        self, conn: Connection, before: asyncio.Future[None] | None, method: str, p: Any
+    ) -> Any:
+        """A large append, or any request behind one from the same connection.
+
+        The append's batch is validated and its tokens counted in a worker thread, so
+        the event loop serves other clients meanwhile (the commit stays on the loop).
+        Requests of the same connection still start in the order they came: each one
+        waits until the one before it has started.
+        """
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._in_turn[conn] = turn
+        try:
+            prepared = None
+            if method == "messages/append" and text_size(p["messages"]) >= OFFLOAD_TEXT_CHARS:
+                self.engine.require_session(p["sessionId"])
+                prepared = await asyncio.to_thread(self.engine.prepare_append, p["messages"])
+            if before is not None:
+                await before
+            if prepared is not None:
+                result = self.append(conn, p, prepared)
+            else:
+                result = self._handlers[method](conn, p)
+        finally:
+            turn.set_result(None)
+            if self._in_turn.get(conn) is turn:
+                del self._in_turn[conn]
         if inspect.isawaitable(result):
             result = await result
         return result
@@ -206,11 +248,17 @@ class Dispatcher:
         conn.subscriptions.discard(p["sessionId"])
         return {}
 
-    def append(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+    def append(
+        self, conn: Connection, p: dict[str, Any], prepared: PreparedBatch | None = None
+    ) -> dict[str, Any]:
         sid = p["sessionId"]
         self._claim(conn, p["runId"])
         result = self.engine.append(
-            sid, p["messages"], run_id=p["runId"], client_batch_id=p["clientBatchId"]
+            sid,
+            p["messages"],
+            run_id=p["runId"],
+            client_batch_id=p["clientBatchId"],
+            prepared=prepared,
         )
         self.scheduler.after_append(sid, p["runId"], result["status"])
         return result

@@ -9,7 +9,6 @@ crash at any moment leaves the database as of the last acknowledged call.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import uuid
@@ -23,7 +22,6 @@ from ctxd.protocol.errors import (
     InvalidMessage,
     InvalidParams,
     NotFound,
-    PayloadTooLarge,
     RunActive,
     SessionNotFound,
 )
@@ -35,7 +33,7 @@ from .compactor import Compactor, strip_archive_fields
 from .config import Config
 from .context_store import ContextState
 from .corrections import mark_superseded
-from .messages import normalize_message
+from .messages import PreparedBatch, prepare_batch
 from .projection import project
 from .runs import RUN_OUTCOMES, RunStore
 from .schema import open_database, transaction
@@ -204,20 +202,13 @@ class Engine:
         *,
         run_id: str | None = None,
         client_batch_id: str | None = None,
+        prepared: PreparedBatch | None = None,
     ) -> dict[str, Any]:
+        """Archive a batch. `prepared` is `prepare_append(messages)` done beforehand (the
+        daemon does it in a worker thread for large batches)."""
         self.require_session(session_id)
-        if not isinstance(messages, list) or not messages:
-            raise InvalidParams("messages must be a non-empty list of chat messages")
-        if len(messages) > self.config.max_batch_messages:
-            raise PayloadTooLarge(
-                f"{len(messages)} messages in one batch; the limit is "
-                f"{self.config.max_batch_messages}: split the batch",
-                {"limit": self.config.max_batch_messages},
-            )
-        normalized = [
-            normalize_message(m, i, self.config.max_message_bytes) for i, m in enumerate(messages)
-        ]
-        digest = hashlib.sha256("\n".join(body for _, body in normalized).encode()).hexdigest()
+        batch = prepared or self.prepare_append(messages, count_tokens=False)
+        normalized, digest = batch.normalized, batch.digest
         if client_batch_id is not None:
             found = self.archive.find_batch(session_id, client_batch_id)
             if found is not None:
@@ -234,14 +225,20 @@ class Engine:
                     f"run {run_id!r} is {run['status']}; start a new run", {"runId": run_id}
                 )
         self._check_tool_pairs(session_id, [m for m, _ in normalized])
-        rows = [(m, body, self.tokens.count_message(m)) for m, body in normalized]
+        counts = batch.tokens or [self.tokens.count_message(m) for m, _ in normalized]
+        rows = [(m, body, n) for (m, body), n in zip(normalized, counts, strict=True)]
         st = self.context_state(session_id)
         new = replace(st, system_ids=list(st.system_ids))
         new.active_messages += len(rows)
         new.active_tokens += sum(tokens for _, _, tokens in rows)
         with transaction(self.conn):
             batch_id, ids, created = self.archive.append(
-                session_id, rows, digest=digest, run_id=run_id, client_batch_id=client_batch_id
+                session_id,
+                rows,
+                digest=digest,
+                run_id=run_id,
+                client_batch_id=client_batch_id,
+                index_texts=batch.index_texts,
             )
             for (m, _, _), mid in zip(rows, ids, strict=True):
                 if new.tail_start_id is None:
@@ -266,6 +263,13 @@ class Engine:
             },
         )
         return {"batchId": batch_id, "messageIds": ids, "status": status}
+
+    def prepare_append(self, messages: Any, *, count_tokens: bool = True) -> PreparedBatch:
+        """The part of `append` that reads no database state; safe in a worker thread."""
+        count = self.tokens.count_message if count_tokens else None
+        return prepare_batch(
+            messages, self.config.max_batch_messages, self.config.max_message_bytes, count
+        )
 
     def _repeat_batch(
         self, session_id: str, client_batch_id: str, found: tuple[int, str, int, int], digest: str

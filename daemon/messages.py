@@ -6,10 +6,15 @@ which message (its index in the batch) and why.
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from ctxd.protocol.errors import InvalidMessage, PayloadTooLarge
+from ctxd.protocol.errors import InvalidMessage, InvalidParams, PayloadTooLarge
+
+from . import fts
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -116,6 +121,60 @@ def normalize_message(raw: Any, index: int, max_bytes: int) -> tuple[dict[str, A
             {"index": index, "bytes": size, "limit": max_bytes},
         )
     return msg, body
+
+
+@dataclass
+class PreparedBatch:
+    """What `prepare_batch` computed for a batch: normalized messages with their
+    canonical JSON, the batch digest, and (when asked) token counts."""
+
+    normalized: list[tuple[dict[str, Any], str]]
+    digest: str
+    tokens: list[int] | None = None
+    index_texts: list[str] | None = None  # what the full-text index stores for each
+
+
+def prepare_batch(
+    messages: Any, max_batch: int, max_bytes: int, count: Callable[[dict[str, Any]], int] | None
+) -> PreparedBatch:
+    """Validate a batch whole and compute what reads no database state. It touches no
+    shared state, so the daemon runs it in a worker thread for large batches (token
+    counting releases the GIL) while the event loop serves other clients."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidParams("messages must be a non-empty list of chat messages")
+    if len(messages) > max_batch:
+        raise PayloadTooLarge(
+            f"{len(messages)} messages in one batch; the limit is {max_batch}: split the batch",
+            {"limit": max_batch},
+        )
+    normalized = [normalize_message(m, i, max_bytes) for i, m in enumerate(messages)]
+    digest = hashlib.sha256("\n".join(body for _, body in normalized).encode()).hexdigest()
+    if count is None:
+        return PreparedBatch(normalized, digest)
+    tokens = [count(m) for m, _ in normalized]
+    texts = [fts.index_text(message_text(m)) for m, _ in normalized]
+    return PreparedBatch(normalized, digest, tokens, texts)
+
+
+def text_size(messages: Any) -> int:
+    """About how many characters of text a batch carries (cheap: no encoding)."""
+    if not isinstance(messages, list):
+        return 0
+    n = 0
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        content = m.get("content")
+        if isinstance(content, str):
+            n += len(content)
+        elif isinstance(content, list):
+            n += sum(len(p.get("text") or "") for p in content
+                     if isinstance(p, dict) and isinstance(p.get("text"), str))
+        for call in m.get("tool_calls") or ():
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+                n += len(fn["arguments"])
+    return n
 
 
 def content_text(content: Any, *, mark_other_parts: bool = False) -> str:

@@ -203,6 +203,10 @@ def test_batches_and_replies_are_bounded(daemon: DaemonProcess) -> None:
     conn.send(too_many)
     reply = conn.recv()
     assert error_code(reply) == INVALID_REQUEST and reply["error"]["data"]["limit"] == 256
+    # a large one is counted before it is decoded, with the same answer
+    conn.send([{"jsonrpc": "2.0", "id": i, "method": "tools/list"} for i in range(15_000)])
+    reply = conn.recv()
+    assert error_code(reply) == INVALID_REQUEST and reply["error"]["data"]["limit"] == 256
     # 20 reads of 16 x 60 KB messages: about 19 MB of reply, far above the 1 MiB limit
     sid = conn.call("session/create", {})["result"]["sessionId"]
     big = {"role": "user", "content": "z" * 60_000}
@@ -370,5 +374,60 @@ def test_too_many_handshakes_wait_instead_of_failing(tmp_path: Path) -> None:
         assert time.monotonic() - t0 < TIMEOUT
         for s in idle:
             s.close()
+    finally:
+        assert d.stop() == 0
+
+
+# large messages
+
+
+def _words(n_chars: int, seed: int) -> str:
+    import random
+
+    rng = random.Random(seed)
+    vocab = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9)))
+             for _ in range(4000)]
+    text = " ".join(rng.choices(vocab, k=n_chars // 5 + 1))
+    return text[:n_chars]
+
+
+def test_a_large_append_does_not_stop_other_clients(tmp_path: Path) -> None:
+    # once, one request with eight 7.5 MB messages held the event loop for 18 s: every
+    # other client waited. Now its batch is checked and counted beside the loop.
+    d = start(tmp_path)
+    info = d.info()
+    try:
+        big, other = Tcp(info), Tcp(info)
+        big.login(info["token"])
+        other.login(info["token"])
+        sid = big.call("session/create", {})["result"]["sessionId"]
+        text = _words(6_000_000, 1)
+        messages = [{"role": "user", "content": text[i:] + text[:i]} for i in range(4)]
+        big.send({"jsonrpc": "2.0", "id": "big", "method": "messages/append",
+                  "params": {"sessionId": sid, "messages": messages}})
+        # pipelined on the same connection: must still be archived after the big batch
+        big.send({"jsonrpc": "2.0", "id": "small", "method": "messages/append",
+                  "params": {"sessionId": sid, "messages": [{"role": "user", "content": "after"}]}})
+        time.sleep(0.3)  # the big frame has arrived; the daemon is working on it
+        other.send({"jsonrpc": "2.0", "id": "quick", "method": "tools/list", "params": {}})
+        # the other client is answered while the big batch is still being worked on
+        other.sock.settimeout(60)
+        assert other.recv()["id"] == "quick"
+        big.sock.setblocking(False)
+        try:
+            early = big.sock.recv(1 << 16)
+        except BlockingIOError:
+            early = b""
+        assert early == b"", "the big append finished before the other client was served"
+        big.sock.setblocking(True)
+        big.sock.settimeout(120)
+        first, second = big.recv(), big.recv()
+        assert (first["id"], second["id"]) == ("big", "small"), (first, second)
+        assert max(first["result"]["messageIds"]) < min(second["result"]["messageIds"])
+        read = other.call("archive/read", {"sessionId": sid,
+                                           "afterId": max(first["result"]["messageIds"])})
+        assert [m["content"] for m in read["result"]["messages"]] == ["after"]
+        big.close()
+        other.close()
     finally:
         assert d.stop() == 0
