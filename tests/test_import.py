@@ -388,3 +388,56 @@ def test_codex_call_waits_for_its_output(daemon: DaemonProcess, client: Client,
     ctxd_import(daemon, "codex", str(path))
     msgs = archive(client, "codex-wait0001")
     assert len(msgs) == 20 and not any((m.get("metadata") or {}).get("repaired") for m in msgs)
+
+
+def test_follow_survives_a_daemon_restart(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    d = DaemonProcess(tmp_path / "d").start()
+    folder = tmp_path / "live"
+    folder.mkdir()
+    lines = list(claude_code_lines("restart1-aaaa", 4))
+    path = folder / "restart1-aaaa.jsonl"
+    path.write_text("".join(ln + "\n" for ln in lines[:10]), encoding="utf-8")
+    sid = "claude-code-restart1-aaaa"
+    cmd = [sys.executable, "-m", "ctxd.clients.cli", "import", "claude-code", str(folder),
+           "--follow", "--interval", "0.1", "--connection-file", str(d.connection_file),
+           "--data-dir", str(d.data_dir)]
+    proc = subprocess.Popen(cmd, env=d.env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        def count(want: int) -> int:
+            deadline = time.monotonic() + 30
+            n = -1
+            while time.monotonic() < deadline:
+                try:
+                    with Client.connect(str(d.connection_file), None, "jsonrpc") as c:
+                        n = len(archive(c, sid)) if _exists(c, sid) else 0
+                except ConnectionError:
+                    n = -1
+                if n >= want:
+                    return n
+                time.sleep(0.1)
+            return n
+
+        assert count(8) == 8
+        d.stop()  # the daemon goes away; the importer starts it again on its data dir
+        with open(path, "a", encoding="utf-8") as f:
+            f.write("".join(ln + "\n" for ln in lines[10:]))
+        assert count(16) == 16
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        if d.connection_file.exists():  # the daemon the importer started
+            pid = json.loads(d.connection_file.read_text())["pid"]
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.05)

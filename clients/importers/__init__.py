@@ -32,6 +32,7 @@ def import_paths(client: Any, fmt: str, paths: list[Path], options: Options,
     make, pattern, _ = FORMATS[fmt]
     report = report or Report(verbose=options.verbose)
     for path in find_files(paths, pattern):
+        key = None
         if seen is not None:
             try:
                 st = path.stat()
@@ -40,11 +41,14 @@ def import_paths(client: Any, fmt: str, paths: list[Path], options: Options,
             key = (st.st_size, st.st_mtime)
             if seen.get(path) == key:
                 continue
-            seen[path] = key
         try:
             FileImporter(client, make(path, options), path, report, options).run()
         except CtxdError as exc:
+            report.failed += 1
             report.notes.append(f"{path}: the daemon refused an append: {exc.message}")
+        # marked done only now: a file cut short by a lost connection is read again
+        if seen is not None and key is not None:
+            seen[path] = key
     return report
 
 
@@ -97,7 +101,15 @@ def cmd_import(args: argparse.Namespace, connect: Callable[[], Any]) -> int:
         _print_report(report, args.json)
         while args.follow:
             time.sleep(args.interval)
-            report = import_paths(client, fmt, paths, options, seen=seen)
+            try:
+                report = import_paths(client, fmt, paths, options, seen=seen)
+            except ConnectionError as exc:
+                # the daemon went away (restart, upgrade): start or find it again and go
+                # on; what was stored is known from the archive, so nothing is doubled
+                print(f"ctxd: lost the daemon ({exc}); reconnecting", file=sys.stderr)
+                client.close()
+                client = _reconnect(connect, args.interval)
+                continue
             if report.messages or report.notes or report.unmappable:
                 _print_report(report, args.json)
     except KeyboardInterrupt:
@@ -107,7 +119,15 @@ def cmd_import(args: argparse.Namespace, connect: Callable[[], Any]) -> int:
         return 1
     finally:
         client.close()
-    return 0
+    return 2 if report.failed else 0
+
+
+def _reconnect(connect: Callable[[], Any], interval: float) -> Any:
+    while True:
+        try:
+            return connect()
+        except ConnectionError:
+            time.sleep(max(interval, 1.0))
 
 
 def register(sub: Any, common: Callable[[argparse.ArgumentParser], None],

@@ -104,6 +104,7 @@ class Report:
     unmappable: Counter[str] = field(default_factory=Counter)
     repaired: Counter[str] = field(default_factory=Counter)
     deferred: int = 0
+    failed: int = 0  # files the daemon refused an append of
     notes: list[str] = field(default_factory=list)
     details: list[str] = field(default_factory=list)
     verbose: bool = False
@@ -126,6 +127,7 @@ class Report:
             "unmappable": dict(self.unmappable),
             "repaired": dict(self.repaired),
             "deferred": self.deferred,
+            "failed": self.failed,
             "notes": self.notes,
         }
         if self.verbose:
