@@ -37,8 +37,8 @@ _ID_MAX = 200
 # the latest message of a session: any id the archive will ever reach is below this
 _END_ID = 2**62
 # how far back from a session's end to look for the last import marker
-_MARKER_PAGE = 200
-_MARKER_PAGES = 25
+_MARKER_PAGE = 50
+_MARKER_PAGES = 100
 
 
 @dataclass
@@ -238,8 +238,10 @@ class FileImporter:
         appended after it (an agent working on an imported session), so look back a
         bounded stretch; (0, 0) for an empty session, None when no marker is found."""
         before = _END_ID
-        for _ in range(_MARKER_PAGES):
-            page = self.client.read(sid, before_id=before, limit=_MARKER_PAGE)
+        for i in range(_MARKER_PAGES):
+            # the last message is the marker unless another client appended after the
+            # import: read one first, then small pages (messages can be large)
+            page = self.client.read(sid, before_id=before, limit=1 if i == 0 else _MARKER_PAGE)
             for m in reversed(page["messages"]):
                 pos = (m.get("metadata") or {}).get("import") or {}
                 off, line = pos.get("offset"), pos.get("line")
