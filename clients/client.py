@@ -183,7 +183,10 @@ class _Methods(Generic[R]):
         messages: list[dict[str, Any]],
         run_id: str | None = None,
         client_batch_id: str | None = None,
+        return_context: bool | None = None,
     ) -> R:
+        """With `return_context`, the result's `context` is the model context after the
+        append (as from `context_get`): one round trip instead of two."""
         return self.call(
             "messages/append",
             _drop_none(
@@ -191,6 +194,7 @@ class _Methods(Generic[R]):
                 messages=messages,
                 runId=run_id,
                 clientBatchId=client_batch_id,
+                returnContext=return_context,
             ),
         )
 
@@ -231,11 +235,22 @@ class _Methods(Generic[R]):
         )
 
     def context_get(
-        self, session_id: str, format: str | None = None, include_metadata: bool | None = None
+        self,
+        session_id: str,
+        format: str | None = None,
+        include_metadata: bool | None = None,
+        budget_tokens: int | None = None,
+        query: str | None = None,
     ) -> R:
         return self.call(
             "context/get",
-            _drop_none(sessionId=session_id, format=format, includeMetadata=include_metadata),
+            _drop_none(
+                sessionId=session_id,
+                format=format,
+                includeMetadata=include_metadata,
+                budgetTokens=budget_tokens,
+                query=query,
+            ),
         )
 
     def context_clear(self, session_id: str) -> R:
@@ -260,8 +275,15 @@ class _Methods(Generic[R]):
             timeout=timeout,
         )
 
-    def rebuild(self, session_id: str, timeout: float = COMPACT_TIMEOUT) -> R:
-        return self.call("context/rebuild", {"sessionId": session_id}, timeout=timeout)
+    def rebuild(
+        self, session_id: str, timeout: float = COMPACT_TIMEOUT, dry_run: bool | None = None
+    ) -> R:
+        return self.call(
+            "context/rebuild", _drop_none(sessionId=session_id, dryRun=dry_run), timeout=timeout
+        )
+
+    def explain(self, session_id: str) -> R:
+        return self.call("context/explain", {"sessionId": session_id})
 
     def compactions(self, session_id: str, limit: int | None = None) -> R:
         return self.call("context/compactions", _drop_none(sessionId=session_id, limit=limit))
@@ -278,8 +300,21 @@ class _Methods(Generic[R]):
     def start_run(self, session_id: str) -> R:
         return self.call("run/start", {"sessionId": session_id})
 
-    def finish_run(self, run_id: str, outcome: str) -> R:
-        return self.call("run/finish", {"runId": run_id, "outcome": outcome})
+    def finish_run(
+        self,
+        run_id: str,
+        outcome: str,
+        messages: list[dict[str, Any]] | None = None,
+        client_batch_id: str | None = None,
+    ) -> R:
+        """`messages`: the run's last messages, appended within the run before it finishes
+        (the result's `append`), in the same round trip."""
+        return self.call(
+            "run/finish",
+            _drop_none(
+                runId=run_id, outcome=outcome, messages=messages, clientBatchId=client_batch_id
+            ),
+        )
 
     def request_approval(
         self,
@@ -312,6 +347,10 @@ class _Methods(Generic[R]):
     def heartbeat(self) -> R:
         """Renew the lease of this client's runs (ZeroMQ); sent by the client on its own."""
         return self.call("heartbeat", {})
+
+    def shutdown(self) -> R:
+        """Ask the daemon to stop; it answers first."""
+        return self.call("shutdown", {})
 
     def list_tools(self) -> R:
         return self.call("tools/list", {})

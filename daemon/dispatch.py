@@ -11,13 +11,21 @@ import asyncio
 import hmac
 import inspect
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
 from ctxd import __version__
 from ctxd.protocol import auth
 from ctxd.protocol.errors import SearchTooBroad, Unauthorized
-from ctxd.protocol.methods import NOTIFICATIONS, PROTOCOL_VERSION, SERVER_NAME, validate_params
+from ctxd.protocol.methods import (
+    METHODS,
+    NOTIFICATIONS,
+    PROTOCOL_VERSION,
+    SERVER_NAME,
+    Method,
+    validate_params,
+)
 
 from . import context_edit, projection, recall
 from .engine import Engine
@@ -33,6 +41,14 @@ OFFLOAD_TEXT_CHARS = 256 * 1024
 Handler = Callable[[Connection, dict[str, Any]], Any]
 
 SHUTDOWN_REPLY_DELAY = 0.1
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"[A-Z]", lambda m: "_" + m.group(0).lower(), name)
+
+
+async def _wrap_later(result: Any, key: str) -> dict[str, Any]:
+    return {key: await result}
 
 
 class Dispatcher:
@@ -59,49 +75,31 @@ class Dispatcher:
         self._live: set[Connection] = set()
         # per connection: the request (behind a large append) the next one waits for
         self._in_turn: dict[Connection, asyncio.Future[None]] = {}
+        # bound from the protocol table: each entry names the function that serves it
         self._handlers: dict[str, Handler] = {
-            "initialize": self.initialize,
-            "shutdown": self.shutdown,
-            "heartbeat": self.heartbeat,
-            "session/create": lambda c, p: engine.create_session(
-                p["sessionId"], p["title"], p["metadata"]
-            ),
-            "session/list": lambda c, p: engine.list_sessions(p["limit"], p["cursor"], p["title"]),
-            "session/get": lambda c, p: engine.get_session(p["sessionId"]),
-            "session/subscribe": self.subscribe,
-            "session/unsubscribe": self.unsubscribe,
-            "messages/append": self.append,
-            "archive/read": lambda c, p: engine.read_archive(
-                p["sessionId"], p["afterId"], p["limit"], p["beforeId"], p["maxBytes"]
-            ),
-            "archive/search": self.search,
-            "context/get": self.context_get,
-            "context/clear": lambda c, p: context_edit.clear(engine, p["sessionId"]),
-            "context/pop": lambda c, p: context_edit.pop(engine, p["sessionId"], p["count"]),
-            "context/status": lambda c, p: engine.status(p["sessionId"]),
-            "context/compact": self.compact,
-            "context/rebuild": self.rebuild,
-            "context/explain": lambda c, p: recall.explain(engine, p["sessionId"]),
-            "context/compactions": lambda c, p: {
-                "compactions": engine.compaction_history(p["sessionId"], p["limit"])
-            },
-            "context/pins/add": lambda c, p: {"pin": engine.add_pin(p["sessionId"], p["text"])},
-            "context/pins/list": lambda c, p: {"pins": engine.pins(p["sessionId"])},
-            "context/pins/remove": lambda c, p: {
-                "pin": engine.remove_pin(p["sessionId"], p["pinId"])
-            },
-            "run/start": self.run_start,
-            "run/finish": self.run_finish,
-            "approval/request": self.approval_request,
-            "approval/resolve": self.approval_resolve,
-            "approval/list": lambda c, p: {
-                "approvals": engine.list_approvals(p["sessionId"], p["status"])
-            },
-            "tools/list": lambda c, p: {"tools": [recall.SEARCH_TOOL_SCHEMA]},
-            "tools/call": lambda c, p: recall.call_tool_async(
-                engine, p["sessionId"], p["name"], p["arguments"]
-            ),
+            name: self._bind(method) for name, method in METHODS.items()
         }
+
+    def _bind(self, method: Method) -> Handler:
+        owner, _, func = method.handler.partition(".")
+        if owner == "dispatcher":
+            return getattr(self, func)
+        fn = getattr({"engine": self.engine, "context_edit": context_edit, "recall": recall}[owner],
+                     func)
+        # wire names to keyword names once, here, rather than on every request
+        names = tuple((p, _snake(p)) for p in method.param_names)
+        wrap = method.wrap
+        lead = () if owner == "engine" else (self.engine,)
+
+        def handler(conn: Connection, p: dict[str, Any]) -> Any:
+            result = fn(*lead, **{kw: p[wire] for wire, kw in names})
+            if wrap is None:
+                return result
+            if inspect.isawaitable(result):
+                return _wrap_later(result, wrap)
+            return {wrap: result}
+
+        return handler
 
     # the RequestHandler interface
 
@@ -233,6 +231,9 @@ class Dispatcher:
             },
         }
 
+    def list_tools(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+        return {"tools": [recall.SEARCH_TOOL_SCHEMA]}
+
     def shutdown(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
         if self.on_shutdown is not None:
             # a moment for this reply to leave: a ZeroMQ socket closed at once drops it
@@ -261,6 +262,8 @@ class Dispatcher:
             prepared=prepared,
         )
         self.scheduler.after_append(sid, p["runId"], result["status"])
+        if p["returnContext"]:
+            result["context"] = self.engine.get_context(sid)
         return result
 
     async def search(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
@@ -312,7 +315,21 @@ class Dispatcher:
         return any(run_id in c.open_runs for c in self._live)
 
     def run_finish(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+        appended = None
+        if p["messages"] is not None:
+            run = self.engine.runs.get(p["runId"])
+            # a missing or finished run: finish_run below gives the error
+            if run is not None and run["status"] == "open":
+                appended = self.engine.append(
+                    run["sessionId"],
+                    p["messages"],
+                    run_id=p["runId"],
+                    client_batch_id=p["clientBatchId"],
+                )
+                self.scheduler.after_append(run["sessionId"], p["runId"], appended["status"])
         result = self.engine.finish_run(p["runId"], p["outcome"])
+        if appended is not None:
+            result["append"] = appended
         conn.open_runs.discard(p["runId"])
         return self.scheduler.after_run_finished(result)
 

@@ -75,6 +75,10 @@ class Param:
             raise ValueError(f"param {self.name!r}: mutable defaults would be shared")
 
 
+# Where a method's handler lives (see `Method.handler`).
+HANDLER_OWNERS = ("engine", "context_edit", "recall", "dispatcher")
+
+
 @dataclass(frozen=True, slots=True)
 class Method:
     """One request. `result` is a short description of the result object's keys.
@@ -90,6 +94,21 @@ class Method:
     doc: str
     errors: tuple[ErrorCode, ...]
     needs_session: bool
+    # The function serving it, "<owner>.<function>": `engine.*` is called with the params
+    # as keyword arguments (camelCase names in snake_case), `context_edit.*` and `recall.*`
+    # with the engine first, `dispatcher.*` (what needs the connection) with (conn, params).
+    handler: str = ""
+    # The method of the Python clients (`clients/client.py`) that sends it.
+    client: str = ""
+    # When set, the handler's return value is the result's member of this name.
+    wrap: str | None = None
+
+    def __post_init__(self) -> None:
+        owner, _, func = self.handler.partition(".")
+        if owner not in HANDLER_OWNERS or not func:
+            raise ValueError(f"method {self.name!r}: handler {self.handler!r} names no owner")
+        if not self.client.isidentifier():
+            raise ValueError(f"method {self.name!r}: no client method named")
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -278,6 +297,9 @@ _METHOD_LIST: tuple[Method, ...] = (
         "checks the daemon before sending the token.",
         (_E.UNAUTHORIZED,),
         False,
+        handler="dispatcher.initialize",
+        # sent by the clients' open(), with a nonce and a proof of the token
+        client="open",
     ),
     Method(
         "session/create",
@@ -290,6 +312,8 @@ _METHOD_LIST: tuple[Method, ...] = (
         "Creates an empty session.",
         (_E.CONFLICT,),
         False,
+        handler="engine.create_session",
+        client="create_session",
     ),
     Method(
         "session/list",
@@ -312,6 +336,8 @@ _METHOD_LIST: tuple[Method, ...] = (
         "Lists sessions, newest first, one page at a time.",
         (),
         False,
+        handler="engine.list_sessions",
+        client="list_sessions",
     ),
     Method(
         "session/get",
@@ -320,6 +346,8 @@ _METHOD_LIST: tuple[Method, ...] = (
         "Reads one session.",
         (_E.SESSION_NOT_FOUND,),
         True,
+        handler="engine.get_session",
+        client="get_session",
     ),
     Method(
         "session/subscribe",
@@ -329,6 +357,8 @@ _METHOD_LIST: tuple[Method, ...] = (
         "subscribe a SUB socket to the session's topic instead).",
         (_E.SESSION_NOT_FOUND,),
         True,
+        handler="dispatcher.subscribe",
+        client="subscribe",
     ),
     Method(
         "session/unsubscribe",
@@ -337,6 +367,8 @@ _METHOD_LIST: tuple[Method, ...] = (
         "Stops the session's notifications on this connection.",
         (_E.SESSION_NOT_FOUND,),
         True,
+        handler="dispatcher.unsubscribe",
+        client="unsubscribe",
     ),
     Method(
         "messages/append",
@@ -358,9 +390,18 @@ _METHOD_LIST: tuple[Method, ...] = (
                 "result instead of appending again.",
                 False,
             ),
+            Param(
+                "returnContext",
+                "boolean",
+                False,
+                "Also return the model context after the append (`context`, as from "
+                "`context/get` without a budget or query): append and read the next model "
+                "input in one round trip.",
+                default=False,
+            ),
         ),
         "`batchId` (integer), `messageIds` (archive ids, integers, in order), `status` (as from "
-        "`context/status`).",
+        "`context/status`); with `returnContext`, `context` (as from `context/get`).",
         "Appends one batch to the archive and the active context. The batch is stored whole "
         "or not at all. May schedule an automatic compaction. Limits (daemon config): each "
         "message at most `max_message_bytes` of JSON (8 MiB by default), at most "
@@ -375,6 +416,8 @@ _METHOD_LIST: tuple[Method, ...] = (
             _E.CONFLICT,
         ),
         True,
+        handler="dispatcher.append",
+        client="append",
     ),
     Method(
         "archive/read",
@@ -420,6 +463,8 @@ _METHOD_LIST: tuple[Method, ...] = (
         "`max_message_bytes` (8 MiB of JSON by default).",
         (_E.SESSION_NOT_FOUND,),
         True,
+        handler="engine.read_archive",
+        client="read",
     ),
     Method(
         "archive/search",
@@ -470,6 +515,8 @@ _METHOD_LIST: tuple[Method, ...] = (
         "while a search runs.",
         (_E.SESSION_NOT_FOUND, _E.SEARCH_TOO_BROAD),
         False,
+        handler="dispatcher.search",
+        client="search",
     ),
     Method(
         "context/get",
@@ -527,6 +574,8 @@ _METHOD_LIST: tuple[Method, ...] = (
         "never changes the stored context.",
         (_E.SESSION_NOT_FOUND,),
         True,
+        handler="dispatcher.context_get",
+        client="context_get",
     ),
     Method(
         "context/status",
@@ -539,6 +588,8 @@ _METHOD_LIST: tuple[Method, ...] = (
         "Counters of the session's context and archive.",
         (_E.SESSION_NOT_FOUND,),
         True,
+        handler="engine.status",
+        client="context_status",
     ),
     Method(
         "context/compact",
@@ -570,6 +621,8 @@ _METHOD_LIST: tuple[Method, ...] = (
             _E.SUMMARIZER_FAILED,
         ),
         True,
+        handler="dispatcher.compact",
+        client="compact",
     ),
     Method(
         "context/rebuild",
@@ -594,6 +647,8 @@ _METHOD_LIST: tuple[Method, ...] = (
             _E.SUMMARIZER_FAILED,
         ),
         True,
+        handler="dispatcher.rebuild",
+        client="rebuild",
     ),
     Method(
         "context/clear",
@@ -605,6 +660,8 @@ _METHOD_LIST: tuple[Method, ...] = (
         "from now on make up the new context.",
         (_E.SESSION_NOT_FOUND, _E.APPROVAL_PENDING),
         True,
+        handler="context_edit.clear",
+        client="context_clear",
     ),
     Method(
         "context/pop",
@@ -627,6 +684,8 @@ _METHOD_LIST: tuple[Method, ...] = (
         "popping a result also pops the assistant message that made the call and all after.",
         (_E.SESSION_NOT_FOUND, _E.APPROVAL_PENDING),
         True,
+        handler="context_edit.pop",
+        client="context_pop",
     ),
     Method(
         "context/explain",
@@ -641,6 +700,8 @@ _METHOD_LIST: tuple[Method, ...] = (
         "Shows where every line of the summary came from.",
         (_E.SESSION_NOT_FOUND,),
         True,
+        handler="recall.explain",
+        client="explain",
     ),
     Method(
         "context/compactions",
@@ -653,6 +714,9 @@ _METHOD_LIST: tuple[Method, ...] = (
         "The session's compaction attempts, effective or not: what each one saved.",
         (_E.SESSION_NOT_FOUND,),
         True,
+        handler="engine.compaction_history",
+        client="compactions",
+        wrap="compactions",
     ),
     Method(
         "context/pins/add",
@@ -671,6 +735,9 @@ _METHOD_LIST: tuple[Method, ...] = (
         "Pins a text to the context.",
         (_E.SESSION_NOT_FOUND,),
         True,
+        handler="engine.add_pin",
+        client="add_pin",
+        wrap="pin",
     ),
     Method(
         "context/pins/list",
@@ -679,6 +746,9 @@ _METHOD_LIST: tuple[Method, ...] = (
         "Lists the session's pins.",
         (_E.SESSION_NOT_FOUND,),
         True,
+        handler="engine.pins",
+        client="list_pins",
+        wrap="pins",
     ),
     Method(
         "context/pins/remove",
@@ -687,6 +757,9 @@ _METHOD_LIST: tuple[Method, ...] = (
         "Unpins a text.",
         (_E.SESSION_NOT_FOUND, _E.NOT_FOUND),
         True,
+        handler="engine.remove_pin",
+        client="remove_pin",
+        wrap="pin",
     ),
     Method(
         "run/start",
@@ -696,6 +769,8 @@ _METHOD_LIST: tuple[Method, ...] = (
         "left open by a connection that closes is marked interrupted.",
         (_E.SESSION_NOT_FOUND, _E.RUN_ACTIVE),
         True,
+        handler="dispatcher.run_start",
+        client="start_run",
     ),
     Method(
         "run/finish",
@@ -708,12 +783,30 @@ _METHOD_LIST: tuple[Method, ...] = (
                 "How the run ended.",
                 choices=("completed", "failed", "cancelled"),
             ),
+            Param(
+                "messages",
+                "array",
+                False,
+                "The run's last messages, appended to its session within the run before it "
+                "finishes (as `messages/append` with this `runId`), saving a round trip.",
+                min=1,
+                max=APPEND_MAX_MESSAGES,
+            ),
+            _id(
+                "clientBatchId",
+                "Idempotency key of `messages`, as in `messages/append`.",
+                False,
+            ),
         ),
         "`run` (`runId`, `sessionId`, `status` (the outcome), `startedAt`, `finishedAt`), "
-        "`autoCompactionScheduled` (boolean).",
-        "Finishes a run. The daemon may then compact the context in the background.",
-        (_E.NOT_FOUND, _E.CONFLICT),
+        "`autoCompactionScheduled` (boolean); with `messages`, `append` (as from "
+        "`messages/append`).",
+        "Finishes a run. The daemon may then compact the context in the background. With "
+        "`messages`, appends them first: when the append is refused, the run stays open.",
+        (_E.NOT_FOUND, _E.CONFLICT, _E.INVALID_MESSAGE, _E.APPROVAL_PENDING),
         False,
+        handler="dispatcher.run_finish",
+        client="finish_run",
     ),
     Method(
         "approval/request",
@@ -733,6 +826,8 @@ _METHOD_LIST: tuple[Method, ...] = (
         "Asks a human to approve a tool call; clients see `approval/didRequest`.",
         (_E.SESSION_NOT_FOUND, _E.NOT_FOUND, _E.CONFLICT),
         True,
+        handler="dispatcher.approval_request",
+        client="request_approval",
     ),
     Method(
         "approval/resolve",
@@ -754,6 +849,8 @@ _METHOD_LIST: tuple[Method, ...] = (
         "by the approval runs now if the context is over its limits.",
         (_E.NOT_FOUND, _E.CONFLICT),
         False,
+        handler="dispatcher.approval_resolve",
+        client="resolve_approval",
     ),
     Method(
         "approval/list",
@@ -771,6 +868,9 @@ _METHOD_LIST: tuple[Method, ...] = (
         "Lists the session's approvals.",
         (_E.SESSION_NOT_FOUND,),
         True,
+        handler="engine.list_approvals",
+        client="list_approvals",
+        wrap="approvals",
     ),
     Method(
         "tools/list",
@@ -780,6 +880,8 @@ _METHOD_LIST: tuple[Method, ...] = (
         "Tools the agent can offer its model so it can read its own past.",
         (),
         False,
+        handler="dispatcher.list_tools",
+        client="list_tools",
     ),
     Method(
         "tools/call",
@@ -795,6 +897,8 @@ _METHOD_LIST: tuple[Method, ...] = (
         "`search_past_messages` takes the same query limits as `archive/search`.",
         (_E.SESSION_NOT_FOUND, _E.NOT_FOUND, _E.SEARCH_TOO_BROAD),
         True,
+        handler="recall.call_tool_async",
+        client="call_tool",
     ),
     Method(
         "heartbeat",
@@ -806,6 +910,8 @@ _METHOD_LIST: tuple[Method, ...] = (
         "`leaseSeconds`, or its runs are marked interrupted.",
         (),
         False,
+        handler="dispatcher.heartbeat",
+        client="heartbeat",
     ),
     Method(
         "shutdown",
@@ -815,6 +921,8 @@ _METHOD_LIST: tuple[Method, ...] = (
         "and exits.",
         (),
         False,
+        handler="dispatcher.shutdown",
+        client="shutdown",
     ),
 )
 
