@@ -124,6 +124,7 @@ def read_connection_file(path: Path | str) -> dict[str, Any]:
     """
     path = Path(path)
     check_private(path.parent.resolve(), "the directory of the connection file")
+    check_private(path, "connection file")  # before opening: says why, even if unreadable
     with open(path) as f:
         check_private(path, "connection file", os.fstat(f.fileno()))
         info = json.load(f)

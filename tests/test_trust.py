@@ -39,14 +39,22 @@ from ctxd.protocol.errors import RunActive
 TIMEOUT = 10.0
 
 
-def nobody() -> int:
-    return pwd.getpwnam("nobody").pw_uid
+def chown(path: Path, user: str) -> None:
+    """Give `path` to `user`: as root directly, otherwise through `sudo -n` (CI has it).
+    Without either the test fails: it cannot plant another user's file."""
+    if os.geteuid() == 0:
+        os.chown(path, pwd.getpwnam(user).pw_uid, -1)
+    else:
+        subprocess.run(["sudo", "-n", "chown", user, str(path)], check=True, timeout=30)
 
 
-def needs_root() -> None:
-    # chown to another user needs root; CI runs the suite as root. Failing (not
-    # skipping) keeps a run without it from looking green.
-    assert os.geteuid() == 0, "these checks simulate another user with chown: run as root"
+def give_to_nobody(path: Path) -> None:
+    chown(path, "nobody")
+
+
+def take_back(path: Path) -> None:
+    """So the test's temporary files can be removed afterwards."""
+    chown(path, pwd.getpwuid(os.geteuid()).pw_name)
 
 
 def stdio_proxy(conn_file: Path) -> list[str]:
@@ -226,25 +234,28 @@ def test_zmq_tcp_connections_that_never_handshake_are_closed(tmp_path: Path) -> 
 def test_clients_refuse_a_connection_file_others_could_plant(
     tmp_path: Path, fake: FakeServer, attack: str
 ) -> None:
-    needs_root()
     folder = tmp_path / "shared"
     folder.mkdir(mode=0o700)
     conn_file = folder / "ctxd.json"
     write_connection_file(conn_file, planted_info(fake.port))
     if attack == "file-owned-by-other":
-        os.chown(conn_file, nobody(), -1)
+        give_to_nobody(conn_file)
     elif attack == "file-0666":
         os.chmod(conn_file, 0o666)
     elif attack == "dir-0777":
         os.chmod(folder, 0o777)
     else:
-        os.chown(folder, nobody(), -1)
-    for wire in ("jsonrpc", "zmq"):
-        with pytest.raises(DaemonNotRunning) as refused:
-            connect(connection_file=conn_file, wire=wire)  # type: ignore[arg-type]
-        assert "refusing" in str(refused.value)
-    proc = subprocess.run(stdio_proxy(conn_file), input=rpc(1, "initialize"),
-                          capture_output=True, timeout=30)
+        give_to_nobody(folder)
+    try:
+        for wire in ("jsonrpc", "zmq"):
+            with pytest.raises(DaemonNotRunning) as refused:
+                connect(connection_file=conn_file, wire=wire)  # type: ignore[arg-type]
+            assert "refusing" in str(refused.value)
+        proc = subprocess.run(stdio_proxy(conn_file), input=rpc(1, "initialize"),
+                              capture_output=True, timeout=30)
+    finally:
+        if attack.endswith("owned-by-other"):
+            take_back(folder if attack.startswith("dir") else conn_file)
     assert proc.returncode == 1 and b"refusing" in proc.stderr
     assert proc.stdout == b""
     assert fake.connections == 0 and bytes(fake.received) == b""
@@ -346,7 +357,6 @@ def test_the_daemon_proves_the_token_and_old_clients_still_work(tmp_path: Path) 
 
 @pytest.mark.parametrize("planted", ["data-dir", "database", "lock-file", "data-dir-0777"])
 def test_the_daemon_refuses_files_another_user_owns(tmp_path: Path, planted: str) -> None:
-    needs_root()
     data = tmp_path / "data"
     data.mkdir(mode=0o700)
     target = data
@@ -360,9 +370,13 @@ def test_the_daemon_refuses_files_another_user_owns(tmp_path: Path, planted: str
     if planted == "data-dir-0777":
         os.chmod(data, 0o777)
     else:
-        os.chown(target, nobody(), -1)
+        give_to_nobody(target)
     before = stat.S_IMODE(target.stat().st_mode)
-    proc = run_daemon(tmp_path)
+    try:
+        proc = run_daemon(tmp_path)
+    finally:
+        if planted != "data-dir-0777":
+            take_back(target)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ctxd: "), proc.stderr
