@@ -1,0 +1,202 @@
+"""The PostgreSQL schema, as numbered migrations kept in step with daemon/schema.py.
+
+Migration N here holds what SQLite's migration N holds, so a schema version means the
+same thing on both stores (`ctxd copy` relies on it). The differences are PostgreSQL's
+own ways to give the same guarantees:
+- append-only: row triggers refuse UPDATE and DELETE on archived rows, a statement
+  trigger refuses TRUNCATE;
+- one open run per session: a partial UNIQUE index, so two daemons racing to open a run
+  cannot both succeed (SQLite's single writer made a plain index enough);
+- search: `messages_search` holds a tsvector built by ctxd's own tokenizer
+  (daemon/pg/tsearch.py), not PostgreSQL's parser, so Chinese and Japanese are split the
+  same way as in the SQLite index whatever the server's locale.
+The applied version lives in `ctxd_schema`; migrations run under an advisory lock so
+daemons starting together apply each one exactly once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MIGRATIONS: list[str] = [
+    # 1: the archive
+    """
+    CREATE FUNCTION ctxd_refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        RAISE EXCEPTION 'archived % are append-only', TG_ARGV[0]
+            USING ERRCODE = 'restrict_violation';
+    END $$;
+    CREATE TABLE sessions (
+        id          TEXT PRIMARY KEY,
+        title       TEXT,
+        metadata    TEXT,
+        created_at  DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE batches (
+        id               BIGINT PRIMARY KEY,
+        session_id       TEXT NOT NULL REFERENCES sessions(id),
+        client_batch_id  TEXT,
+        run_id           TEXT,
+        digest           TEXT NOT NULL,
+        first_message_id BIGINT NOT NULL,
+        last_message_id  BIGINT NOT NULL,
+        created_at       DOUBLE PRECISION NOT NULL
+    );
+    CREATE UNIQUE INDEX batches_client_id ON batches(session_id, client_batch_id)
+        WHERE client_batch_id IS NOT NULL;
+    CREATE SEQUENCE batch_ids;
+    CREATE SEQUENCE message_ids;
+    CREATE TABLE messages (
+        id          BIGINT PRIMARY KEY,
+        session_id  TEXT NOT NULL,
+        batch_id    BIGINT NOT NULL REFERENCES batches(id),
+        role        TEXT NOT NULL,
+        body        TEXT NOT NULL,
+        tokens      INTEGER NOT NULL,
+        created_at  DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX messages_by_session ON messages(session_id, id);
+    CREATE TABLE tool_calls (
+        session_id         TEXT NOT NULL,
+        tool_call_id       TEXT NOT NULL,
+        call_message_id    BIGINT NOT NULL,
+        PRIMARY KEY (session_id, tool_call_id)
+    );
+    CREATE TABLE tool_results (
+        session_id         TEXT NOT NULL,
+        tool_call_id       TEXT NOT NULL,
+        result_message_id  BIGINT NOT NULL,
+        PRIMARY KEY (session_id, tool_call_id)
+    );
+    -- the search index, like SQLite's messages_fts: derived data, rebuildable
+    -- (a long message is several overlapping parts, daemon/pg/tsearch.py)
+    CREATE TABLE messages_search (
+        message_id  BIGINT NOT NULL REFERENCES messages(id),
+        part        INTEGER NOT NULL,
+        tsv         TSVECTOR NOT NULL,
+        PRIMARY KEY (message_id, part)
+    );
+    CREATE INDEX messages_search_tsv ON messages_search USING GIN (tsv);
+    CREATE TRIGGER messages_append_only BEFORE UPDATE OR DELETE ON messages
+        FOR EACH ROW EXECUTE FUNCTION ctxd_refuse_change('messages');
+    CREATE TRIGGER messages_no_truncate BEFORE TRUNCATE ON messages
+        FOR EACH STATEMENT EXECUTE FUNCTION ctxd_refuse_change('messages');
+    CREATE TRIGGER batches_append_only BEFORE UPDATE OR DELETE ON batches
+        FOR EACH ROW EXECUTE FUNCTION ctxd_refuse_change('batches');
+    CREATE TRIGGER batches_no_truncate BEFORE TRUNCATE ON batches
+        FOR EACH STATEMENT EXECUTE FUNCTION ctxd_refuse_change('batches');
+    CREATE TRIGGER tool_calls_append_only BEFORE DELETE ON tool_calls
+        FOR EACH ROW EXECUTE FUNCTION ctxd_refuse_change('tool calls');
+    CREATE TRIGGER tool_results_append_only BEFORE DELETE ON tool_results
+        FOR EACH ROW EXECUTE FUNCTION ctxd_refuse_change('tool results');
+    """,
+    # 2: the active context and what governs it
+    """
+    CREATE TABLE conversation_context (
+        session_id        TEXT PRIMARY KEY REFERENCES sessions(id),
+        version           BIGINT NOT NULL,
+        system_ids        TEXT NOT NULL,
+        tail_start_id     BIGINT,
+        summary           TEXT,
+        summary_tokens    INTEGER NOT NULL DEFAULT 0,
+        active_messages   INTEGER NOT NULL,
+        active_tokens     BIGINT NOT NULL,
+        compaction_count  INTEGER NOT NULL DEFAULT 0,
+        last_compacted_at DOUBLE PRECISION,
+        updated_at        DOUBLE PRECISION NOT NULL
+    );
+    CREATE TABLE pins (
+        id          TEXT PRIMARY KEY,
+        session_id  TEXT NOT NULL REFERENCES sessions(id),
+        text        TEXT NOT NULL,
+        created_at  DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX pins_by_session ON pins(session_id, created_at);
+    CREATE TABLE runs (
+        id          TEXT PRIMARY KEY,
+        session_id  TEXT NOT NULL REFERENCES sessions(id),
+        status      TEXT NOT NULL,
+        started_at  DOUBLE PRECISION NOT NULL,
+        finished_at DOUBLE PRECISION
+    );
+    -- at most one open run per session, whichever daemon opens it
+    CREATE UNIQUE INDEX runs_open ON runs(session_id) WHERE status = 'open';
+    CREATE TABLE approvals (
+        id            TEXT PRIMARY KEY,
+        session_id    TEXT NOT NULL REFERENCES sessions(id),
+        run_id        TEXT NOT NULL,
+        tool_call_id  TEXT NOT NULL,
+        tool_name     TEXT,
+        arguments     TEXT,
+        status        TEXT NOT NULL CHECK (status IN ('pending', 'approved', 'denied')),
+        reason        TEXT,
+        created_at    DOUBLE PRECISION NOT NULL,
+        resolved_at   DOUBLE PRECISION
+    );
+    CREATE INDEX approvals_by_session ON approvals(session_id, status);
+    CREATE TABLE compactions (
+        id               TEXT PRIMARY KEY,
+        session_id       TEXT NOT NULL,
+        trigger          TEXT NOT NULL,
+        started_at       DOUBLE PRECISION NOT NULL,
+        duration_ms      DOUBLE PRECISION,
+        before_messages  INTEGER,
+        before_tokens    BIGINT,
+        after_messages   INTEGER,
+        after_tokens     BIGINT,
+        effective        INTEGER NOT NULL DEFAULT 0,
+        committed        INTEGER NOT NULL DEFAULT 0,
+        summarized_from  BIGINT,
+        summarized_to    BIGINT,
+        summarizer       TEXT,
+        instructions     TEXT,
+        error            TEXT
+    );
+    CREATE INDEX compactions_by_session ON compactions(session_id, started_at);
+    """,
+    # 3: context/clear and context/pop
+    """
+    ALTER TABLE conversation_context ADD COLUMN base_id BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE conversation_context ADD COLUMN dropped_ids TEXT;
+    """,
+]
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+# the key of the advisory lock migrations hold ("ctxd" in ASCII)
+MIGRATION_LOCK = 0x63747864
+
+
+def current_version(conn: Any) -> int:
+    row = conn.execute(
+        "SELECT to_regclass('ctxd_schema') IS NOT NULL"
+    ).fetchone()
+    if not row[0]:
+        return 0
+    return int(conn.execute("SELECT version FROM ctxd_schema").fetchone()[0])
+
+
+def migrate(conn: Any, target_version: int = SCHEMA_VERSION) -> int:
+    """Apply pending migrations, each in its own transaction; returns the version.
+
+    `conn` is a psycopg connection in autocommit mode. An advisory lock serializes
+    daemons (and `ctxd migrate`) starting at the same time."""
+    conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
+    try:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS ctxd_schema (version INTEGER NOT NULL);"
+            "INSERT INTO ctxd_schema SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM ctxd_schema)"
+        )
+        current = current_version(conn)
+        if current > SCHEMA_VERSION:
+            raise RuntimeError(
+                f"database schema version {current} is newer than this ctxd "
+                f"({SCHEMA_VERSION}); upgrade ctxd"
+            )
+        for version in range(current + 1, target_version + 1):
+            with conn.transaction():
+                conn.execute(MIGRATIONS[version - 1])
+                conn.execute("UPDATE ctxd_schema SET version = %s", (version,))
+        return current_version(conn)
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
