@@ -4,8 +4,8 @@
     python -m ctxd.protocol.gen_docs --check    # exit 1 when the file is stale
     python -m ctxd.protocol.gen_docs --stdout   # print instead of writing
 
-The document is a pure function of `methods.py`, `errors.py` and `connection.py`, so
-the check catches a table change committed without its documentation.
+The document is a pure function of `methods.py`, `types.py`, `errors.py` and
+`connection.py`, so the check catches a table change committed without its documentation.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from .methods import (
     Method,
     Param,
 )
+from .schema import PARAMS
+from .types import RESULTS
 
 # protocol/ sits next to docs/ in the source tree; an installed copy has no docs/ and
 # must be given --output.
@@ -155,6 +157,10 @@ _CONVENTIONS = """\
   grow in append order.
 - Messages are OpenAI chat-completion messages (`role`, `content`, `tool_calls`,
   `tool_call_id`, `name`).
+- Every method's params and result, every notification's params and the message shapes
+  are also one JSON Schema (draft 2020-12): `docs/protocol.schema.json`, printed by
+  `python -m ctxd.protocol`. Each method below names its types there; a client in
+  another language can be generated from it.
 """
 
 
@@ -213,7 +219,14 @@ def _render_method(m: Method) -> list[str]:
             )
     else:
         out.append("No params (send `{}` or omit `params`).")
-    out += ["", f"**Result:** {m.result}", ""]
+    out += [
+        "",
+        f"**Result:** {m.result}",
+        "",
+        f"**Types:** params `{PARAMS[m.name].__name__}`, "
+        f"result `{RESULTS[m.name].__name__}` (in `protocol.schema.json`).",
+        "",
+    ]
     if m.errors:
         out.append("**Errors:** " + ", ".join(_error_name(c) for c in m.errors) + ".")
     else:

@@ -5,20 +5,28 @@ method taking each of its params, and a docs entry; the one-round-trip forms of 
 from __future__ import annotations
 
 import inspect
+import json
 import re
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from helpers import DaemonProcess
+from test_protocol_table import GOOD
 
 from ctxd.clients.client import AsyncClient, Client
 from ctxd.daemon import context_edit, recall
 from ctxd.daemon.dispatch import Dispatcher
 from ctxd.daemon.engine import Engine
-from ctxd.protocol.errors import InvalidMessage, NotFound
-from ctxd.protocol.methods import METHODS
+from ctxd.protocol import schema, types
+from ctxd.protocol.errors import InvalidMessage, InvalidParams, NotFound
+from ctxd.protocol.methods import METHODS, NOTIFICATIONS, validate_params
+from ctxd.protocol.schema import PARAMS
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
 OWNERS: dict[str, Any] = {
@@ -117,3 +125,111 @@ def test_run_finish_with_a_refused_message_leaves_the_run_open(daemon: DaemonPro
         with pytest.raises(NotFound):
             c.finish_run("run_missing", "completed", messages=[{"role": "user", "content": "x"}])
         assert c.context_status(sid)["archiveMessages"] == 0
+
+
+# typed params, results and notifications; the JSON Schema
+
+
+def test_every_method_and_notification_is_typed() -> None:
+    assert set(PARAMS) == set(METHODS)
+    assert set(types.RESULTS) == set(METHODS), "a method without a typed result"
+    assert set(types.NOTIFICATIONS) == set(NOTIFICATIONS)
+    for name, method in METHODS.items():
+        fields = PARAMS[name].__struct_fields__
+        assert fields == method.param_names, name
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_params_struct_accepts_what_the_table_accepts(name: str) -> None:
+    good = GOOD[name]
+    assert validate_params(name, good).keys() == set(METHODS[name].param_names)
+    decoded = msgspec.json.decode(msgspec.json.encode(good), type=PARAMS[name])
+    assert msgspec.structs.asdict(decoded).keys() == set(METHODS[name].param_names)
+    for p in METHODS[name].params:
+        if p.type == "string" and p.max is not None:
+            bad = {**good, p.name: "x" * (int(p.max) + 1)}
+            with pytest.raises(InvalidParams):
+                validate_params(name, bad)
+            with pytest.raises(msgspec.ValidationError):
+                msgspec.convert(bad, PARAMS[name])
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({**good, "noSuchParam": 1}, PARAMS[name])
+
+
+def test_schema_file_is_current_and_printed_by_the_package() -> None:
+    assert schema.main(["--check"]) == 0, "run python -m ctxd.protocol --write"
+    out = subprocess.run([sys.executable, "-m", "ctxd.protocol"], capture_output=True,
+                         check=True, timeout=60).stdout
+    doc = json.loads(out)
+    assert doc == json.loads(schema.DEFAULT_OUTPUT.read_text(encoding="utf-8"))
+    assert set(doc["methods"]) == set(METHODS)
+    for entry in [*doc["methods"].values(), *doc["notifications"].values()]:
+        for ref in (entry["params"], entry.get("result", entry["params"])):
+            assert ref["$ref"].removeprefix("#/$defs/") in doc["$defs"]
+    append = doc["$defs"]["MessagesAppendParams"]
+    assert append["required"] == ["sessionId", "messages"]
+    assert append["properties"]["messages"]["maxItems"] == 10_000
+    assert sorted(doc["$defs"]["ChatMessage"]["properties"]["role"]["enum"]) == [
+        "assistant", "system", "tool", "user"]
+
+
+def test_real_replies_and_notifications_have_the_declared_types(daemon: DaemonProcess) -> None:
+    seen: dict[str, Any] = {}
+
+    def call(method: str, result: Any) -> Any:
+        seen[method] = msgspec.convert(result, types.RESULTS[method])
+        return result
+
+    with daemon.client("zmq") as c:
+        stream = c.notifications()
+        call("initialize", c.server_info)
+        sid = call("session/create", c.create_session(title="t", metadata={"a": 1}))["sessionId"]
+        call("session/subscribe", c.subscribe(sid))
+        call("session/list", c.list_sessions())
+        call("session/get", c.get_session(sid))
+        run_id = call("run/start", c.start_run(sid))["runId"]
+        call("messages/append", c.append(sid, [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "sh", "arguments": "{}"}}]},
+        ], run_id=run_id, return_context=True))
+        approval = call("approval/request", c.request_approval(sid, run_id, "c1", "sh", {"x": 1}))
+        call("approval/resolve", c.resolve_approval(approval["approvalId"], "approved"))
+        call("approval/list", c.list_approvals(sid))
+        call("run/finish", c.finish_run(run_id, "completed", messages=[
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"}]))
+        call("archive/read", c.read(sid))
+        call("archive/search", c.search("hi", session_id=sid))
+        call("context/get", c.context_get(sid, budget_tokens=1000, query="hi"))
+        call("context/status", c.context_status(sid))
+        pin = call("context/pins/add", c.add_pin(sid, "keep"))["pin"]
+        call("context/pins/list", c.list_pins(sid))
+        for i in range(3):
+            c.append(sid, [{"role": "user", "content": f"more {i} " * 50},
+                           {"role": "assistant", "content": "ok " * 50}])
+        call("context/compact", c.compact(sid, force=True))
+        call("context/rebuild", c.rebuild(sid, dry_run=True))
+        call("context/explain", c.explain(sid))
+        call("context/compactions", c.compactions(sid))
+        call("context/pins/remove", c.remove_pin(sid, pin["pinId"]))
+        call("tools/list", c.list_tools())
+        call("tools/call", c.call_tool(sid, "search_past_messages", {"query": "hi"}))
+        call("heartbeat", c.heartbeat())
+        call("context/pop", c.context_pop(sid))
+        call("context/clear", c.context_clear(sid))
+        events: set[str] = set()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and events != set(NOTIFICATIONS) - {
+            "context/compactionFailed"}:
+            try:
+                method, params = next(stream)
+            except StopIteration:
+                break
+            msgspec.convert(params, types.NOTIFICATIONS[method])
+            events.add(method)
+            if method == "context/didChange" and params["change"] == "clear":
+                break
+        call("session/unsubscribe", c.unsubscribe(sid))
+    assert set(seen) == set(METHODS) - {"shutdown"}
+    assert {"session/didAppend", "run/didFinish", "context/didCompact", "$/progress",
+            "approval/didRequest", "approval/didResolve", "context/didChange"} <= events

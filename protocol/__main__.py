@@ -1,0 +1,7 @@
+"""`python -m ctxd.protocol` prints the protocol as one JSON Schema (see schema.py)."""
+
+import sys
+
+from .schema import main
+
+sys.exit(main())

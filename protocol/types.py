@@ -1,0 +1,408 @@
+"""Typed results, notification payloads and message shapes of the protocol (msgspec).
+
+The protocol table (`methods.py`) declares every method's params; `schema.py` derives a
+params Struct for each from it. This module declares what comes back: one Struct per
+result (`RESULTS`) and per notification (`NOTIFICATIONS`), with the chat message shapes
+they share. Field names are snake_case in Python and camelCase on the wire
+(`rename="camel"`); chat messages keep OpenAI's snake_case keys. `python -m ctxd.protocol`
+prints all of it as one JSON Schema, from which a client in another language can be
+generated; `tests/test_contract.py` checks real daemon replies convert into these types.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+JSON = Any
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+class _Wire(msgspec.Struct, rename="camel", kw_only=True):
+    """camelCase keys on the wire."""
+
+
+# chat messages (OpenAI's shape: snake_case keys)
+
+
+class ToolCallFunction(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ChatMessage(msgspec.Struct, kw_only=True):
+    """A chat message as appended and as handed back for the model."""
+
+    role: Role
+    content: str | list[JSON] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    # where a client keeps its own form of the message (`includeMetadata`)
+    metadata: dict[str, JSON] | None = None
+
+
+class ArchivedMessage(ChatMessage, kw_only=True):
+    """A message as the archive holds it: the chat message and its archive fields."""
+
+    id: int
+    batch_id: int = msgspec.field(name="batchId")
+    tokens: int
+    created_at: float = msgspec.field(name="createdAt")
+    run_id: str | None = msgspec.field(default=None, name="runId")
+
+
+# shared objects
+
+
+class Status(_Wire):
+    session_id: str
+    active_messages: int
+    estimated_tokens: int
+    archive_messages: int
+    compaction_count: int
+    last_compacted_at: float | None
+    pending_approvals: int
+    active_run_id: str | None
+    compacting: bool
+    auto_compaction_paused: bool
+    version: int
+
+
+class Session(_Wire):
+    session_id: str
+    title: str | None
+    metadata: dict[str, JSON] | None
+    created_at: float
+
+
+class ListedSession(Session):
+    status: Status
+    last_activity_at: float
+
+
+class Size(_Wire):
+    messages: int
+    tokens: int
+
+
+class Run(_Wire):
+    run_id: str
+    session_id: str
+    status: Literal["open", "completed", "failed", "cancelled", "interrupted"]
+    started_at: float
+    finished_at: float | None
+
+
+class Approval(_Wire):
+    approval_id: str
+    session_id: str
+    run_id: str
+    tool_call_id: str
+    tool_name: str | None
+    arguments: JSON
+    status: Literal["pending", "approved", "denied"]
+    reason: str | None
+    created_at: float
+    resolved_at: float | None
+    arguments_truncated: bool | None = None
+
+
+class Pin(_Wire):
+    pin_id: str
+    text: str
+    created_at: float
+
+
+class SearchHit(_Wire):
+    message_id: int
+    session_id: str
+    role: str
+    snippet: str
+    created_at: float
+    score: float
+    in_active_context: bool
+
+
+class Truncated(_Wire):
+    messages: int
+    tokens: int
+    from_id: int | None
+    to_id: int | None
+
+
+class ErrorObject(_Wire):
+    code: int
+    message: str
+    data: dict[str, JSON] | None = None
+
+
+# results, one per method
+
+
+class Empty(_Wire):
+    """`{}`."""
+
+
+class InitializeResult(_Wire):
+    server_name: str
+    version: str
+    protocol_version: str
+    capabilities: dict[str, JSON]
+    nonce_mac: str | None = None
+
+
+class SessionListResult(_Wire):
+    sessions: list[ListedSession]
+    next_cursor: str | None
+
+
+class SessionGetResult(_Wire):
+    session: Session
+    status: Status
+
+
+class AppendResult(_Wire):
+    batch_id: int
+    message_ids: list[int]
+    status: Status
+    context: ContextGetResult | None = None
+
+
+class ArchiveReadResult(_Wire):
+    messages: list[ArchivedMessage]
+    next_after_id: int | None
+    next_before_id: int | None = None
+
+
+class ArchiveSearchResult(_Wire):
+    hits: list[SearchHit]
+    matched: str
+
+
+class ContextGetResult(_Wire):
+    messages: list[ChatMessage]
+    message_ids: list[int | None]
+    status: Status
+    estimated_tokens: int | None = None
+    budget_tokens: int | None = None
+    over_budget: bool | None = None
+    truncated: Truncated | None = None
+    recalled_ids: list[int] | None = None
+    dropped_summary_items: int | None = None
+
+
+class CompactResult(_Wire):
+    effective: bool
+    compaction_id: str | None
+    before: Size
+    after: Size
+    summarized_from: int | None
+    summarized_to: int | None
+    trigger: str | None = None
+    rederived: bool | None = None
+    reason: str | None = None
+    proposed: JSON = None
+    under_limits: bool | None = None
+    limits: Size | None = None
+    # context/rebuild with dryRun
+    dry_run: bool | None = None
+    messages: list[ChatMessage] | None = None
+    diff: dict[str, int] | None = None
+
+
+class ClearResult(_Wire):
+    before: Size
+    status: Status
+
+
+class PopResult(_Wire):
+    messages: list[ArchivedMessage]
+    status: Status
+
+
+class ExplainResult(_Wire):
+    session_id: str
+    items: list[dict[str, JSON]]
+    broken_pointers: int
+    pins: list[Pin]
+    provenance: dict[str, JSON] | None
+
+
+class Compaction(_Wire):
+    compaction_id: str
+    trigger: str
+    started_at: float
+    duration_ms: float | None
+    before_messages: int
+    before_tokens: int
+    after_messages: int | None
+    after_tokens: int | None
+    effective: bool
+    committed: bool
+    summarized_from: int | None
+    summarized_to: int | None
+    summarizer: str | None
+    error: str | None
+    archive_messages: int | None
+    archive_tokens: int | None
+
+
+class CompactionsResult(_Wire):
+    compactions: list[Compaction]
+
+
+class PinResult(_Wire):
+    pin: Pin
+
+
+class PinsResult(_Wire):
+    pins: list[Pin]
+
+
+class RunStartResult(_Wire):
+    run_id: str
+    run: Run
+
+
+class RunFinishResult(_Wire):
+    run: Run
+    auto_compaction_scheduled: bool
+    append: AppendResult | None = None
+
+
+class ApprovalRequestResult(_Wire):
+    approval_id: str
+    approval: Approval
+
+
+class ApprovalListResult(_Wire):
+    approvals: list[Approval]
+
+
+class ToolsListResult(_Wire):
+    tools: list[dict[str, JSON]]
+
+
+class ToolsCallResult(_Wire):
+    content: str
+    data: dict[str, JSON]
+
+
+class HeartbeatResult(_Wire):
+    lease_seconds: float
+
+
+RESULTS: dict[str, type[msgspec.Struct]] = {
+    "initialize": InitializeResult,
+    "session/create": Session,
+    "session/list": SessionListResult,
+    "session/get": SessionGetResult,
+    "session/subscribe": Empty,
+    "session/unsubscribe": Empty,
+    "messages/append": AppendResult,
+    "archive/read": ArchiveReadResult,
+    "archive/search": ArchiveSearchResult,
+    "context/get": ContextGetResult,
+    "context/status": Status,
+    "context/compact": CompactResult,
+    "context/rebuild": CompactResult,
+    "context/clear": ClearResult,
+    "context/pop": PopResult,
+    "context/explain": ExplainResult,
+    "context/compactions": CompactionsResult,
+    "context/pins/add": PinResult,
+    "context/pins/list": PinsResult,
+    "context/pins/remove": PinResult,
+    "run/start": RunStartResult,
+    "run/finish": RunFinishResult,
+    "approval/request": ApprovalRequestResult,
+    "approval/resolve": Approval,
+    "approval/list": ApprovalListResult,
+    "tools/list": ToolsListResult,
+    "tools/call": ToolsCallResult,
+    "heartbeat": HeartbeatResult,
+    "shutdown": Empty,
+}
+
+
+# notification payloads
+
+
+class DidAppend(_Wire):
+    session_id: str
+    batch_id: int
+    message_ids: list[int]
+    run_id: str | None
+    status: Status | None = None
+
+
+class DidCompact(_Wire):
+    session_id: str
+    compaction_id: str | None
+    trigger: Literal["auto", "manual", "rebuild"]
+    before: Size
+    after: Size
+
+
+class DidChange(_Wire):
+    session_id: str
+    change: Literal["clear", "pop"]
+    message_ids: list[int]
+    status: Status
+
+
+class CompactionFailed(_Wire):
+    session_id: str
+    trigger: Literal["auto", "manual", "rebuild"]
+    error: ErrorObject
+
+
+class ApprovalEvent(_Wire):
+    session_id: str
+    approval: Approval
+
+
+class RunDidStart(_Wire):
+    session_id: str
+    run_id: str
+    run: Run
+
+
+class RunDidFinish(_Wire):
+    session_id: str
+    run: Run
+    auto_compaction_scheduled: bool
+
+
+class ProgressValue(_Wire):
+    kind: Literal["begin", "report", "end"]
+    title: str | None = None
+    message: str | None = None
+    percentage: float | None = None
+
+
+class Progress(_Wire):
+    token: str
+    session_id: str
+    value: ProgressValue
+
+
+NOTIFICATIONS: dict[str, type[msgspec.Struct]] = {
+    "session/didAppend": DidAppend,
+    "context/didCompact": DidCompact,
+    "context/didChange": DidChange,
+    "context/compactionFailed": CompactionFailed,
+    "approval/didRequest": ApprovalEvent,
+    "approval/didResolve": ApprovalEvent,
+    "run/didStart": RunDidStart,
+    "run/didFinish": RunDidFinish,
+    "$/progress": Progress,
+}
