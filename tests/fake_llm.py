@@ -9,15 +9,18 @@ servers and models fail. Every request is recorded for assertions on the prompt.
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import ssl
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 _ID_LINE = re.compile(r"^\[id (\d+)\] (\w+)", re.MULTILINE)
 _ANCHOR = re.compile(r"<previous_summary>\n(.*?)\n</previous_summary>", re.DOTALL)
@@ -36,6 +39,10 @@ BEHAVIOURS = (
     "reject_response_format",  # HTTP 400 while the request has response_format
     "chunked",  # the good summary with Transfer-Encoding: chunked
     "newer_openai_model",  # 400 on max_tokens and on a non-default temperature
+    "http429",  # HTTP 429 with `Retry-After: <retry_after>` (no header when it is None)
+    "http503",  # HTTP 503 without Retry-After: the client backs off on its own
+    "gzip",  # the good summary, gzip-encoded
+    "gzip_bomb",  # a small gzip body that inflates to `bomb_bytes` of zeros
 )
 
 
@@ -44,6 +51,12 @@ class Recorded:
     path: str
     headers: dict[str, str]
     body: dict[str, Any]
+    # the request target as sent: an absolute URL when the server was used as a proxy
+    target: str = ""
+    # the client's port (one per connection: equal ports mean a kept-alive connection)
+    client_port: int = 0
+    # time.monotonic() when the request arrived
+    at: float = 0.0
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -103,8 +116,12 @@ class FakeLLM:
         slow_seconds: float = 5.0,
         tls: ssl.SSLContext | None = None,
         model: str = "fake-model",
+        retry_after: str | None = "1",
+        bomb_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.default = default
+        self.retry_after = retry_after
+        self.bomb_bytes = bomb_bytes
         self.slow_seconds = slow_seconds
         self.model = model
         self.requests: list[Recorded] = []
@@ -161,10 +178,20 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             self._send(400, {"error": {"message": "request body is not JSON"}})
             return
-        rec = Recorded(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+        # A request through a proxy names the whole URL; serving it here makes this
+        # server the proxy too (tests of proxy settings need no second server).
+        path = urlsplit(self.path).path if "://" in self.path else self.path
+        rec = Recorded(
+            path,
+            {k.lower(): v for k, v in self.headers.items()},
+            body,
+            target=self.path,
+            client_port=self.client_address[1],
+            at=time.monotonic(),
+        )
         behaviour = fake._next(rec)
-        if self.path != "/v1/chat/completions":
-            self._send(404, {"error": {"message": f"no route {self.path}"}})
+        if path != "/v1/chat/completions":
+            self._send(404, {"error": {"message": f"no route {path}"}})
             return
         try:
             self._answer(fake, rec, behaviour)
@@ -233,11 +260,31 @@ class _Handler(BaseHTTPRequestHandler):
                 self._completion(fake, good)
         elif behaviour == "chunked":
             self._completion(fake, good, chunked=True)
+        elif behaviour == "http429":
+            extra = {"Retry-After": fake.retry_after} if fake.retry_after is not None else {}
+            self._send(429, {"error": {"message": "Rate limit reached", "type": "requests"}},
+                       headers=extra)
+        elif behaviour == "http503":
+            self._send(503, {"error": {"message": "The server is overloaded"}})
+        elif behaviour == "gzip":
+            self._completion(fake, good, gzipped=True)
+        elif behaviour == "gzip_bomb":
+            # deflate at level 9 packs zeros ~1000:1, so the bomb is small on the wire
+            packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+            zeros = bytes(1 << 20)
+            data = b"".join(packer.compress(zeros) for _ in range(fake.bomb_bytes >> 20))
+            data += packer.flush()
+            self._raw(200, data, {"Content-Encoding": "gzip"})
         else:
             raise ValueError(f"unknown behaviour {behaviour!r}")
 
     def _completion(
-        self, fake: FakeLLM, content: str, finish_reason: str = "stop", chunked: bool = False
+        self,
+        fake: FakeLLM,
+        content: str,
+        finish_reason: str = "stop",
+        chunked: bool = False,
+        gzipped: bool = False,
     ) -> None:
         body = {
             "id": f"chatcmpl-{len(fake.requests)}",
@@ -253,13 +300,33 @@ class _Handler(BaseHTTPRequestHandler):
             ],
             "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
         }
+        if gzipped:
+            self._raw(200, gzip.compress(json.dumps(body).encode()), {"Content-Encoding": "gzip"})
+            return
         self._send(200, body, chunked=chunked)
 
-    def _send(self, status: int, body: dict[str, Any], chunked: bool = False) -> None:
+    def _raw(self, status: int, data: bytes, headers: dict[str, str]) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send(
+        self,
+        status: int,
+        body: dict[str, Any],
+        chunked: bool = False,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        # Connections are kept alive (HTTP/1.1's default), as real endpoints do.
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
-        self.send_header("Connection", "close")
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
         if chunked:
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
@@ -271,4 +338,3 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
-        self.close_connection = True

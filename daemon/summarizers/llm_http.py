@@ -1,17 +1,33 @@
-"""The small HTTP client a model summarizer posts with (asyncio streams; http and https)."""
+"""The HTTP client a model summarizer posts with, on httpx.
+
+One `LLMHTTP` per summarizer keeps a connection pool per event loop (keep-alive between
+the requests of a compaction and across compactions), retries 429 and 502/503/504 with
+backoff, honouring `Retry-After`, takes proxy settings from the environment (HTTP_PROXY,
+HTTPS_PROXY, ALL_PROXY, NO_PROXY) except for loopback endpoints, which are never proxied,
+and bounds the response body after decompression so a gzip bomb cannot exhaust memory.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
+import ipaddress
 import json
+import logging
+import random
 import ssl
+import time
 import zlib
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
+
 from ctxd.daemon.messages import content_text
+
+log = logging.getLogger("ctxd.summarizer.http")
 
 
 class SummarizerError(Exception):
@@ -35,120 +51,166 @@ class _HTTPError(Exception):
     pass
 
 
-async def _read_headers(reader: asyncio.StreamReader) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    for _ in range(200):
-        line = await reader.readline()
-        if line in (b"\r\n", b"\n", b""):
-            return headers
-        key, sep, value = line.decode("latin-1").partition(":")
-        if sep:
-            headers[key.strip().lower()] = value.strip()
-    raise _HTTPError("too many response headers")
+# Statuses that say "later" rather than "no": overload, rate limits, a gateway between us
+# and the model. A plain 500 is not retried: it is usually the model failing on this very
+# prompt, and the same prompt fails again.
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
 
 
-async def _read_body(
-    reader: asyncio.StreamReader, headers: dict[str, str], max_bytes: int
-) -> bytes:
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        chunks: list[bytes] = []
-        size_total = 0
-        while True:
-            size_line = await reader.readline()
-            if not size_line:
-                raise _HTTPError("the connection closed inside a chunked body")
-            size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
-            if size == 0:
-                await _read_headers(reader)  # trailers
-                return b"".join(chunks)
-            size_total += size
-            if size_total > max_bytes:
-                raise _HTTPError(f"the response is larger than {max_bytes} bytes")
-            chunks.append(await reader.readexactly(size))
-            await reader.readline()
-    length = headers.get("content-length")
-    if length is not None:
-        n = int(length)
-        if n > max_bytes:
-            raise _HTTPError(f"the response is larger than {max_bytes} bytes")
-        return await reader.readexactly(n)
-    body = await reader.read(max_bytes + 1)
-    while body and len(body) <= max_bytes:
-        more = await reader.read(max_bytes + 1 - len(body))
-        if not more:
-            break
-        body += more
-    if len(body) > max_bytes:
-        raise _HTTPError(f"the response is larger than {max_bytes} bytes")
-    return body
-
-
-async def post_json(
-    url: str,
-    payload: dict[str, Any],
-    headers: dict[str, str],
-    *,
-    ssl_context: ssl.SSLContext | None = None,
-    max_bytes: int = 32 * 1024 * 1024,
-) -> _Response:
-    """One HTTP/1.1 POST of a JSON body; the caller bounds it with a timeout."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme not in ("http", "https") or not parts.hostname:
-        raise _HTTPError(f"unsupported URL {url!r}: expected http:// or https://")
-    host = parts.hostname
-    port = parts.port or (443 if scheme == "https" else 80)
-    host_header = f"[{host}]" if ":" in host else host
-    if parts.port and parts.port != (443 if scheme == "https" else 80):
-        host_header += f":{parts.port}"
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    body = json.dumps(payload, ensure_ascii=False).encode()
-    head = {
-        "Host": host_header,
-        "User-Agent": "ctxd",
-        "Content-Type": "application/json",
-        "Accept": "application/json",
-        # Ask for an unencoded body; gzip and deflate are still decoded below.
-        "Accept-Encoding": "identity",
-        "Content-Length": str(len(body)),
-        "Connection": "close",
-        **headers,
-    }
-    request = f"POST {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in head.items())
-    ctx: ssl.SSLContext | None = None
-    if scheme == "https":
-        ctx = ssl_context or ssl.create_default_context()
-    reader, writer = await asyncio.open_connection(
-        host, port, ssl=ctx, server_hostname=host if ctx else None, limit=1 << 20
-    )
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
     try:
-        writer.write(request.encode("latin-1") + b"\r\n" + body)
-        await writer.drain()
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """`Retry-After` as seconds from now: delta-seconds or an HTTP date; None if absent."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    with contextlib.suppress(TypeError, ValueError, IndexError):
+        when = email.utils.parsedate_to_datetime(value)
+        return max(0.0, when.timestamp() - (time.time() if now is None else now))
+    return None
+
+
+class LLMHTTP:
+    """POSTs JSON to one URL; a summarizer holds one."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        max_bytes: int = 32 * 1024 * 1024,
+        retries: int = 3,
+        backoff_seconds: float = 0.5,
+        max_retry_wait: float = 30.0,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+            raise _HTTPError(f"unsupported URL {url!r}: expected http:// or https://")
+        self.url = url
+        self.ssl_context = ssl_context
+        self.max_bytes = max_bytes
+        self.retries = retries
+        self.backoff_seconds = backoff_seconds
+        self.max_retry_wait = max_retry_wait
+        # A local model server is reached directly even when the environment names a
+        # proxy for everything else (NO_PROXY rarely lists 127.0.0.1 and ::1).
+        self.trust_env = not is_loopback(parts.hostname)
+        self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+
+    def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            # A pool belongs to the loop it was opened on; pools of closed loops are dropped.
+            for old in [lp for lp in self._clients if lp.is_closed()]:
+                del self._clients[old]
+            client = httpx.AsyncClient(
+                verify=self.ssl_context if self.ssl_context is not None else True,
+                trust_env=self.trust_env,
+                # timeouts are the caller's (one asyncio deadline per attempt)
+                timeout=None,
+                follow_redirects=False,
+                headers={"User-Agent": "ctxd"},
+            )
+            self._clients[loop] = client
+        return client
+
+    async def aclose(self) -> None:
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+
+    async def post_json(
+        self, payload: dict[str, Any], headers: dict[str, str], *, timeout: float
+    ) -> _Response:
+        """The answer to one POST, after retrying statuses that say "later".
+
+        Each attempt is bounded by `timeout` (TimeoutError past it). The last answer is
+        returned as it is when retries run out or the server asks for a longer wait than
+        `max_retry_wait`.
+        """
+        body = json.dumps(payload, ensure_ascii=False).encode()
+        head = {
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "Accept-Encoding": "gzip, deflate",
+            **headers,
+        }
+        attempt = 0
         while True:
-            status_line = await reader.readline()
-            if not status_line:
-                raise _HTTPError("the server closed the connection without answering")
-            fields = status_line.decode("latin-1").split(None, 2)
-            if len(fields) < 2 or not fields[0].startswith("HTTP/") or not fields[1].isdigit():
-                raise _HTTPError(f"not an HTTP response: {status_line[:80]!r}")
-            status = int(fields[1])
-            response_headers = await _read_headers(reader)
-            if status >= 200:
-                break
-            # 100 Continue and other interim responses precede the real one.
-        data = b""
-        if status not in (204, 304):
-            data = await _read_body(reader, response_headers, max_bytes)
-        encoding = response_headers.get("content-encoding", "identity").lower()
+            async with asyncio.timeout(timeout):
+                response = await self._once(body, head)
+            if response.status not in RETRY_STATUSES or attempt >= self.retries:
+                return response
+            asked = retry_after_seconds(response.headers.get("retry-after"))
+            if asked is not None and asked > self.max_retry_wait:
+                log.warning("%s: HTTP %d asks to retry after %.0f s, longer than %.0f s",
+                            self.url, response.status, asked, self.max_retry_wait)
+                return response
+            wait = asked
+            if wait is None:
+                # jittered so that many daemons behind one limit do not retry in step
+                wait = self.backoff_seconds * (2**attempt) * random.uniform(0.75, 1.25)
+            attempt += 1
+            log.info("%s: HTTP %d; retry %d of %d in %.2f s",
+                     self.url, response.status, attempt, self.retries, wait)
+            await asyncio.sleep(wait)
+
+    async def _once(self, body: bytes, head: dict[str, str]) -> _Response:
+        client = self._client()
+        async with client.stream("POST", self.url, content=body, headers=head) as response:
+            data = await self._read_body(response)
+            return _Response(
+                response.status_code, {k.lower(): v for k, v in response.headers.items()}, data
+            )
+
+    async def _read_body(self, response: httpx.Response) -> bytes:
+        """The body, decoded, never more than `max_bytes` in memory after decompression."""
+        limit = self.max_bytes
+        too_large = f"the response is larger than {limit} bytes"
+        length = response.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            raise _HTTPError(too_large)
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        decoder: Any = None
         if encoding in ("gzip", "x-gzip", "deflate"):
             # wbits 47: zlib detects a gzip or zlib header by itself
-            data = zlib.decompress(data, 47)
-        return _Response(status, response_headers, data)
-    finally:
-        writer.close()
-        with contextlib.suppress(Exception):
-            # TLS close_notify can hang on a server that already went away.
-            await asyncio.wait_for(writer.wait_closed(), 1.0)
+            decoder = zlib.decompressobj(47)
+        elif encoding not in ("", "identity"):
+            raise _HTTPError(f"unsupported Content-Encoding {encoding!r}")
+        out = bytearray()
+        raw = 0
+        # raw bytes, decoded here: httpx's own decoders have no output bound
+        async for chunk in response.aiter_raw():
+            raw += len(chunk)
+            if raw > limit:
+                raise _HTTPError(too_large)
+            if decoder is None:
+                out += chunk
+            else:
+                data = chunk
+                while data:
+                    out += decoder.decompress(data, limit - len(out) + 1)
+                    if len(out) > limit:
+                        raise _HTTPError(too_large + " decompressed")
+                    data = decoder.unconsumed_tail
+            if len(out) > limit:
+                raise _HTTPError(too_large)
+        if decoder is not None:
+            out += decoder.flush()  # the input is consumed: only a tail is left
+            if len(out) > limit:
+                raise _HTTPError(too_large + " decompressed")
+        return bytes(out)
 
 
 def _error_detail(body: bytes) -> str:

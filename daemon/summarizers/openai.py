@@ -12,13 +12,12 @@ budget. A bad answer gets one retry with its problems named; a second bad answer
 Input larger than the model's window is summarized in chunks, oldest first, each chunk
 anchored on the summary so far, so a long history never makes compaction fail.
 
-The HTTP client is a small one on asyncio streams (http and https, Content-Length,
-chunked and read-to-close bodies): a summary request is one POST with a JSON body, which
-does not justify a dependency.
+HTTP goes through httpx (`llm_http.LLMHTTP`): keep-alive, retries with backoff on 429
+and 502/503/504 honouring `Retry-After`, proxies from the environment (never for a
+loopback endpoint) and a bound on the decompressed answer.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import ssl
@@ -28,17 +27,20 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import httpx
+
 from ctxd.daemon.config import OpenAISummarizerConfig
 from ctxd.daemon.summary import SECTIONS, Summary, SummaryItem, SummaryRequest
 
 from .contract import contract_problems, reference
 from .llm_http import (
+    LLMHTTP,
+    RETRY_STATUSES,
     SummarizerError,
     _error_detail,
     _HTTPError,
     _read_choice,
     _redact,
-    post_json,
 )
 from .llm_prompt import (
     build_prompt,
@@ -76,6 +78,10 @@ class OpenAISummarizer:
         *,
         ssl_context: ssl.SSLContext | None = None,
         max_tool_chars: int = 2000,
+        max_response_bytes: int = 32 * 1024 * 1024,
+        retries: int = 3,
+        backoff_seconds: float = 0.5,
+        max_retry_wait: float = 30.0,
     ) -> None:
         self.config = config
         self.name = f"openai:{config.model or 'default'}"
@@ -87,6 +93,19 @@ class OpenAISummarizer:
         # For messages: credentials embedded in the URL must not leak into logs.
         netloc = parts.netloc.rsplit("@", 1)[-1]
         self.endpoint = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+        self._http: LLMHTTP | None = None
+        self._http_error = ""
+        try:
+            self._http = LLMHTTP(
+                self.url,
+                ssl_context=ssl_context,
+                max_bytes=max_response_bytes,
+                retries=retries,
+                backoff_seconds=backoff_seconds,
+                max_retry_wait=max_retry_wait,
+            )
+        except _HTTPError as exc:  # reported on the first summary, like a refused connection
+            self._http_error = str(exc)
         # Request options a server turned down; remembered so later requests skip them.
         self._dropped: set[str] = set()
         self._max_tokens_key = "max_tokens"
@@ -336,17 +355,18 @@ class OpenAISummarizer:
         key = os.environ.get(key_name, "").strip() if key_name else ""
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         timeout = self.config.timeout_seconds
+        if self._http is None:
+            raise SummarizerError(f"{self.endpoint}: request failed: {self._http_error}")
         for _ in range(4):
             try:
-                async with asyncio.timeout(timeout):
-                    response = await post_json(
-                        self.url, self._payload(messages), headers, ssl_context=self.ssl_context
-                    )
+                response = await self._http.post_json(
+                    self._payload(messages), headers, timeout=timeout
+                )
             except TimeoutError:
                 raise SummarizerError(
                     f"{self.endpoint}: no answer within {timeout:g} s (timeout_seconds)"
                 ) from None
-            except (OSError, _HTTPError, ValueError, EOFError, zlib.error) as exc:
+            except (OSError, _HTTPError, httpx.HTTPError, ValueError, zlib.error) as exc:
                 cause = _redact(f"{type(exc).__name__}: {exc}", key)
                 raise SummarizerError(f"{self.endpoint}: request failed: {cause}") from None
             if 200 <= response.status < 300:
@@ -357,6 +377,8 @@ class OpenAISummarizer:
                          self.endpoint, response.status, detail[:120])
                 continue
             hint = ""
+            if response.status in RETRY_STATUSES and "retry-after" in response.headers:
+                hint = f" (Retry-After: {response.headers['retry-after'][:40]})"
             if response.status == 404:
                 hint = " (check openai.base_url: it usually ends in /v1)"
             raise SummarizerError(f"{self.endpoint}: HTTP {response.status}: {detail}{hint}")
