@@ -1,7 +1,7 @@
 // ctxd's web page: the session list, and one session live (numbers, transcript, active
 // context, compaction, approvals, a message box), over the daemon's JSON-RPC WebSocket.
 
-import { $, clear, fmtAgo, fmtInt, fmtTime, h, prettyArgs } from "./dom.js";
+import { $, clear, fmtAgo, fmtInt, fmtTime, h, longText, prettyArgs } from "./dom.js";
 import { renderHistory, renderPins, renderSummary, renderSystem, renderTail } from "./panel.js";
 import { Rpc } from "./rpc.js";
 import { Search } from "./search.js";
@@ -278,7 +278,7 @@ function drawApprovals() {
       h("div", { class: "approval-head" }, h("strong", null, "Approval needed: "),
         h("span", { class: "tool-name" }, a.toolName || "(unnamed tool)"),
         h("span", { class: "meta" }, ` call ${a.toolCallId} · ${fmtAgo(a.createdAt)}`)),
-      h("pre", { class: "args" }, prettyArgs(a.arguments)),
+      longText(prettyArgs(a.arguments), { lines: 20, chars: 4000, cls: "args approval-args" }),
       h("div", { class: "row" }, reason,
         h("button", { type: "button", class: "approve", onclick: () => decide("approved") }, "Approve"),
         h("button", { type: "button", class: "deny", onclick: () => decide("denied") }, "Deny")),
