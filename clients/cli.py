@@ -143,9 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=cmd_config)
 
-    from ctxd.clients import commands
+    from ctxd.clients import commands, commands_admin
 
-    commands.register(sub, _common)
+    commands_admin.register(commands.register(sub, _common))
 
     from ctxd.clients import importers
 

@@ -839,8 +839,9 @@ def cmd_watch(ctx: Context) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
-             common: CommonOptions) -> None:
-    """Add the inspection commands to the `ctxd` parser."""
+             common: CommonOptions) -> Callable[..., argparse.ArgumentParser]:
+    """Add the inspection commands to the `ctxd` parser; returns the `add` that
+    commands_admin.register takes, so the admin commands join the same group."""
 
     def add(name: str, handler: Handler, help: str, parent: Any = sub,
             aliases: tuple[str, ...] = ()) -> argparse.ArgumentParser:
@@ -918,6 +919,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     p = add("watch", cmd_watch, "print a session's live events until Ctrl-C")
     p.add_argument("session", help="session id")
 
-    from ctxd.clients import commands_admin
-
-    commands_admin.register(add)
+    return add

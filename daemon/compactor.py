@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ctxd.protocol.errors import (
     ApprovalPending,
@@ -26,15 +27,15 @@ from ctxd.protocol.errors import (
     SummarizerFailed,
 )
 
-from . import context_store as cs
 from .compaction import check_summary, tail_boundary
+from .compaction_log import CompactionEntry
+from .config import CompactionPolicy
 from .context_store import ContextState
-from .messages import for_model
-from .schema import transaction
-from .summary import Summary, SummaryRequest
-
-if TYPE_CHECKING:
-    from .engine import Engine
+from .ids import new_id
+from .messages import for_model, strip_archive_fields
+from .stores.base import Store
+from .summary import Summarizer, Summary, SummaryRequest
+from .tokens import TokenCounter
 
 log = logging.getLogger("ctxd.compactor")
 
@@ -49,19 +50,46 @@ ARCHIVE_PAGE = 2000
 _BACKFILL = 32
 
 
-def strip_archive_fields(msg: dict[str, Any]) -> dict[str, Any]:
-    """An archived message as the model takes it: no archive bookkeeping, no metadata."""
-    return {
-        k: v
-        for k, v in msg.items()
-        if k not in ("id", "batchId", "tokens", "createdAt", "metadata")
-    }
+class ActiveContexts(Protocol):
+    """What a compaction needs of the active contexts (the engine keeps them): the
+    current state, its rendering and status, and the replacement after a commit."""
+
+    def require_session(self, session_id: str) -> dict[str, Any]: ...
+
+    def context_state(self, session_id: str) -> ContextState: ...
+
+    def set_context_state(self, st: ContextState) -> None: ...
+
+    def tail_messages(self, session_id: str, st: ContextState) -> list[dict[str, Any]]: ...
+
+    def render(self, session_id: str, st: ContextState) -> list[dict[str, Any]]: ...
+
+    def summary_tokens(self, session_id: str, summary: Summary) -> int: ...
+
+    def status(self, session_id: str) -> dict[str, Any]: ...
+
+
+Emit = Callable[[str, str, dict[str, Any]], None]
 
 
 class Compactor:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.policy = engine.policy
+    def __init__(
+        self,
+        contexts: ActiveContexts,
+        store: Store,
+        *,
+        summarizer: Summarizer,
+        tokens: TokenCounter,
+        policy: CompactionPolicy,
+        emit: Emit,
+    ) -> None:
+        self.contexts = contexts
+        self.store = store
+        self.archive = store.archive
+        self.summarizer = summarizer
+        self.tokens = tokens
+        self.policy = policy
+        self.emit = emit
         self.running: set[str] = set()
         # set while no compaction of the session runs: what a waiting one waits for
         self._idle: dict[str, asyncio.Event] = {}
@@ -83,8 +111,7 @@ class Compactor:
         return self.auto_failures.get(session_id, 0) >= MAX_AUTO_FAILURES
 
     def auto_due(self, session_id: str, status: dict[str, Any] | None = None) -> bool:
-        e = self.engine
-        st = e.context_state(session_id)
+        st = self.contexts.context_state(session_id)
         if session_id in self.running or self._waiting.get(session_id) or not self.over_limits(st):
             return False
         if self.auto_paused(session_id):
@@ -92,7 +119,7 @@ class Compactor:
         if status is not None:
             if status["pendingApprovals"] or status["activeRunId"] is not None:
                 return False
-        elif e.runs.pending_count(session_id) or e.runs.open_run(session_id):
+        elif self.store.runs.pending_count(session_id) or self.store.runs.open_run(session_id):
             return False
         retry_at = self._auto_retry_at.get(session_id)
         return retry_at is None or st.rendered_messages >= retry_at
@@ -108,15 +135,14 @@ class Compactor:
         trigger: str = "manual",
         dry_run: bool = False,
     ) -> dict[str, Any]:
-        e = self.engine
-        e.require_session(session_id)
-        cid = e.new_id("cmp")
+        self.contexts.require_session(session_id)
+        cid = new_id("cmp")
         begun = False
         if session_id in self.running and trigger != "auto":
             # a manual compaction or rebuild asked for while another one runs (often an
             # automatic one) waits for it, then runs on what it left
             begun = await self._wait_for_running(session_id, cid, trigger)
-        if e.runs.pending_count(session_id):
+        if self.store.runs.pending_count(session_id):
             if begun:
                 self._progress(session_id, cid, {"kind": "end", "message": "not started"})
             raise ApprovalPending(
@@ -129,7 +155,7 @@ class Compactor:
             )
         self.running.add(session_id)
         self._idle.setdefault(session_id, asyncio.Event()).clear()
-        under = not self.over_limits(e.context_state(session_id))
+        under = not self.over_limits(self.contexts.context_state(session_id))
         try:
             result = await self._attempt(
                 session_id, force, instructions, trigger, dry_run, cid, begun
@@ -147,10 +173,10 @@ class Compactor:
             if result.get("compactionId"):
                 self.auto_failures.pop(session_id, None)
             # sent once the attempt is over, so the status it carries is final
-            self.engine.emit(
+            self.emit(
                 session_id,
                 "context/didCompact",
-                {"sessionId": session_id, **result, "status": self.engine.status(session_id)},
+                {"sessionId": session_id, **result, "status": self.contexts.status(session_id)},
             )
         return result
 
@@ -223,22 +249,21 @@ class Compactor:
         cid: str,
         begun: bool = False,
     ) -> dict[str, Any]:
-        e = self.engine
         started = time.time()
-        st = e.context_state(session_id)
+        st = self.contexts.context_state(session_id)
         before = {"messages": st.rendered_messages, "tokens": st.rendered_tokens}
         title = "Rebuilding context" if trigger == "rebuild" else "Compacting context"
         if not begun:
             self._progress(session_id, cid, {"kind": "begin", "title": title, "percentage": 0})
         # The drift bound is for summarizers whose errors compound (models); the built-in
         # one is extractive and deterministic, so re-deriving would only cost time.
-        drifts = getattr(e.summarizer, "drifts", True)
+        drifts = getattr(self.summarizer, "drifts", True)
         rederive = trigger == "rebuild" or (
             drifts
             and self.policy.rederive_after > 0
             and st.summary.depth >= self.policy.rederive_after
         )
-        tail_region = e.tail_messages(session_id, st)
+        tail_region = self.contexts.tail_messages(session_id, st)
         region = (
             await self._non_system_messages(session_id, st) if trigger == "rebuild" else tail_region
         )
@@ -276,13 +301,13 @@ class Compactor:
         else:
             leaving = region[:boundary]
         previous = Summary() if rederive else st.summary
-        pins = [p["text"] for p in cs.list_pins(e.conn, session_id)]
+        pins = [p["text"] for p in self.store.pins.list(session_id)]
         ordinals = {**st.summary.ordinals, **self._ordinals(session_id, st.summary, leaving)}
         # items from before ordinals were kept: a few are counted each time, so the
         # summary moves to compact pointers without one compaction paying for all
         missing = sorted(st.summary.all_sources() - ordinals.keys())[-_BACKFILL:]
         for mid in missing:
-            ordinals[mid] = e.archive.count_between(session_id, 0, mid)
+            ordinals[mid] = self.archive.count_between(session_id, 0, mid)
         try:
             summary = await self._summarize(
                 session_id, previous, leaving, pins, instructions, cid, ordinals
@@ -291,7 +316,7 @@ class Compactor:
             raise
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
-            with transaction(e.conn):
+            with self.store.transaction():
                 self._log(
                     cid,
                     session_id,
@@ -305,7 +330,7 @@ class Compactor:
                     instructions,
                     reason,
                 )
-            e.emit(
+            self.emit(
                 session_id,
                 "context/compactionFailed",
                 {
@@ -360,7 +385,7 @@ class Compactor:
         }
         if not unanswered:
             return set()
-        closed = self.engine.archive.batches_of_closed_runs(set(unanswered.values()))
+        closed = self.archive.batches_of_closed_runs(set(unanswered.values()))
         return {cid for cid, batch in unanswered.items() if batch in closed}
 
     def _ordinals(
@@ -372,7 +397,7 @@ class Compactor:
         new stretch, not the whole history."""
         if not leaving:
             return {}
-        archive = self.engine.archive
+        archive = self.archive
         first, last = leaving[0]["id"], leaving[-1]["id"]
         known = anchor.ordinals.get(anchor.covers_to) if anchor.covers_to is not None else None
         if known is not None and anchor.covers_to is not None and anchor.covers_to < first:
@@ -402,7 +427,7 @@ class Compactor:
         out: list[dict[str, Any]] = []
         after = st.base_id
         while True:
-            page = self.engine.archive.read(session_id, after, ARCHIVE_PAGE)
+            page = self.archive.read(session_id, after, ARCHIVE_PAGE)
             for m in page:
                 if before_id is not None and m["id"] >= before_id:
                     return out
@@ -423,11 +448,10 @@ class Compactor:
         cid: str,
         ordinals: dict[int, int] | None = None,
     ) -> Summary:
-        e = self.engine
         # a summarizer may say how much it takes at once (the built-in one takes large
         # batches: one hop to its worker thread instead of one per 200 messages)
         chunk = max(
-            1, getattr(e.summarizer, "chunk_messages", 0) or self.policy.rebuild_chunk_messages
+            1, getattr(self.summarizer, "chunk_messages", 0) or self.policy.rebuild_chunk_messages
         )
         summary = previous
         allowed = previous.all_sources()
@@ -441,7 +465,7 @@ class Compactor:
                 pins=pins,
                 instructions=instructions,
                 budget_tokens=self.policy.summary_budget_tokens,
-                count_tokens=e.tokens.count_text,
+                count_tokens=self.tokens.count_text,
                 ordinals=ordinals or {},
             )
             summary = await self._run_summarizer(request)
@@ -455,7 +479,7 @@ class Compactor:
 
     async def _run_summarizer(self, request: SummaryRequest) -> Summary:
         """CPU-bound summarizers run in a worker thread so the event loop stays free."""
-        summarizer = self.engine.summarizer
+        summarizer = self.summarizer
         summarize_sync = getattr(summarizer, "summarize_sync", None)
         if summarize_sync is not None:
             return await asyncio.to_thread(summarize_sync, request)  # type: ignore[no-any-return]
@@ -476,9 +500,8 @@ class Compactor:
         dry_run: bool,
         rederived: bool,
     ) -> dict[str, Any]:
-        e = self.engine
-        with transaction(e.conn):
-            now_st = cs.load_context(e.conn, session_id)
+        with self.store.transaction():
+            now_st = self.store.contexts.load(session_id)
             assert now_st is not None
             if now_st.version != snapshot.version:
                 raise CompactionInProgress(
@@ -489,17 +512,18 @@ class Compactor:
             new = replace(now_st, summary=summary, version=now_st.version + 1)
             new.tail_start_id = region[boundary]["id"]
             # appends made meanwhile only added to the counters: subtract what left
-            count, tokens = e.archive.sums_from(session_id, new.tail_start_id)
+            count, tokens = self.archive.sums_from(session_id, new.tail_start_id)
             # popped messages (context/pop) stay out; those before the new tail are gone
             new.dropped_ids = [i for i in now_st.dropped_ids if i >= new.tail_start_id]
             if new.dropped_ids:
-                dropped = e.archive.get_many(new.dropped_ids).values()
+                dropped = self.archive.get_many(new.dropped_ids).values()
                 count -= len(dropped)
                 tokens -= sum(m["tokens"] for m in dropped)
-            system_tokens = sum(m["tokens"] for m in e.archive.get_many(now_st.system_ids).values())
+            system = self.archive.get_many(now_st.system_ids).values()
+            system_tokens = sum(m["tokens"] for m in system)
             new.active_messages = len(now_st.system_ids) + count
             new.active_tokens = system_tokens + tokens
-            new.summary_tokens = e.summary_tokens(session_id, summary)
+            new.summary_tokens = self.contexts.summary_tokens(session_id, summary)
             after = {"messages": new.rendered_messages, "tokens": new.rendered_tokens}
             effective = (
                 after["messages"] < before["messages"] and after["tokens"] < before["tokens"]
@@ -509,7 +533,7 @@ class Compactor:
                 if effective:
                     new.compaction_count += 1
                     new.last_compacted_at = time.time()
-                cs.save_context(e.conn, new)
+                self.store.contexts.save(new)
             if not dry_run:
                 self._log(
                     cid,
@@ -529,7 +553,7 @@ class Compactor:
             self._progress(session_id, cid, {"kind": "end", "message": "dry run"})
             return self._preview(session_id, snapshot, new, before, after, effective, leaving)
         if commit:
-            e.set_context_state(new)
+            self.contexts.set_context_state(new)
         if effective:
             self._auto_retry_at.pop(session_id, None)
         elif trigger == "auto":
@@ -575,7 +599,6 @@ class Compactor:
         effective: bool,
         leaving: list[dict[str, Any]],
     ) -> dict[str, Any]:
-        e = self.engine
         return {
             "dryRun": True,
             "effective": effective,
@@ -584,7 +607,7 @@ class Compactor:
             "after": after,
             "summarizedFrom": leaving[0]["id"] if leaving else None,
             "summarizedTo": leaving[-1]["id"] if leaving else None,
-            "messages": e.render(session_id, new),
+            "messages": self.contexts.render(session_id, new),
             "diff": {
                 "items": new.summary.item_count() - old.summary.item_count(),
                 "messages": after["messages"] - before["messages"],
@@ -602,7 +625,7 @@ class Compactor:
         instructions: str | None,
         reason: str,
     ) -> dict[str, Any]:
-        with transaction(self.engine.conn):
+        with self.store.transaction():
             self._log(
                 cid,
                 session_id,
@@ -634,7 +657,7 @@ class Compactor:
         }
 
     def _progress(self, session_id: str, token: str, value: dict[str, Any]) -> None:
-        self.engine.emit(
+        self.emit(
             session_id, "$/progress", {"sessionId": session_id, "token": token, "value": value}
         )
 
@@ -653,31 +676,27 @@ class Compactor:
         error: str | None,
         summarizer: str | None = None,
     ) -> None:
-        e = self.engine
-        e.conn.execute(
-            "INSERT INTO compactions(id, session_id, trigger, started_at, duration_ms, "
-            "before_messages, before_tokens, after_messages, after_tokens, effective, "
-            "committed, summarized_from, summarized_to, summarizer, instructions, error) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                cid,
-                session_id,
-                trigger,
-                started,
-                (time.time() - started) * 1000,
-                before["messages"],
-                before["tokens"],
-                after["messages"] if after else None,
-                after["tokens"] if after else None,
-                int(effective),
-                int(committed),
-                leaving[0]["id"] if leaving else None,
-                leaving[-1]["id"] if leaving else None,
+        self.store.compactions.record(
+            CompactionEntry(
+                compaction_id=cid,
+                session_id=session_id,
+                trigger=trigger,
+                started_at=started,
+                duration_ms=(time.time() - started) * 1000,
+                before_messages=before["messages"],
+                before_tokens=before["tokens"],
+                after_messages=after["messages"] if after else None,
+                after_tokens=after["tokens"] if after else None,
+                effective=effective,
+                committed=committed,
+                summarized_from=leaving[0]["id"] if leaving else None,
+                summarized_to=leaving[-1]["id"] if leaving else None,
                 # the summary's own word wins: it says when a fallback wrote it
-                summarizer or getattr(e.summarizer, "name", type(e.summarizer).__name__),
-                instructions,
-                error,
-            ),
+                summarizer=summarizer
+                or getattr(self.summarizer, "name", type(self.summarizer).__name__),
+                instructions=instructions,
+                error=error,
+            )
         )
         log.info(
             "compaction %s of %s (%s): effective=%s before=%s after=%s error=%s",
@@ -691,33 +710,4 @@ class Compactor:
         )
 
     def history(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
-        cols = (
-            "id, trigger, started_at, duration_ms, before_messages, before_tokens, "
-            "after_messages, after_tokens, effective, committed, summarized_from, "
-            "summarized_to, summarizer, error"
-        )
-        rows = self.engine.conn.execute(
-            f"SELECT {cols} FROM compactions WHERE session_id = ? ORDER BY started_at DESC LIMIT ?",
-            (session_id, limit),
-        )
-        keys = [
-            "compactionId",
-            "trigger",
-            "startedAt",
-            "durationMs",
-            "beforeMessages",
-            "beforeTokens",
-            "afterMessages",
-            "afterTokens",
-            "effective",
-            "committed",
-            "summarizedFrom",
-            "summarizedTo",
-            "summarizer",
-            "error",
-        ]
-        out = [dict(zip(keys, r, strict=True)) for r in rows]
-        for row in out:
-            row["effective"] = bool(row["effective"])
-            row["committed"] = bool(row["committed"])
-        return out
+        return [r.to_wire() for r in self.store.compactions.history(session_id, limit)]

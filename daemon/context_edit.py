@@ -14,9 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ctxd.protocol.errors import ApprovalPending
 
-from . import context_store as cs
 from .context_store import ContextState
-from .schema import transaction
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -35,8 +33,8 @@ def clear(engine: Engine, session_id: str) -> dict[str, Any]:
         last_compacted_at=st.last_compacted_at,
     )
     new.summary_tokens = engine.summary_tokens(session_id, new.summary)  # the pins, if any
-    with transaction(engine.conn):
-        cs.save_context(engine.conn, new)
+    with engine.store.transaction():
+        engine.store.contexts.save(new)
     engine.set_context_state(new)
     status = engine.status(session_id)
     engine.emit(
@@ -79,8 +77,8 @@ def pop(engine: Engine, session_id: str, count: int) -> dict[str, Any]:
         active_messages=st.active_messages - len(popped),
         active_tokens=st.active_tokens - sum(m["tokens"] for m in popped),
     )
-    with transaction(engine.conn):
-        cs.save_context(engine.conn, new)
+    with engine.store.transaction():
+        engine.store.contexts.save(new)
     engine.set_context_state(new)
     status = engine.status(session_id)
     engine.emit(

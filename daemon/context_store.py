@@ -176,3 +176,38 @@ def remove_pin(conn: apsw.Connection, session_id: str, pin_id: str) -> dict[str,
         return None
     conn.execute("DELETE FROM pins WHERE id = ? AND session_id = ?", (pin_id, session_id))
     return {"pinId": row[0], "text": row[1], "createdAt": row[2]}
+
+
+class ContextStore:
+    """The active contexts on one SQLite connection (the functions above, bound to it)."""
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        self.conn = conn
+
+    def load(self, session_id: str) -> ContextState | None:
+        return load_context(self.conn, session_id)
+
+    def save(self, st: ContextState) -> None:
+        save_context(self.conn, st)
+
+    def bump_counts(self, st: ContextState) -> None:
+        bump_counts(self.conn, st)
+
+    def set_summary_tokens(self, session_id: str, tokens: int) -> None:
+        set_summary_tokens(self.conn, session_id, tokens)
+
+
+class PinStore:
+    """The pins on one SQLite connection."""
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        self.conn = conn
+
+    def list(self, session_id: str) -> list[dict[str, Any]]:
+        return list_pins(self.conn, session_id)
+
+    def add(self, pin_id: str, session_id: str, text: str) -> dict[str, Any]:
+        return add_pin(self.conn, pin_id, session_id, text)
+
+    def remove(self, session_id: str, pin_id: str) -> dict[str, Any] | None:
+        return remove_pin(self.conn, session_id, pin_id)

@@ -8,10 +8,8 @@ ranks directly above it when both are among the hits.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .engine import Engine
+from collections.abc import Callable
+from typing import Any
 
 # a correction of a correction of ...: how far a chain is followed
 _CHAIN = 32
@@ -27,12 +25,15 @@ def latest(supersessions: dict[int, int], message_id: int) -> int | None:
     return newer
 
 
-def mark_superseded(engine: Engine, hits: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def mark_superseded(
+    supersessions: Callable[[str], dict[int, int]], hits: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`supersessions(session_id)`: that session's map, older statement -> newer one."""
     maps: dict[str, dict[int, int]] = {}
     for hit in hits:
         sid = hit["sessionId"]
         if sid not in maps:
-            maps[sid] = engine.context_state(sid).summary.supersessions
+            maps[sid] = supersessions(sid)
         newer = latest(maps[sid], hit["messageId"]) if maps[sid] else None
         if newer is not None:
             hit["supersededBy"] = newer

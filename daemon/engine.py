@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -26,18 +25,17 @@ from ctxd.protocol.errors import (
     SessionNotFound,
 )
 
-from . import context_store as cs
-from .archive import ArchiveStore
 from .compaction import render_summary_message
-from .compactor import Compactor, strip_archive_fields
+from .compactor import Compactor
 from .config import Config
 from .context_store import ContextState
 from .corrections import mark_superseded
-from .messages import PreparedBatch, prepare_batch
+from .ids import new_id
+from .messages import PreparedBatch, prepare_batch, strip_archive_fields
 from .projection import project
-from .runs import RUN_OUTCOMES, RunStore
-from .schema import open_database, transaction
-from .search import Searcher
+from .runs import RUN_OUTCOMES
+from .stores.base import Store
+from .stores.sqlite import SqliteStore
 from .summarizers import make_summarizer
 from .summary import Summarizer, Summary
 from .tokens import TokenCounter
@@ -47,24 +45,28 @@ log = logging.getLogger("ctxd.engine")
 EventListener = Callable[[str, str, dict[str, Any]], None]
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:20]}"
-
-
 class Engine:
     def __init__(
         self,
         config: Config | None = None,
         *,
         summarizer: Summarizer | None = None,
+        store: Store | None = None,
     ) -> None:
+        """`store`: where the data lives (see stores/base.py); by default the embedded
+        SQLite file in the config's data dir."""
         self.config = config or Config()
-        # the archive is private to its user, like the runtime dir
-        self.config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.conn = open_database(self.config.db_path, durability=self.config.durability)
-        self.archive = ArchiveStore(self.conn)
-        self.searcher = Searcher(self.config.db_path, self.config.search_budget_seconds)
-        self.runs = RunStore(self.conn)
+        if store is None:
+            # the archive is private to its user, like the runtime dir
+            self.config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            store = SqliteStore(
+                self.config.db_path,
+                durability=self.config.durability,
+                search_budget_seconds=self.config.search_budget_seconds,
+            )
+        self.store: Store = store
+        self.archive = store.archive
+        self.runs = store.runs
         self.tokens = TokenCounter(self.config.encoding)
         self.summarizer: Summarizer = summarizer or make_summarizer(self.config)
         self.policy = self.config.compaction
@@ -76,7 +78,14 @@ class Engine:
         self._archive_sizes: dict[str, dict[str, tuple[int, int]]] = {}
         self._size_checkpoints: dict[str, tuple[float, tuple[int, int, int]]] = {}
         self._listeners: list[EventListener] = []
-        self.compactor = Compactor(self)
+        self.compactor = Compactor(
+            self,
+            store,
+            summarizer=self.summarizer,
+            tokens=self.tokens,
+            policy=self.policy,
+            emit=self.emit,
+        )
 
     new_id = staticmethod(new_id)
 
@@ -84,9 +93,14 @@ class Engine:
         """After a committed replacement of the stored context."""
         self._contexts[st.session_id] = st
 
+    @property
+    def conn(self) -> Any:
+        """The SQLite connection of the embedded store (for tests and tools that look at
+        the file itself; the engine never uses it)."""
+        return self.store.conn  # type: ignore[attr-defined]
+
     def close(self) -> None:
-        self.searcher.close()
-        self.conn.close()
+        self.store.close()
 
     # events
 
@@ -109,7 +123,7 @@ class Engine:
         metadata: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         sid = session_id or new_id("ses")
-        with transaction(self.conn):
+        with self.store.transaction():
             if self.archive.get_session(sid) is not None:
                 raise Conflict(
                     f"session {sid!r} already exists; use session/get to read it",
@@ -117,7 +131,7 @@ class Engine:
                 )
             self.archive.create_session(sid, title, metadata)
             st = ContextState(session_id=sid)
-            cs.save_context(self.conn, st)
+            self.store.contexts.save(st)
         self._contexts[sid] = st
         return self.get_session(sid)["session"]
 
@@ -166,7 +180,7 @@ class Engine:
         st = self._contexts.get(session_id)
         if st is not None:
             return st
-        st = cs.load_context(self.conn, session_id)
+        st = self.store.contexts.load(session_id)
         if st is None:
             self.require_session(session_id)
             st = self._backfill(session_id)
@@ -185,9 +199,9 @@ class Engine:
         st.active_messages = len(msgs)
         st.active_tokens = sum(m["tokens"] for m in msgs)
         st.summary_tokens = self.summary_tokens(session_id, st.summary)
-        with transaction(self.conn):
-            if cs.load_context(self.conn, session_id) is None:
-                cs.save_context(self.conn, st)
+        with self.store.transaction():
+            if self.store.contexts.load(session_id) is None:
+                self.store.contexts.save(st)
         log.info(
             "backfilled the active context of %s from %d archived messages", session_id, len(msgs)
         )
@@ -231,7 +245,7 @@ class Engine:
         new = replace(st, system_ids=list(st.system_ids))
         new.active_messages += len(rows)
         new.active_tokens += sum(tokens for _, _, tokens in rows)
-        with transaction(self.conn):
+        with self.store.transaction():
             batch_id, ids, created = self.archive.append(
                 session_id,
                 rows,
@@ -246,7 +260,7 @@ class Engine:
                         new.system_ids.append(mid)
                     else:
                         new.tail_start_id = mid
-            cs.bump_counts(self.conn, new)
+            self.store.contexts.bump_counts(new)
         self._contexts[session_id] = new
         if session_id in self._archive_counts:
             self._archive_counts[session_id] += len(ids)
@@ -400,7 +414,7 @@ class Engine:
 
     def pins(self, session_id: str) -> list[dict[str, Any]]:
         self.require_session(session_id)
-        return cs.list_pins(self.conn, session_id)
+        return self.store.pins.list(session_id)
 
     def context_messages(self, session_id: str) -> list[dict[str, Any]]:
         """The model input: leading system messages, pins + summary, the exact tail."""
@@ -439,7 +453,7 @@ class Engine:
         return tail
 
     def pin_texts(self, session_id: str) -> list[str]:
-        return [p["text"] for p in cs.list_pins(self.conn, session_id)]
+        return [p["text"] for p in self.store.pins.list(session_id)]
 
     def get_context(
         self,
@@ -493,14 +507,17 @@ class Engine:
         """`search_result` run beside the event loop, so other requests go on meanwhile."""
         if session_id is not None:
             self.require_session(session_id)
-        hits, matched = await self.searcher.search(query, session_id=session_id, **kw)
+        hits, matched = await self.store.search_async(query, session_id=session_id, **kw)
         return {"hits": self._annotate(hits), "matched": matched}
+
+    def _supersessions(self, session_id: str) -> dict[int, int]:
+        return self.context_state(session_id).summary.supersessions
 
     def _annotate(self, hits: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for hit in hits:
             st = self.context_state(hit["sessionId"])
             hit["inActiveContext"] = st.in_active_context(hit["messageId"])
-        return mark_superseded(self, hits)
+        return mark_superseded(self._supersessions, hits)
 
     # pins
 
@@ -508,15 +525,15 @@ class Engine:
         self.require_session(session_id)
         if not isinstance(text, str) or not text.strip():
             raise InvalidParams("a pin needs non-empty text")
-        with transaction(self.conn):
-            pin = cs.add_pin(self.conn, new_id("pin"), session_id, text.strip())
+        with self.store.transaction():
+            pin = self.store.pins.add(new_id("pin"), session_id, text.strip())
             self._refresh_summary_tokens(session_id)
         return pin
 
     def remove_pin(self, session_id: str, pin_id: str) -> dict[str, Any]:
         self.require_session(session_id)
-        with transaction(self.conn):
-            pin = cs.remove_pin(self.conn, session_id, pin_id)
+        with self.store.transaction():
+            pin = self.store.pins.remove(session_id, pin_id)
             if pin is None:
                 raise NotFound(
                     f"no pin {pin_id!r} in session {session_id!r}; "
@@ -533,14 +550,14 @@ class Engine:
     def _refresh_summary_tokens(self, session_id: str) -> None:
         st = self.context_state(session_id)
         tokens = self.summary_tokens(session_id, st.summary)
-        cs.set_summary_tokens(self.conn, session_id, tokens)
+        self.store.contexts.set_summary_tokens(session_id, tokens)
         self._contexts[session_id] = replace(st, summary_tokens=tokens)
 
     # runs and approvals
 
     def start_run(self, session_id: str) -> dict[str, Any]:
         self.require_session(session_id)
-        with transaction(self.conn):
+        with self.store.transaction():
             current = self.runs.open_run(session_id)
             if current is not None:
                 raise RunActive(
@@ -568,7 +585,7 @@ class Engine:
                 f"run {run_id!r} is already {run['status']}",
                 {"runId": run_id, "status": run["status"]},
             )
-        with transaction(self.conn):
+        with self.store.transaction():
             run = self.runs.finish(run_id, outcome)
         sid = run["sessionId"]
         due = outcome == "completed" and self.auto_compaction_due(sid)
@@ -605,7 +622,7 @@ class Engine:
                     f"tool call {tool_call_id!r} already awaits approval {a['approvalId']}",
                     {"approvalId": a["approvalId"]},
                 )
-        with transaction(self.conn):
+        with self.store.transaction():
             approval = self.runs.request_approval(
                 new_id("apr"), session_id, run_id, tool_call_id, tool_name, arguments
             )
@@ -621,7 +638,7 @@ class Engine:
     ) -> dict[str, Any]:
         if decision not in ("approved", "denied"):
             raise InvalidParams("decision must be 'approved' or 'denied'")
-        with transaction(self.conn):
+        with self.store.transaction():
             approval = self.runs.get_approval(approval_id)
             if approval is None:
                 raise NotFound(

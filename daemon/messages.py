@@ -220,3 +220,12 @@ def for_model(msg: dict[str, Any]) -> dict[str, Any]:
     if "metadata" not in msg:
         return msg
     return {k: v for k, v in msg.items() if k != "metadata"}
+
+
+def strip_archive_fields(msg: dict[str, Any]) -> dict[str, Any]:
+    """An archived message as the model takes it: no archive bookkeeping, no metadata."""
+    return {
+        k: v
+        for k, v in msg.items()
+        if k not in ("id", "batchId", "tokens", "createdAt", "metadata")
+    }

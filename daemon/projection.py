@@ -9,20 +9,42 @@ the most relevant archived messages that are no longer in the active context.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ctxd.protocol.errors import SearchTooBroad
 
 from . import fts
 from .compaction import render_summary_message, valid_boundaries
-from .compactor import strip_archive_fields
-from .messages import message_text
+from .context_store import ContextState
+from .messages import message_text, strip_archive_fields
 from .summary import Summary
+from .tokens import TokenCounter
 
-if TYPE_CHECKING:
-    from .engine import Engine
+
+class MessageLookup(Protocol):
+    def get_many(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]: ...
+
+
+class ContextReader(Protocol):
+    """What a projection reads (the engine provides it): the stored context and its
+    parts as rendered, archived messages by id, token counts and search."""
+
+    tokens: TokenCounter
+    archive: MessageLookup
+
+    def context_state(self, session_id: str) -> ContextState: ...
+
+    def system_messages(self, st: ContextState) -> list[dict[str, Any]]: ...
+
+    def pin_texts(self, session_id: str) -> list[str]: ...
+
+    def tail_messages(self, session_id: str, st: ContextState) -> list[dict[str, Any]]: ...
+
+    def search(
+        self, query: str, *, session_id: str | None = None, **kw: Any
+    ) -> list[dict[str, Any]]: ...
 
 RECALL_HEADER = (
     "Recalled from the archive for this step (these messages are no longer in the "
@@ -35,7 +57,7 @@ RECALL_CHARS = 600
 
 
 def project(
-    engine: Engine,
+    engine: ContextReader,
     session_id: str,
     budget_tokens: int | None,
     query: str | None,
@@ -160,7 +182,7 @@ def recall_query(query: str) -> str:
     return fts.cap_terms(query)
 
 
-def recall_search(engine: Engine, session_id: str, query: str) -> list[dict[str, Any]]:
+def recall_search(engine: ContextReader, session_id: str, query: str) -> list[dict[str, Any]]:
     try:
         return engine.search(recall_query(query), session_id=session_id, limit=RECALL_HITS * 3)
     except SearchTooBroad:
@@ -168,7 +190,7 @@ def recall_search(engine: Engine, session_id: str, query: str) -> list[dict[str,
 
 
 def _recall(
-    engine: Engine, hits: list[dict[str, Any]], allowance: int
+    engine: ContextReader, hits: list[dict[str, Any]], allowance: int
 ) -> tuple[dict[str, Any] | None, list[int]]:
     hits = [h for h in hits if not h["inActiveContext"]][:RECALL_HITS]
     if not hits:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from lsprotocol import types as t
 from pygls.exceptions import JsonRpcException
@@ -17,9 +18,28 @@ from ctxd.protocol.errors import CtxdError
 from . import documents as docs
 from .core import BadArgument, Bridge, DaemonGone
 from .documents import DocKey, Rendered
+from .errors import lsp_error
 
-if TYPE_CHECKING:
-    from .server import CtxdServer
+
+class CtxdServer(Protocol):
+    """What the commands use of the language server (server.CtxdServer is one)."""
+
+    cache_dir: Path
+    can_ask: bool
+    can_show_document: bool
+    workspace: Any
+
+    def command(self, name: str) -> Callable[..., Any]: ...
+
+    def feature(self, *args: Any, **kw: Any) -> Callable[..., Any]: ...
+
+    def key_of(self, uri: str) -> DocKey | None: ...
+
+    async def materialize(self, key: DocKey) -> str: ...
+
+    def window_show_document_async(self, params: Any) -> Awaitable[Any]: ...
+
+    def window_show_message_request_async(self, params: Any) -> Awaitable[Any]: ...
 
 COMMANDS = (
     "ctxd.compact",
@@ -76,7 +96,6 @@ def _range_text(ls: CtxdServer, uri: str, rng: Any) -> str:
 
 def register(ls: CtxdServer, bridge: Bridge,
              rendered_for: Callable[[str], Awaitable[Rendered | None]]) -> None:
-    from .server import lsp_error
 
     def command(name: str) -> Callable[[Callable[[dict[str, Any]], Awaitable[Any]]], Any]:
         def wrap(fn: Callable[[dict[str, Any]], Awaitable[Any]]) -> Any:
@@ -249,8 +268,6 @@ def relative_path(ls: CtxdServer, uri: str) -> str | None:
     path = to_fs_path(uri)
     if not path:
         return None
-    from pathlib import Path
-
     p = Path(path)
     if ls.cache_dir in p.parents:
         return None

@@ -30,13 +30,13 @@ from ctxd.protocol.errors import CtxdError
 
 from . import commands
 from . import documents as docs
-from .core import BadArgument, Bridge, DaemonGone
+from .core import Bridge, DaemonGone
 from .documents import DocKey, Rendered
+from .errors import lsp_error
 
 log = logging.getLogger("ctxd.lsp")
 
 STATUS_NOTIFICATION = "ctxd/status"
-REQUEST_FAILED = -32803  # LSP RequestFailed: the daemon is gone
 FILE_MODE_SYMBOLS = 50  # in file mode every hit's page is written before answering
 
 
@@ -225,20 +225,6 @@ class EditorUI:
                     t.TextDocumentContentRefreshParams(r.key.uri()))
             else:
                 docs.write_file(ls.cache_dir, r.key, r.text)
-
-
-def lsp_error(exc: Exception) -> JsonRpcException:
-    """The LSP error for a failure of the core: typed, with ctxd's code and message."""
-    if isinstance(exc, BadArgument):
-        return JsonRpcInvalidParams(message=str(exc))
-    if isinstance(exc, DaemonGone):
-        return JsonRpcException(code=REQUEST_FAILED, message=str(exc))
-    if isinstance(exc, CtxdError):
-        code = getattr(exc, "code", -32603)
-        return JsonRpcException(code=int(code), message=str(exc), data={"ctxdCode": int(code)})
-    if isinstance(exc, TimeoutError):
-        return JsonRpcException(code=REQUEST_FAILED, message=f"ctxd: {exc}")
-    return JsonRpcException(code=-32603, message=f"ctxd: {exc}")
 
 
 def build(connection_file: Path, cache_dir: Path,

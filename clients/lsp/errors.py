@@ -1,0 +1,25 @@
+"""The LSP errors `ctxd lsp` answers with when the core fails."""
+
+from __future__ import annotations
+
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
+
+from ctxd.protocol.errors import CtxdError
+
+from .core import BadArgument, DaemonGone
+
+REQUEST_FAILED = -32803  # LSP RequestFailed: the daemon is gone
+
+
+def lsp_error(exc: Exception) -> JsonRpcException:
+    """The LSP error for a failure of the core: typed, with ctxd's code and message."""
+    if isinstance(exc, BadArgument):
+        return JsonRpcInvalidParams(message=str(exc))
+    if isinstance(exc, DaemonGone):
+        return JsonRpcException(code=REQUEST_FAILED, message=str(exc))
+    if isinstance(exc, CtxdError):
+        code = getattr(exc, "code", -32603)
+        return JsonRpcException(code=int(code), message=str(exc), data={"ctxdCode": int(code)})
+    if isinstance(exc, TimeoutError):
+        return JsonRpcException(code=REQUEST_FAILED, message=f"ctxd: {exc}")
+    return JsonRpcException(code=-32603, message=f"ctxd: {exc}")

@@ -1,0 +1,251 @@
+"""The store interface: everything the engine keeps, behind five small typed parts.
+
+The engine (daemon/engine.py) and the pieces it drives (the Compactor, context edits)
+reach their data only through a `Store`; nothing above this line writes SQL. The
+embedded SQLite store (`ctxd.daemon.stores.sqlite.SqliteStore`, APSW + FTS5) is the
+default and the reference: a new implementation (PostgreSQL, say) passes the same test
+suite with the same assertions.
+
+A `Store` has five parts and a transaction:
+
+- `archive` (`ArchiveStore`): sessions, and the append-only record of every message
+  with its batch and tool-call bookkeeping, plus full-text search.
+- `contexts` (`ContextStore`): one replaceable `ContextState` row per session.
+- `pins` (`PinStore`): texts a client pinned to a session's context.
+- `runs` (`RunStore`): runs (at most one open per session) and tool approvals.
+- `compactions` (`CompactionLogStore`): every compaction attempt.
+
+Contract every implementation keeps (the engine relies on each point):
+
+- **Transactions.** Writes happen only inside `with store.transaction():`, one explicit
+  transaction on the store's single writer; the block commits as a whole or not at all.
+  A storage failure (disk full, read-only, connection lost) raises
+  `ctxd.protocol.errors.StorageError` and leaves nothing written. Reads may run inside or
+  outside a transaction; inside, they see the transaction's own writes.
+- **One thread.** A store is used from one thread (the daemon's event loop), except
+  `search_async`, which runs searches beside it (its own connections, read-only).
+- **Append-only archive.** Archived rows are never updated or deleted. Message ids are
+  integers, increasing in append order across the whole store; a batch's ids are
+  consecutive (`ArchiveStore.append` returns them). `clientBatchId` is unique per session.
+- **Dicts on the wire side.** Sessions, messages, hits, runs, approvals and pins are
+  returned as the dicts the protocol sends (camelCase keys; an archived message is its
+  chat message plus `id`, `batchId`, `tokens`, `createdAt`). Compaction log rows are
+  `CompactionRecord`s; contexts are `ContextState`s.
+- **Errors.** Bad input the store detects (a value JSON cannot store, a search query it
+  cannot parse) raises `InvalidParams`; a search over its time budget raises
+  `SearchTooBroad`.
+- **Ordering.** Reads of messages are in id order; `list_sessions` is newest first by
+  (createdAt, sessionId); approvals by creation time; pins by creation time, then id.
+
+Everything above the store (id generation, validation, token counting, tool-pair
+checks, the active-context arithmetic, events) stays in the engine, so an implementation
+only stores and finds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from ctxd.daemon.compaction_log import CompactionEntry, CompactionRecord
+from ctxd.daemon.context_store import ContextState
+
+Message = dict[str, Any]
+# (normalized chat message, its JSON body as stored, its token count)
+MessageRow = tuple[dict[str, Any], str, int]
+
+
+class ArchiveStore(Protocol):
+    # sessions
+
+    def create_session(
+        self, session_id: str, title: str | None, metadata: dict[str, Any] | None
+    ) -> float:
+        """Insert a session; returns its createdAt."""
+
+    def get_session(self, session_id: str) -> dict[str, Any] | None:
+        """{sessionId, title, metadata, createdAt}, or None."""
+
+    def list_sessions(
+        self, limit: int, after: tuple[float, str] | None, title: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Newest first, after the (createdAt, sessionId) `after`; `title` keeps titles
+        containing it (ASCII letters in either case)."""
+
+    def session_ids_without_context(self) -> list[str]: ...
+
+    def last_message_at(self, session_id: str) -> float | None: ...
+
+    def sizes_at(
+        self, session_id: str, times: list[float], start: tuple[int, int, int] = (0, 0, 0)
+    ) -> tuple[list[tuple[int, int]], tuple[int, int, int]]:
+        """(messages, tokens) of the session's archive at each time, and a checkpoint
+        (last id, messages, tokens) a later call may start from."""
+
+    # appending
+
+    def find_batch(
+        self, session_id: str, client_batch_id: str
+    ) -> tuple[int, str, int, int] | None:
+        """(batch id, digest, first message id, last message id) of an earlier batch."""
+
+    def append(
+        self,
+        session_id: str,
+        messages: Sequence[MessageRow],
+        *,
+        digest: str,
+        run_id: str | None,
+        client_batch_id: str | None,
+        index_texts: Sequence[str] | None = None,
+    ) -> tuple[int, list[int], float]:
+        """Store one batch whole, indexed for search; returns (batch id, message ids,
+        createdAt). Inside a transaction. `index_texts`: each message's text as the
+        SQLite store indexes it (`fts.index_text`), when computed beforehand off the
+        event loop; other stores may ignore it."""
+
+    def existing_tool_calls(self, session_id: str, call_ids: Iterable[str]) -> set[str]: ...
+
+    def answered_tool_calls(self, session_id: str, call_ids: Iterable[str]) -> set[str]: ...
+
+    def call_message_ids(self, session_id: str, call_ids: Iterable[str]) -> dict[str, int]:
+        """The id of the archived message that made each of these tool calls."""
+
+    def batches_of_closed_runs(self, batch_ids: set[int]) -> set[int]:
+        """Which of these batches were appended in a run that is no longer open."""
+
+    # reading
+
+    def read(
+        self, session_id: str, after_id: int, limit: int, max_bytes: int | None = None
+    ) -> list[Message]: ...
+
+    def read_before(
+        self,
+        session_id: str,
+        before_id: int,
+        after_id: int,
+        limit: int,
+        max_bytes: int | None = None,
+    ) -> list[Message]: ...
+
+    def read_from(
+        self, session_id: str, from_id: int, to_id: int | None = None
+    ) -> list[Message]: ...
+
+    def has_between(self, session_id: str, after_id: int, before_id: int | None) -> bool: ...
+
+    def get_many(self, ids: Sequence[int]) -> dict[int, Message]: ...
+
+    def message_count(self, session_id: str) -> int: ...
+
+    def count_between(self, session_id: str, lo: int, hi: int) -> int:
+        """Messages of the session with lo <= id <= hi."""
+
+    def sums_from(self, session_id: str, from_id: int) -> tuple[int, int]:
+        """(messages, tokens) of the session with id >= from_id."""
+
+    def last_id(self, session_id: str) -> int | None: ...
+
+    def search(
+        self,
+        query: str,
+        *,
+        session_id: str | None = None,
+        role: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 20,
+        offset: int = 0,
+        newest_first: bool = False,
+        advanced: bool = False,
+        budget_seconds: float | None = None,
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Hits ({messageId, sessionId, role, snippet, createdAt, score}) and how they
+        matched: "all" words, or "any" when no message has them all."""
+
+
+class ContextStore(Protocol):
+    def load(self, session_id: str) -> ContextState | None: ...
+
+    def save(self, st: ContextState) -> None:
+        """Insert or replace the whole row."""
+
+    def bump_counts(self, st: ContextState) -> None:
+        """The cheap write of an append: system ids, tail start and the two counters."""
+
+    def set_summary_tokens(self, session_id: str, tokens: int) -> None: ...
+
+
+class PinStore(Protocol):
+    def list(self, session_id: str) -> list[dict[str, Any]]:
+        """{pinId, text, createdAt} each, oldest first."""
+
+    def add(self, pin_id: str, session_id: str, text: str) -> dict[str, Any]: ...
+
+    def remove(self, session_id: str, pin_id: str) -> dict[str, Any] | None:
+        """The removed pin, or None when the session has no such pin."""
+
+
+class RunStore(Protocol):
+    def start(self, run_id: str, session_id: str) -> dict[str, Any]:
+        """Open a run ({runId, sessionId, status, startedAt, finishedAt}); the engine has
+        checked that the session has no open run (a store may also enforce it)."""
+
+    def get(self, run_id: str) -> dict[str, Any] | None: ...
+
+    def open_run(self, session_id: str) -> dict[str, Any] | None: ...
+
+    def open_run_ids(self) -> set[str]: ...
+
+    def finish(self, run_id: str, status: str) -> dict[str, Any]: ...
+
+    def request_approval(
+        self,
+        approval_id: str,
+        session_id: str,
+        run_id: str,
+        tool_call_id: str,
+        tool_name: str | None,
+        arguments: Any,
+    ) -> dict[str, Any]: ...
+
+    def get_approval(self, approval_id: str) -> dict[str, Any] | None: ...
+
+    def resolve_approval(
+        self, approval_id: str, decision: str, reason: str | None
+    ) -> dict[str, Any]:
+        """The engine has checked the approval is pending, in the same transaction."""
+
+    def list_approvals(
+        self, session_id: str, status: str | None = None
+    ) -> list[dict[str, Any]]: ...
+
+    def pending_count(self, session_id: str) -> int: ...
+
+
+class CompactionLogStore(Protocol):
+    def record(self, entry: CompactionEntry) -> None:
+        """Inside a transaction."""
+
+    def history(self, session_id: str, limit: int = 50) -> list[CompactionRecord]:
+        """Newest first."""
+
+
+class Store(Protocol):
+    archive: ArchiveStore
+    contexts: ContextStore
+    pins: PinStore
+    runs: RunStore
+    compactions: CompactionLogStore
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """One write transaction (see the module docstring)."""
+
+    async def search_async(
+        self, query: str, **kw: Any
+    ) -> tuple[list[dict[str, Any]], str]:
+        """`archive.search` beside the event loop, within the search time budget."""
+
+    def close(self) -> None: ...
