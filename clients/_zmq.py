@@ -29,13 +29,16 @@ import zmq.asyncio
 
 from ctxd.protocol.auth import secure_client_socket
 from ctxd.protocol.codec import DEFAULT_MAX_FRAME, packb, unpackb
+from ctxd.protocol.envelope import (  # noqa: F401 (the topics are part of this module's API)
+    PROBE_METHOD,
+    PROBE_PREFIX,
+    SESSION_PREFIX,
+    session_topic,
+)
 from ctxd.protocol.errors import PayloadTooLarge, Unauthorized
 
 log = logging.getLogger("ctxd.client")
 
-PROBE_PREFIX = b"probe/"
-PROBE_METHOD = "$/probe"
-SESSION_PREFIX = b"session/"
 _HANDSHAKE_FAILED = (
     zmq.EVENT_HANDSHAKE_FAILED_AUTH
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -44,10 +47,6 @@ _HANDSHAKE_FAILED = (
 
 ReplySink = Callable[[dict[str, Any]], None]
 NotificationSink = Callable[[str, dict[str, Any]], None]
-
-
-def session_topic(session_id: str) -> bytes:
-    return SESSION_PREFIX + session_id.encode("utf-8")
 
 
 class ZmqTransport:

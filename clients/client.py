@@ -52,7 +52,12 @@ from typing import Any, Generic, Literal, TypeVar
 
 from ctxd.protocol import auth
 from ctxd.protocol.codec import DEFAULT_MAX_FRAME
-from ctxd.protocol.connection import connection_file_for, default_data_dir, read_connection_file
+from ctxd.protocol.connection import (
+    connection_file_for,
+    daemon_gone,
+    default_data_dir,
+    read_connection_file,
+)
 from ctxd.protocol.errors import InternalError, error_from_dict
 
 from ._jsonrpc import TcpTransport, WebSocketTransport
@@ -115,23 +120,12 @@ def find_daemon(
         ) from None
     except (OSError, ValueError) as exc:
         raise DaemonNotRunning(f"cannot read the connection file {path}: {exc}") from None
-    pid = info.get("pid")
-    if isinstance(pid, int) and pid > 0 and not _pid_alive(pid):
+    if daemon_gone(info):
         raise DaemonNotRunning(
-            f"the daemon of {path} (pid {pid}) is not running; the file is stale. "
+            f"the daemon of {path} (pid {info['pid']}) is not running; the file is stale. "
             "Start it again with 'ctxd serve'"
         )
     return path, info
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists, but belongs to someone else
-    return True
 
 
 def _check_wire(wire: str) -> None:

@@ -31,7 +31,7 @@ from typing import IO, Any, cast
 from ctxd.clients.cli_text import clean, clean_json, cli_message
 from ctxd.clients.client import Client, DaemonNotRunning, Wire, find_daemon
 from ctxd.daemon.config import ConfigError
-from ctxd.protocol.connection import connection_file_for
+from ctxd.protocol.connection import connection_file_for, daemon_gone
 from ctxd.protocol.errors import CtxdError
 
 __all__ = ["register"]
@@ -779,19 +779,6 @@ def event_text(method: str, p: dict[str, Any]) -> str:
     return f"{method}  {json.dumps(p, ensure_ascii=False)}"
 
 
-def _daemon_alive(info: dict[str, Any]) -> bool:
-    pid = info.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 def cmd_watch(ctx: Context) -> int:
     sid = ctx.args.session
     events: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
@@ -822,7 +809,7 @@ def cmd_watch(ctx: Context) -> int:
                 if now - checked >= WATCH_ALIVE_EVERY:
                     checked = now
                     # ZeroMQ never reports a peer going away: check the daemon's pid
-                    if not _daemon_alive(ctx.info):
+                    if daemon_gone(ctx.info):
                         fail(f"the daemon (pid {ctx.info.get('pid')}) stopped")
                         return EXIT_UNREACHABLE
                 continue

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 from ctxd.clients.commands import EXIT_OK, EXIT_UNREACHABLE, Context, fail, fit, one_line, when
+from ctxd.protocol.connection import pid_alive
 
 # how long `stop` waits for the daemon's answer, then for its process to exit
 SHUTDOWN_REPLY_SECONDS = 5.0
@@ -15,19 +15,7 @@ STOP_WAIT_SECONDS = 20.0
 
 
 def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    try:  # an exited process its parent has not reaped yet is done all the same
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
+    return isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and pid_alive(pid)
 
 
 def cmd_stop(ctx: Context) -> int:

@@ -37,7 +37,7 @@ from typing import Any
 
 from ..protocol import auth
 from ..protocol.codec import FrameReader, dumps_json, frame
-from ..protocol.connection import read_connection_file
+from ..protocol.connection import daemon_gone, read_connection_file
 
 START_TIMEOUT = 10.0
 # after stdin closes, how long the daemon may take to deliver the last replies
@@ -65,21 +65,9 @@ def _parse_endpoint(endpoint: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _pid_alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return True  # unknown: let the connection attempt decide
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    return True
-
-
 def _try_connect(connection_file: Path) -> tuple[socket.socket, dict[str, Any]]:
     info = read_connection_file(connection_file)
-    if not _pid_alive(info.get("pid")):
+    if daemon_gone(info):
         # a stale file of a dead daemon: its port may now belong to anything
         raise ConnectionRefusedError(f"daemon pid {info.get('pid')} is not running")
     host, port = _parse_endpoint(str(info.get("jsonrpc_tcp", "")))

@@ -10,7 +10,9 @@ from typing import Any
 
 import msgpack
 
-from .errors import CtxdError, InvalidRequest, ParseError, PayloadTooLarge
+from .envelope import check_request as check_request  # re-exported: the wires use it
+from .envelope import error_reply, reply
+from .errors import ParseError, PayloadTooLarge
 
 # Requests bigger than this are refused before parsing (configurable by the daemon).
 DEFAULT_MAX_FRAME = 64 * 1024 * 1024
@@ -125,24 +127,6 @@ def notification(method: str, params: Any) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "method": method, "params": params}
 
 
-def response(id_: Any, result: Any) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": id_, "result": result}
-
-
-def error_response(id_: Any, err: CtxdError) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": id_, "error": err.to_dict()}
-
-
-def check_request(msg: Any) -> tuple[Any, str, Any, bool]:
-    """Validate a decoded JSON-RPC object: returns (id, method, params, is_notification)."""
-    if not isinstance(msg, dict):
-        raise InvalidRequest("a JSON-RPC request must be an object")
-    method = msg.get("method")
-    if not isinstance(method, str):
-        raise InvalidRequest("'method' must be a string")
-    params = msg.get("params", {})
-    if params is None:
-        params = {}
-    if not isinstance(params, dict | list):
-        raise InvalidRequest("'params' must be an object")
-    return msg.get("id"), method, params, "id" not in msg
+# replies and request checking are the envelope's, shared with the ZeroMQ wire
+response = reply
+error_response = error_reply

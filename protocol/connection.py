@@ -131,3 +131,26 @@ def read_connection_file(path: Path | str) -> dict[str, Any]:
     if not isinstance(info, dict) or "token" not in info:
         raise ValueError(f"{path} is not a ctxd connection file")
     return info
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` runs: the one check every client makes of a connection
+    file's `pid` before trusting its endpoints (a dead daemon's port may be anyone's)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, but belongs to someone else
+    try:  # an exited process its parent has not reaped yet is gone all the same
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def daemon_gone(info: dict[str, Any]) -> bool:
+    """True when the connection file names a pid and that process no longer runs; a file
+    without a usable pid leaves the decision to the connection attempt."""
+    pid = info.get("pid")
+    return isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and not pid_alive(pid)

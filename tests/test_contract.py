@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import re
 import subprocess
 import sys
@@ -233,3 +234,65 @@ def test_real_replies_and_notifications_have_the_declared_types(daemon: DaemonPr
     assert set(seen) == set(METHODS) - {"shutdown"}
     assert {"session/didAppend", "run/didFinish", "context/didCompact", "$/progress",
             "approval/didRequest", "approval/didResolve", "context/didChange"} <= events
+
+
+# one envelope for both wires
+
+
+def test_both_wires_and_the_clients_share_one_envelope() -> None:
+    from ctxd.clients import _zmq, client, commands, stdio_proxy
+    from ctxd.daemon.servers import rpc_core, zmq_server
+    from ctxd.protocol import codec, connection, envelope
+
+    assert codec.check_request is envelope.check_request
+    assert zmq_server.check_request is envelope.check_request
+    assert rpc_core.internal is envelope.internal
+    assert zmq_server.session_topic is _zmq.session_topic is envelope.session_topic
+    assert zmq_server.PROBE_PREFIX is _zmq.PROBE_PREFIX
+    for module in (client, commands, stdio_proxy):
+        assert module.daemon_gone is connection.daemon_gone
+    assert envelope.session_topic("s1") == b"session/s1"
+
+
+@pytest.mark.parametrize(
+    ("msg", "wire", "message"),
+    [
+        ([], "jsonrpc", "a JSON-RPC request must be an object"),
+        ([], "zmq", "a request must be a msgpack map {id, method, params, token}"),
+        ({"method": 1}, "jsonrpc", "'method' must be a string"),
+        ({"method": ""}, "zmq", "'method' must be a string"),
+        ({"method": "m", "params": 3}, "jsonrpc", "'params' must be an object"),
+        ({"method": "m", "params": 3}, "zmq", "'params' must be a map"),
+    ],
+)
+def test_request_checking_per_wire(msg: Any, wire: Any, message: str) -> None:
+    from ctxd.protocol.envelope import check_request
+    from ctxd.protocol.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest) as info:
+        check_request(msg, wire)
+    assert info.value.message == message
+
+
+def test_request_checking_fills_params_and_spots_notifications() -> None:
+    from ctxd.protocol.envelope import check_request
+
+    assert check_request({"method": "m"}) == (None, "m", {}, True)
+    assert check_request({"id": 3, "method": "m", "params": None}) == (3, "m", {}, False)
+    assert check_request({"method": "m"}, "zmq") == (None, "m", {}, False)
+
+
+def test_pid_alive_knows_a_running_an_exited_and_an_unreaped_process() -> None:
+    from ctxd.protocol.connection import daemon_gone, pid_alive
+
+    assert pid_alive(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while pid_alive(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)  # exited but not reaped yet (a zombie) is gone all the same
+    assert not pid_alive(child.pid)
+    child.wait()
+    assert not pid_alive(child.pid)
+    assert daemon_gone({"pid": child.pid})
+    assert not daemon_gone({"pid": os.getpid()})
+    assert not daemon_gone({}) and not daemon_gone({"pid": "x"}) and not daemon_gone({"pid": True})

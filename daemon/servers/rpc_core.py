@@ -18,6 +18,7 @@ from ...protocol.codec import (
     notification,
     response,
 )
+from ...protocol.envelope import internal
 from ...protocol.errors import (
     CtxdError,
     InternalError,
@@ -57,13 +58,6 @@ def too_many_connections(limit: int) -> CtxdError:
     return InternalError(
         f"the daemon serves at most {limit} connections; close idle clients and retry",
         {"reason": "too_many_connections", "limit": limit},
-    )
-
-
-def internal(exc: BaseException) -> CtxdError:
-    return InternalError(
-        f"internal error ({type(exc).__name__}); the daemon log has the details",
-        {"type": type(exc).__name__},
     )
 
 

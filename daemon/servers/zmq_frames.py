@@ -10,6 +10,7 @@ import zmq
 import zmq.asyncio
 
 from ctxd.protocol.codec import packb
+from ctxd.protocol.envelope import error_reply
 from ctxd.protocol.errors import CtxdError
 
 from .base import Connection
@@ -69,10 +70,10 @@ def send_now(sock: zmq.asyncio.Socket, frames: list[bytes]) -> None:
 
 def error_payload(req_id: Any, err: CtxdError) -> bytes:
     try:
-        return packb({"id": req_id, "error": err.to_dict()})
+        return packb(error_reply(req_id, err, "zmq"))
     except Exception:
         # `data` held something msgpack cannot encode: keep the code and message.
-        return packb({"id": req_id, "error": {"code": int(err.code), "message": err.message}})
+        return packb(error_reply(req_id, err, "zmq", bare=True))
 
 
 def endpoint_of(sock: zmq.asyncio.Socket) -> str:

@@ -41,6 +41,13 @@ import zmq.asyncio
 
 from ctxd.protocol.auth import curve_server_keys
 from ctxd.protocol.codec import DEFAULT_MAX_FRAME, packb, unpackb
+from ctxd.protocol.envelope import (  # noqa: F401 (the topics are part of this module's API)
+    PROBE_METHOD,
+    PROBE_PREFIX,
+    SESSION_PREFIX,
+    check_request,
+    session_topic,
+)
 from ctxd.protocol.errors import (
     CtxdError,
     InternalError,
@@ -54,16 +61,8 @@ from .zmq_frames import ZmqConnection, endpoint_of, error_payload, send_now, spl
 
 log = logging.getLogger("ctxd.servers.zmq")
 
-PROBE_PREFIX = b"probe/"
-PROBE_METHOD = "$/probe"
-SESSION_PREFIX = b"session/"
-
 # Room for the envelope and the request's own keys on top of the payload limit.
 _ENVELOPE_SLACK = 64 * 1024
-
-
-def session_topic(session_id: str) -> bytes:
-    return SESSION_PREFIX + session_id.encode("utf-8")
 
 
 class ZmqServer:
@@ -349,23 +348,10 @@ class ZmqServer:
         except CtxdError as err:
             self._reply_error(envelope, None, err)
             return
-        if not isinstance(msg, dict):
-            self._reply_error(
-                envelope,
-                None,
-                InvalidRequest("a request must be a msgpack map {id, method, params, token}"),
-            )
-            return
-        req_id = msg.get("id")
-        method = msg.get("method")
-        if not isinstance(method, str) or not method:
-            self._reply_error(envelope, req_id, InvalidRequest("'method' must be a string"))
-            return
-        params = msg.get("params")
-        if params is None:
-            params = {}
-        if not isinstance(params, dict | list):
-            self._reply_error(envelope, req_id, InvalidRequest("'params' must be a map"))
+        try:
+            req_id, method, params, _ = check_request(msg, "zmq")
+        except CtxdError as err:
+            self._reply_error(envelope, msg.get("id") if isinstance(msg, dict) else None, err)
             return
         conn = self._peers.get(identity)
         if method == "initialize" and not self._token_ok(msg.get("token")):
