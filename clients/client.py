@@ -300,13 +300,19 @@ class _Methods(Generic[R]):
         outcome: str,
         messages: list[dict[str, Any]] | None = None,
         client_batch_id: str | None = None,
+        return_context: bool | None = None,
     ) -> R:
         """`messages`: the run's last messages, appended within the run before it finishes
-        (the result's `append`), in the same round trip."""
+        (the result's `append`); `return_context`: the model context afterwards (the
+        result's `context`). All in the same round trip."""
         return self.call(
             "run/finish",
             _drop_none(
-                runId=run_id, outcome=outcome, messages=messages, clientBatchId=client_batch_id
+                runId=run_id,
+                outcome=outcome,
+                messages=messages,
+                clientBatchId=client_batch_id,
+                returnContext=return_context,
             ),
         )
 

@@ -330,6 +330,8 @@ class Dispatcher:
         result = self.engine.finish_run(p["runId"], p["outcome"])
         if appended is not None:
             result["append"] = appended
+        if p["returnContext"]:
+            result["context"] = self.engine.get_context(result["run"]["sessionId"])
         conn.open_runs.discard(p["runId"])
         return self.scheduler.after_run_finished(result)
 

@@ -797,10 +797,19 @@ _METHOD_LIST: tuple[Method, ...] = (
                 "Idempotency key of `messages`, as in `messages/append`.",
                 False,
             ),
+            Param(
+                "returnContext",
+                "boolean",
+                False,
+                "Also return the model context once the run is finished (`context`, as from "
+                "`context/get`): with `messages`, a whole turn after `run/start` is one "
+                "round trip.",
+                default=False,
+            ),
         ),
         "`run` (`runId`, `sessionId`, `status` (the outcome), `startedAt`, `finishedAt`), "
         "`autoCompactionScheduled` (boolean); with `messages`, `append` (as from "
-        "`messages/append`).",
+        "`messages/append`); with `returnContext`, `context` (as from `context/get`).",
         "Finishes a run. The daemon may then compact the context in the background. With "
         "`messages`, appends them first: when the append is refused, the run stays open.",
         (_E.NOT_FOUND, _E.CONFLICT, _E.INVALID_MESSAGE, _E.APPROVAL_PENDING),

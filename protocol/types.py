@@ -276,6 +276,7 @@ class RunFinishResult(_Wire):
     run: Run
     auto_compaction_scheduled: bool
     append: AppendResult | None = None
+    context: ContextGetResult | None = None
 
 
 class ApprovalRequestResult(_Wire):

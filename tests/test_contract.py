@@ -102,15 +102,18 @@ def test_a_turn_in_two_round_trips_after_run_start(daemon: DaemonProcess, wire: 
         assert got["context"]["messageIds"] == got["messageIds"]
         done = c.finish_run(run_id, "completed",
                             messages=[{"role": "assistant", "content": "hello"}],
-                            client_batch_id="last")
+                            client_batch_id="last", return_context=True)
         assert done["run"]["status"] == "completed"
+        assert done["context"] == c.context_get(sid)
+        assert done["context"]["status"]["activeRunId"] is None
         assert done["append"]["messageIds"] == [got["messageIds"][0] + 1]
         read = c.read(sid)["messages"]
         assert [m["content"] for m in read] == ["hi", "hello"]
         # without the new params the results are what they were
         plain = c.append(sid, [{"role": "user", "content": "x"}])
         assert "context" not in plain
-        assert "append" not in c.finish_run(c.start_run(sid)["runId"], "cancelled")
+        assert c.finish_run(c.start_run(sid)["runId"], "cancelled").keys() == {
+            "run", "autoCompactionScheduled"}
 
 
 def test_run_finish_with_a_refused_message_leaves_the_run_open(daemon: DaemonProcess) -> None:

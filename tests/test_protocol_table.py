@@ -55,7 +55,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "context/pins/list": ("sessionId",),
     "context/pins/remove": ("sessionId", "pinId"),
     "run/start": ("sessionId",),
-    "run/finish": ("runId", "outcome", "messages", "clientBatchId"),
+    "run/finish": ("runId", "outcome", "messages", "clientBatchId", "returnContext"),
     "approval/request": ("sessionId", "runId", "toolCallId", "toolName", "arguments"),
     "approval/resolve": ("approvalId", "decision", "reason"),
     "approval/list": ("sessionId", "status"),
@@ -143,6 +143,7 @@ GOOD: dict[str, dict[str, Any]] = {
         "outcome": "cancelled",
         "messages": [{"role": "assistant", "content": "done"}],
         "clientBatchId": "b2",
+        "returnContext": True,
     },
     "approval/request": {
         "sessionId": "s1",
