@@ -1,13 +1,14 @@
 """Reliability runs at any length: kill -9 under load, the soak, clients that stop reading.
 
-    python bench/soak.py --seconds 600          # the soak, for 10 minutes
-    python bench/soak.py --kills 200            # the crash test with 200 kills
-    python bench/soak.py --stuck                # the stuck-client checks
-    python bench/soak.py --report               # all of them (suite sizes unless given)
+    python -m bench.soak --seconds 600          # the soak, for 10 minutes
+    python -m bench.soak --kills 200            # the crash test with 200 kills
+    python -m bench.soak --stuck                # the stuck-client checks
+    python -m bench.soak --report               # all of them (suite sizes unless given)
                                                 # and rewrite their rows of the table
                                                 # in docs/reliability.md
 
-The checks are the ones of tests/test_crash.py and tests/test_soak.py, run here with
+The checks are the ones of tests/test_crash.py and tests/test_soak.py (the harnesses in
+the tests.harness package; run from the repository root), run here with
 other sizes; each prints its figures as JSON. The exit status is 1 when a check found a
 problem (the known problems listed in docs/reliability.md excepted: they are reported,
 not counted).
@@ -28,12 +29,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+import apsw
 
-import apsw  # noqa: E402
-import test_crash  # noqa: E402
-import test_soak  # noqa: E402
+from tests.harness import crash as crash_harness
+from tests.harness import found
+from tests.harness import soak as soak_harness
+from tests.harness import stuck as stuck_harness
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DOC = ROOT / "docs" / "reliability.md"
 SUITE_KILLS = 32
@@ -61,7 +64,7 @@ def _problems(failures: list[str]) -> str:
 
 
 def crash(tmp: Path, kills: int, seed: int) -> tuple[Row, bool]:
-    stats, failures = test_crash.run_crash(tmp / "crash", seed, kills, log=lambda s: None)
+    stats, failures = crash_harness.run_crash(tmp / "crash", seed, kills, log=lambda s: None)
     print(json.dumps({"crash": dict(stats), "problems": failures[:20]}, indent=1), flush=True)
     resent = stats["resent_found_in_image"] + stats["resent_absent_from_image"]
     unacked = sum(v for k, v in stats.items() if k.startswith("unacked "))
@@ -93,21 +96,21 @@ def crash(tmp: Path, kills: int, seed: int) -> tuple[Row, bool]:
             f"{stats['resent_absent_from_image']} were appended once; "
             f"{unacked} other requests lost and settled"
         ),
-        "command": f"`python bench/soak.py --kills {kills} --seed {seed}`",
+        "command": f"`python -m bench.soak --kills {kills} --seed {seed}`",
     }
     return row, not failures
 
 
 def soak(tmp: Path, seconds: float, seed: int) -> tuple[Row, bool]:
-    stats, failures = test_soak.run_soak(tmp / "soak", seconds, seed, log=lambda s: None)
+    stats, failures = soak_harness.run_soak(tmp / "soak", seconds, seed, log=lambda s: None)
     print(json.dumps({"soak": stats, "problems": failures[:20]}, indent=1), flush=True)
     rss = stats["rss_kib"]
     growth = rss["second_half_peak"] - rss["first_half_peak"]
     allowed = max(
-        test_soak.SOAK_RSS_FLOOR_KIB,
-        test_soak.SOAK_RSS_TREND * (rss["first_half_peak"] - rss["start"]),
+        soak_harness.SOAK_RSS_FLOOR_KIB,
+        soak_harness.SOAK_RSS_TREND * (rss["first_half_peak"] - rss["start"]),
     )
-    ok = not failures and rss["vm_hwm"] < test_soak.SOAK_RSS_LIMIT_KIB and growth <= allowed
+    ok = not failures and rss["vm_hwm"] < soak_harness.SOAK_RSS_LIMIT_KIB and growth <= allowed
     trips = stats["round_trips"]
     events = stats["events"]["zmq"]
     row = {
@@ -133,7 +136,7 @@ def soak(tmp: Path, seconds: float, seed: int) -> tuple[Row, bool]:
             f"{_mib(rss['second_half_peak'])} in the second. Round trip median "
             f"{trips['median_ms']} ms, max {trips['max_ms']} ms"
         ),
-        "command": f"`python bench/soak.py --seconds {seconds:g} --seed {seed}`",
+        "command": f"`python -m bench.soak --seconds {seconds:g} --seed {seed}`",
     }
     return row, ok
 
@@ -141,9 +144,9 @@ def soak(tmp: Path, seconds: float, seed: int) -> tuple[Row, bool]:
 def stuck(tmp: Path) -> tuple[list[Row], bool]:
     rows: list[Row] = []
     ok = True
-    mib = test_soak.STUCK_EVENT_MIB
-    limit = test_soak.STUCK_RSS_GROWTH_KIB
-    stats, failures = test_soak.stuck_run(tmp / "tcp", "tcp", 5, 1500, mib)
+    mib = stuck_harness.STUCK_EVENT_MIB
+    limit = stuck_harness.STUCK_RSS_GROWTH_KIB
+    stats, failures = stuck_harness.stuck_run(tmp / "tcp", "tcp", 5, 1500, mib)
     print(json.dumps({"stuck tcp": stats, "problems": failures}, indent=1), flush=True)
     ok &= (
         not failures
@@ -179,8 +182,8 @@ def stuck(tmp: Path) -> tuple[list[Row], bool]:
             "command": "`pytest tests/test_soak.py -k stuck_tcp`",
         }
     )
-    stats, failures = test_soak.stuck_run(
-        tmp / "zmq", "zmq", 2, test_soak.stuck_zmq_events(), mib, big_first=True
+    stats, failures = stuck_harness.stuck_run(
+        tmp / "zmq", "zmq", 2, stuck_harness.stuck_zmq_events(), mib, big_first=True
     )
     print(json.dumps({"stuck zmq": stats, "problems": failures}, indent=1), flush=True)
     ok &= (
@@ -197,7 +200,7 @@ def stuck(tmp: Path) -> tuple[list[Row], bool]:
                 "a SUB socket subscribes to a busy session, reads its subscription probe "
                 "and nothing more; approvals with long Chinese arguments and reasons fill "
                 "its queue first, then a flood of small appends goes past the PUB "
-                f"high-water mark ({test_soak.pub_hwm():,} messages)"
+                f"high-water mark ({stuck_harness.pub_hwm():,} messages)"
             ),
             "count": (
                 f"{_n(stats['approval_rounds'])} approvals "
@@ -230,7 +233,7 @@ def regressions(tmp: Path) -> tuple[list[Row], bool]:
             "with user messages) and forces a compaction; then the result arrives",
             "`pytest tests/test_crash.py -k late_tool_result`",
             lambda p: [
-                test_crash.test_a_late_tool_result_keeps_its_call_in_context(p / m, m)
+                found.late_tool_result_keeps_its_call(p / m, m)
                 for m in ("assistant", "user")
             ],
         ),
@@ -239,7 +242,7 @@ def regressions(tmp: Path) -> tuple[list[Row], bool]:
             "the daemon is killed while a ZeroMQ call waits to send; another thread closes "
             "the client",
             "`pytest tests/test_crash.py -k closing_a_client`",
-            test_crash.test_closing_a_client_fails_its_calls_with_connection_error,
+            found.closing_a_client_fails_its_calls,
         ),
     ]
     for i, (name, tried, command, check) in enumerate(checks):
@@ -310,7 +313,7 @@ def environment() -> str:
     load = os.getloadavg()[0]
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
     return (
-        f"Last measured {now} by `python bench/soak.py --report` on {os.cpu_count()} "
+        f"Last measured {now} by `python -m bench.soak --report` on {os.cpu_count()} "
         f"cores, Python {platform.python_version()}, SQLite {apsw.sqlitelibversion()}"
         f" (load average {load:.1f} at the end: the machine is shared)."
     )
@@ -318,7 +321,7 @@ def environment() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python bench/soak.py", description=__doc__.splitlines()[0]
+        prog="python -m bench.soak", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--seconds", type=float, help="run the soak for this long")
     parser.add_argument("--kills", type=int, help="run the crash test with this many kills")
