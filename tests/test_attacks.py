@@ -431,3 +431,26 @@ def test_a_large_append_does_not_stop_other_clients(tmp_path: Path) -> None:
         other.close()
     finally:
         assert d.stop() == 0
+
+
+def test_a_full_quota_gives_its_places_to_new_connections(tmp_path: Path) -> None:
+    # with a 30 s login deadline, silent squatters would hold both places for 30 s; while
+    # the quota is full, the ones in it for a second are dropped instead
+    d = start(tmp_path, max_unauthenticated_connections=2, auth_timeout_seconds=30.0)
+    info = d.info()
+    try:
+        idle = [socket.create_connection(host_port(info["jsonrpc_tcp"]), timeout=TIMEOUT)
+                for _ in range(2)]
+        time.sleep(0.2)
+        late = Tcp(info)
+        late.login(info["token"])  # within TIMEOUT, far below the 30 s deadline
+        for s in idle:
+            s.settimeout(TIMEOUT)
+            try:
+                assert s.recv(1) == b""
+            except ConnectionResetError:
+                pass
+            s.close()
+        late.close()
+    finally:
+        assert d.stop() == 0

@@ -54,7 +54,7 @@ class TcpConnection(JsonRpcConnection, asyncio.Protocol):
         self._transport = transport
         self.peer = peer_name(transport.get_extra_info("peername"))
         core = self._core
-        core.gate.enter(self)
+        core.gate.enter(self, self.abort)
         if core.closing or core.full():
             log.warning(
                 "refusing %s: %d connections open (limit %d)",

@@ -64,7 +64,7 @@ class _Transport(ServerConnection):
     core: ServerCore
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.core.gate.enter(self)
+        self.core.gate.enter(self, transport.abort)  # type: ignore[attr-defined]
         super().connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
