@@ -213,6 +213,25 @@ class Daemon:
         return 0
 
 
+def _open_postgres(cfg: Config, lock: DataDirLock) -> Engine:
+    """The engine on the PostgreSQL store (the data dir still holds this daemon's own
+    connection file and log); a server that cannot be reached is a StartupError."""
+    import psycopg
+
+    from ctxd.protocol.errors import StorageError
+
+    from .pg.factory import store_from_config
+
+    try:
+        return Engine(cfg, store=store_from_config(cfg))
+    except StorageError as exc:
+        lock.release()
+        raise StartupError(f"postgres.dsn: {exc.message}") from None
+    except (psycopg.Error, RuntimeError) as exc:  # e.g. no right to create the tables
+        lock.release()
+        raise StartupError(f"postgres.dsn: cannot prepare the database ({exc})") from None
+
+
 def open_data_dir(cfg: Config) -> tuple[DataDirLock, Engine]:
     """Take the data dir's lock and open the engine; what stops either (a path that is
     not a directory, no permission, a full disk, a database that is not ctxd's) becomes
@@ -231,6 +250,8 @@ def open_data_dir(cfg: Config) -> tuple[DataDirLock, Engine]:
             f"{where}: {_reason(exc)}; expected a writable data directory of yours with free "
             "space (data_dir, --data-dir or CTXD_DATA_DIR)"
         ) from None
+    if cfg.store == "postgres":
+        return lock, _open_postgres(cfg, lock)
     try:
         return lock, Engine(cfg)
     except (OSError, apsw.Error) as exc:

@@ -50,6 +50,17 @@ class OpenAISummarizerConfig:
 
 
 @dataclass
+class PostgresConfig:
+    """The PostgreSQL store (`store = "postgres"`): several daemons share one archive."""
+
+    # a libpq connection string or URI, without the password
+    dsn: str = ""
+    # the name of the environment variable holding the password, never the password
+    # itself ("" : none, e.g. a Unix socket with peer auth, or ~/.pgpass)
+    password_env: str = ""
+
+
+@dataclass
 class Config:
     data_dir: Path = field(default_factory=default_data_dir)
     connection_file: Path | None = None
@@ -81,6 +92,9 @@ class Config:
     # "normal": survives a process crash; "full": also survives power loss (fsync per commit)
     durability: str = "normal"
     summarizer: str = "builtin"  # "builtin" or "openai"
+    # where the archive lives: "sqlite" (the embedded file in data_dir) or "postgres"
+    store: str = "sqlite"
+    postgres: PostgresConfig = field(default_factory=PostgresConfig)
     openai: OpenAISummarizerConfig = field(default_factory=OpenAISummarizerConfig)
     compaction: CompactionPolicy = field(default_factory=CompactionPolicy)
 
@@ -220,7 +234,7 @@ def load_config(
     # each variable on its own, so a mistake names the variable
     for f in fields(Config):
         key = "CTXD_" + f.name.upper()
-        if key in env and f.name not in ("compaction", "openai"):
+        if key in env and f.name not in ("compaction", "openai", "postgres"):
             _apply(cfg, {f.name: env[key]}, f"environment variable {key}")
             sources[f.name] = f"environment variable {key}"
     for f in fields(OpenAISummarizerConfig):
@@ -228,6 +242,11 @@ def load_config(
         if key in env:
             _apply(cfg, {"openai": {f.name: env[key]}}, f"environment variable {key}")
             sources[f"openai.{f.name}"] = f"environment variable {key}"
+    for f in fields(PostgresConfig):
+        key = f"CTXD_POSTGRES_{f.name.upper()}"
+        if key in env:
+            _apply(cfg, {"postgres": {f.name: env[key]}}, f"environment variable {key}")
+            sources[f"postgres.{f.name}"] = f"environment variable {key}"
     for f in fields(CompactionPolicy):
         key = "CTXD_" + f.name.upper()
         if key in env:
@@ -242,6 +261,9 @@ def load_config(
     _choice(cfg, "summarizer", cfg.summarizer, ("builtin", "openai"))
     _choice(cfg, "zmq_transport", cfg.zmq_transport, ("ipc", "tcp"))
     _choice(cfg, "openai.fallback", cfg.openai.fallback, ("", "builtin"))
+    _choice(cfg, "store", cfg.store, ("sqlite", "postgres"))
+    if cfg.store == "postgres":
+        _check_postgres(cfg, env)
     policy = cfg.compaction
     if policy.max_active_messages < policy.keep_messages:
         where = sources.get("compaction.max_active_messages") or sources.get(
@@ -255,6 +277,41 @@ def load_config(
         )
     cfg.data_dir = Path(cfg.data_dir).expanduser().resolve()
     return cfg
+
+
+def _check_postgres(cfg: Config, env: Any) -> None:
+    pg = cfg.postgres
+    if not pg.dsn.strip():
+        raise ConfigError(
+            f"{cfg_source(cfg, 'store')}store is \"postgres\" but postgres.dsn is empty; "
+            "expected a connection string such as \"host=db.internal dbname=ctxd user=ctxd\""
+        )
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:
+        raise ConfigError(
+            f"{cfg_source(cfg, 'store')}store is \"postgres\" but psycopg is not installed; "
+            "install the extra: pip install 'ctxd[postgres]'"
+        ) from None
+    try:
+        params = conninfo_to_dict(pg.dsn)
+    except Exception as exc:  # psycopg.ProgrammingError: a malformed string
+        raise ConfigError(
+            f"{cfg_source(cfg, 'postgres.dsn')}postgres.dsn: not a valid connection "
+            f"string ({exc})"
+        ) from None
+    if params.get("password"):
+        raise ConfigError(
+            f"{cfg_source(cfg, 'postgres.dsn')}postgres.dsn contains a password; keep it "
+            "out of the configuration: put it in an environment variable and name that "
+            "variable in postgres.password_env"
+        )
+    if pg.password_env and pg.password_env not in env:
+        raise ConfigError(
+            f"{cfg_source(cfg, 'postgres.password_env')}postgres.password_env names the "
+            f"environment variable {pg.password_env!r}, which is not set; expected it to "
+            "hold the database password"
+        )
 
 
 def _flatten(values: dict[str, Any], source: str, prefix: str = "") -> dict[str, str]:

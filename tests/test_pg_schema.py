@@ -201,6 +201,6 @@ def test_snippet_marks_matches() -> None:
     text = "一 " * 40 + "我们讨论了上下文压缩策略 and more words after it"
     q = tsearch.plain_query("压缩")
     s = tsearch.snippet(text, tsearch.query_lexemes(q))
-    assert "**压****缩**" in s
+    assert "**压缩**" in s
     assert s.startswith("…")
     assert "\u200b" not in s

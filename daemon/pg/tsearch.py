@@ -131,7 +131,11 @@ def advanced_query(text: str) -> str:
         m = _ADV.match(text, pos)
         if not m or m.end() == pos:
             if text[pos:].strip():
-                raise InvalidParams(f"search query not understood near {text[pos:pos + 20]!r}")
+                raise InvalidParams(
+                    f"search query not understood near {text[pos:pos + 20]!r}: check the "
+                    "FTS5 query syntax ctxd's advanced search takes, or search without "
+                    "advanced mode"
+                )
             break
         pos = m.end()
         quote, phrase, lpar, rpar, word = m.groups()
@@ -191,7 +195,8 @@ def snippet(text: str, query_lexemes: set[str], width: int = 24) -> str:
     if end == len(spans):
         body += indexed[cursor:]
     out = ("…" if start > 0 else "") + body + ("…" if end < len(spans) else "")
-    return fts.clean_snippet(out)
+    # adjacent marked CJK characters are one highlighted word, as FTS5 marks a phrase
+    return fts.clean_snippet(out.replace(f"**{fts.SEP}**", ""))
 
 
 def query_lexemes(tsquery: str) -> set[str]:

@@ -1,0 +1,391 @@
+"""PostgresStore: the store interface (stores/base.py) on PostgreSQL through psycopg 3.
+
+Most of the SQL is the embedded store's own: the parts (archive, runs, pins, compaction
+log) run their statements through `PgConnection`, which takes SQLite's `?` parameters
+and turns failures of the server or the connection into typed `StorageError`s. What
+PostgreSQL does differently is overridden here:
+
+- ids: an append takes a transaction-level advisory lock, so batches get consecutive,
+  increasing message ids in commit order across every daemon sharing the database (the
+  same single-writer order SQLite gives);
+- the active context is written with INSERT .. ON CONFLICT;
+- search uses the tsvector parts of daemon/pg/tsearch.py, ranked by ts_rank, with the
+  time budget as a statement_timeout.
+
+A lost connection (PostgreSQL restarted, a network cut) fails the request in flight with
+`StorageError`; the next request connects again, so a daemon recovers by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg import errors as pgerr
+
+from ctxd.protocol.errors import InvalidParams, SearchTooBroad, StorageError
+
+from ..archive import ArchiveStore, _row_to_message
+from ..compaction_log import CompactionLog
+from ..context_store import ContextState, ContextStore, PinStore
+from ..messages import message_text
+from ..runs import RunStore
+from . import schema, tsearch
+
+# the advisory lock appends hold until commit ("ctxa")
+APPEND_LOCK = 0x63747861
+SEARCH_WORKERS = 2
+
+
+def _storage(exc: Exception) -> StorageError:
+    if isinstance(exc, pgerr.DiskFull):
+        what = "the database server's disk is full"
+    elif isinstance(exc, pgerr.ReadOnlySqlTransaction):
+        what = "the database is read-only (a standby, or default_transaction_read_only)"
+    elif isinstance(exc, psycopg.OperationalError):
+        what = f"the PostgreSQL server cannot be reached ({str(exc).strip() or type(exc).__name__})"
+    else:
+        what = f"the database could not be written ({type(exc).__name__}: {exc})"
+    return StorageError(
+        f"{what}; nothing was written: fix it and send the request again",
+        {"reason": type(exc).__name__},
+    )
+
+
+_STORAGE = (psycopg.OperationalError, pgerr.DiskFull, pgerr.ReadOnlySqlTransaction,
+            pgerr.InsufficientResources)
+
+
+def _reraise(exc: Exception) -> StorageError | Exception:
+    """A search's statement_timeout stays itself (it becomes SearchTooBroad); the rest of
+    the server's and the connection's failures become StorageError."""
+    return exc if isinstance(exc, pgerr.QueryCanceled) else _storage(exc)
+
+
+class PgConnection:
+    """One psycopg connection (autocommit; explicit transactions), reconnected on demand,
+    speaking the SQL dialect the embedded store's parts write."""
+
+    def __init__(self, dsn: str, password: str | None = None) -> None:
+        self.dsn = dsn
+        self.password = password
+        self._conn: psycopg.Connection | None = None
+        self._sql: dict[str, str] = {}
+
+    def raw(self) -> psycopg.Connection:
+        c = self._conn
+        if c is None or c.closed or c.broken:
+            if c is not None and not c.closed:
+                c.close()
+            self._conn = None
+            try:
+                kw = {"password": self.password} if self.password is not None else {}
+                c = psycopg.connect(self.dsn, autocommit=True, **kw)
+            except psycopg.Error as exc:
+                raise _storage(exc) from None
+            self._conn = c
+        return c
+
+    def _convert(self, sql: str) -> str:
+        out = self._sql.get(sql)
+        if out is None:
+            out = self._sql[sql] = sql.replace("%", "%%").replace("?", "%s")
+        return out
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor:
+        try:
+            return self.raw().execute(self._convert(sql), params or None)
+        except _STORAGE as exc:
+            raise _reraise(exc) from None
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        try:
+            with self.raw().cursor() as cur:
+                cur.executemany(self._convert(sql), rows)
+        except _STORAGE as exc:
+            raise _reraise(exc) from None
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        conn = self.raw()
+        try:
+            with conn.transaction():
+                yield
+        except _STORAGE as exc:
+            raise _reraise(exc) from None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class PgArchive(ArchiveStore):
+    conn: PgConnection  # type: ignore[assignment]
+
+    def append(
+        self,
+        session_id: str,
+        messages: Sequence[tuple[dict[str, Any], str, int]],
+        *,
+        digest: str,
+        run_id: str | None,
+        client_batch_id: str | None,
+        index_texts: Sequence[str] | None = None,
+    ) -> tuple[int, list[int], float]:
+        c = self.conn
+        c.execute("SELECT pg_advisory_xact_lock(?)", (APPEND_LOCK,))
+        now = time.time()
+        first = (c.execute("SELECT max(id) FROM messages").fetchone()[0] or 0) + 1
+        ids = list(range(first, first + len(messages)))
+        batch_id = (c.execute("SELECT max(id) FROM batches").fetchone()[0] or 0) + 1
+        c.execute(
+            "INSERT INTO batches(id, session_id, client_batch_id, run_id, digest, "
+            "first_message_id, last_message_id, created_at) VALUES (?,?,?,?,?,?,?,?)",
+            (batch_id, session_id, client_batch_id, run_id, digest, ids[0], ids[-1], now),
+        )
+        c.executemany(
+            "INSERT INTO messages(id, session_id, batch_id, role, body, tokens, created_at) "
+            "VALUES (?,?,?,?,?,?,?)",
+            [
+                (i, session_id, batch_id, m["role"], body, tokens, now)
+                for i, (m, body, tokens) in zip(ids, messages, strict=True)
+            ],
+        )
+        c.executemany(
+            "INSERT INTO messages_search(message_id, part, tsv) VALUES (?, ?, ?::tsvector)",
+            [
+                (i, part, lit)
+                for i, (m, _, _) in zip(ids, messages, strict=True)
+                for part, lit in enumerate(tsearch.tsvector_parts(message_text(m)))
+            ],
+        )
+        calls = [
+            (session_id, call["id"], i)
+            for i, (m, _, _) in zip(ids, messages, strict=True)
+            for call in m.get("tool_calls") or ()
+        ]
+        if calls:
+            c.executemany(
+                "INSERT INTO tool_calls(session_id, tool_call_id, call_message_id) VALUES (?,?,?)",
+                calls,
+            )
+        results = [
+            (session_id, m["tool_call_id"], i)
+            for i, (m, _, _) in zip(ids, messages, strict=True)
+            if m["role"] == "tool"
+        ]
+        if results:
+            c.executemany(
+                "INSERT INTO tool_results(session_id, tool_call_id, result_message_id) "
+                "VALUES (?,?,?)",
+                results,
+            )
+        return batch_id, ids, now
+
+    def get_many(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        rows = self.conn.execute(
+            "SELECT id, batch_id, body, tokens, created_at FROM messages WHERE id = ANY(?)",
+            (list(ids),),
+        )
+        return {r[0]: _row_to_message(r) for r in rows}
+
+    def search(
+        self,
+        query: str,
+        *,
+        session_id: str | None = None,
+        role: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 20,
+        offset: int = 0,
+        newest_first: bool = False,
+        advanced: bool = False,
+        budget_seconds: float | None = None,
+    ) -> tuple[list[dict[str, Any]], str]:
+        if advanced:
+            match = tsearch.advanced_query(query)
+        else:
+            match = tsearch.plain_query(query)
+            if match is None:
+                return [], "all"
+        args = (session_id, role, since, until, limit, offset, newest_first, advanced)
+        with self._budget(budget_seconds):
+            hits = self._search(match, *args)
+            if hits or advanced or len(query.split()) < 2:
+                return hits, "all"
+            if offset and self._search(match, *args[:4], 1, 0, newest_first, advanced):
+                return hits, "all"
+            loose = tsearch.any_terms_query(query)
+            if not loose:
+                return hits, "all"
+            return self._search(loose, *args), "any"
+
+    @contextmanager
+    def _budget(self, seconds: float | None) -> Iterator[None]:
+        if not seconds:
+            yield
+            return
+        with self.conn.transaction():
+            self.conn.execute(
+                "SELECT set_config('statement_timeout', ?, true)", (str(int(seconds * 1000)),)
+            )
+            try:
+                yield
+            except pgerr.QueryCanceled:
+                raise SearchTooBroad(
+                    f"the search was stopped after its time budget of {seconds:g} s: the "
+                    "query is too broad for this archive; use fewer, more specific words, or "
+                    "narrow it with a session, a role or a time range",
+                    {"budgetSeconds": seconds},
+                ) from None
+
+    def _search(
+        self,
+        match: str,
+        session_id: str | None,
+        role: str | None,
+        since: float | None,
+        until: float | None,
+        limit: int,
+        offset: int,
+        newest_first: bool,
+        advanced: bool,
+    ) -> list[dict[str, Any]]:
+        where = ["s.tsv @@ ?::tsquery"]
+        params: list[Any] = [match]
+        if session_id is not None:
+            where.append("m.session_id = ?")
+            params.append(session_id)
+        if role is not None:
+            where.append("m.role = ?")
+            params.append(role)
+        if since is not None:
+            where.append("m.created_at >= ?")
+            params.append(since)
+        if until is not None:
+            where.append("m.created_at <= ?")
+            params.append(until)
+        order = "m.id DESC" if newest_first else "score DESC, m.id"
+        sql = (
+            "SELECT m.id, m.session_id, m.role, m.created_at, m.body, "
+            "max(ts_rank(s.tsv, ?::tsquery)) AS score "
+            "FROM messages_search s JOIN messages m ON m.id = s.message_id "
+            f"WHERE {' AND '.join(where)} GROUP BY m.id ORDER BY {order} LIMIT ? OFFSET ?"
+        )
+        params = [match, *params, limit, offset]  # the first for ts_rank
+        try:
+            rows = list(self.conn.execute(sql, params))
+        except pgerr.SyntaxError as exc:
+            raise InvalidParams(
+                f"search query not understood: {exc}; check the query syntax, or search "
+                "without advanced mode"
+            ) from None
+        lexemes = tsearch.query_lexemes(match)
+        return [
+            {
+                "messageId": mid,
+                "sessionId": sid,
+                "role": r,
+                "snippet": tsearch.snippet(message_text(json.loads(body)), lexemes),
+                "createdAt": created,
+                "score": round(float(score), 4),
+            }
+            for mid, sid, r, created, body, score in rows
+        ]
+
+
+_CONTEXT_COLUMNS = (
+    "session_id, version, system_ids, tail_start_id, summary, summary_tokens, "
+    "active_messages, active_tokens, compaction_count, last_compacted_at, base_id, "
+    "dropped_ids, updated_at"
+)
+
+
+class PgContexts(ContextStore):
+    def save(self, st: ContextState) -> None:
+        cols = _CONTEXT_COLUMNS.split(", ")
+        self.conn.execute(
+            f"INSERT INTO conversation_context({_CONTEXT_COLUMNS}) "
+            f"VALUES ({','.join('?' * len(cols))}) ON CONFLICT (session_id) DO UPDATE SET "
+            + ", ".join(f"{c} = excluded.{c}" for c in cols[1:]),
+            (
+                st.session_id,
+                st.version,
+                json.dumps(st.system_ids),
+                st.tail_start_id,
+                None
+                if st.summary.is_empty()
+                else json.dumps(st.summary.to_dict(), ensure_ascii=False),
+                st.summary_tokens,
+                st.active_messages,
+                st.active_tokens,
+                st.compaction_count,
+                st.last_compacted_at,
+                st.base_id,
+                json.dumps(st.dropped_ids) if st.dropped_ids else None,
+                time.time(),
+            ),
+        )
+
+
+class PostgresStore:
+    def __init__(
+        self, dsn: str, *, password: str | None = None, search_budget_seconds: float = 0,
+        migrate: bool = True,
+    ) -> None:
+        self.dsn = dsn
+        self.password = password
+        self.search_budget_seconds = search_budget_seconds
+        self.conn = PgConnection(dsn, password)
+        if migrate:
+            schema.migrate(self.conn.raw())
+        self.archive = PgArchive(self.conn)  # type: ignore[arg-type]
+        self.contexts = PgContexts(self.conn)  # type: ignore[arg-type]
+        self.pins = PinStore(self.conn)  # type: ignore[arg-type]
+        self.runs = RunStore(self.conn)  # type: ignore[arg-type]
+        self.compactions = CompactionLog(self.conn)  # type: ignore[arg-type]
+        self._pool: ThreadPoolExecutor | None = None
+        self._readers: list[PgConnection] = []
+        self._local: Any = None
+
+    def transaction(self):  # type: ignore[no-untyped-def]
+        return self.conn.transaction()
+
+    def _reader(self) -> PgArchive:
+        import threading
+
+        if self._local is None:
+            self._local = threading.local()
+        archive = getattr(self._local, "archive", None)
+        if archive is None:
+            conn = PgConnection(self.dsn, self.password)
+            self._readers.append(conn)
+            archive = self._local.archive = PgArchive(conn)  # type: ignore[arg-type]
+        return archive
+
+    def _search(self, query: str, kw: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+        return self._reader().search(query, budget_seconds=self.search_budget_seconds, **kw)
+
+    async def search_async(self, query: str, **kw: Any) -> tuple[list[dict[str, Any]], str]:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(SEARCH_WORKERS, thread_name_prefix="ctxd-pg-search")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(self._search, query, kw))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        for r in self._readers:
+            r.close()
+        self._readers.clear()
+        self.conn.close()
