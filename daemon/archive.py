@@ -32,6 +32,17 @@ def strict_json(value: Any, what: str) -> str:
     return text
 
 
+# ids per `IN (...)` lookup: well under SQLite's bound-parameter limit
+_CHUNK = 500
+_CALL_IDS = (
+    "SELECT tool_call_id, call_message_id FROM tool_calls "
+    "WHERE session_id = ? AND tool_call_id IN ({})"
+)
+_RESULT_IDS = (
+    "SELECT tool_call_id, result_message_id FROM tool_results "
+    "WHERE session_id = ? AND tool_call_id IN ({})"
+)
+
 # SQLite virtual-machine steps between two looks at the clock: about a millisecond of work
 PROGRESS_STEPS = 10_000
 
@@ -254,41 +265,41 @@ class ArchiveStore:
     # tool call bookkeeping for validation
 
     def existing_tool_calls(self, session_id: str, call_ids: Iterable[str]) -> set[str]:
-        return self._existing("tool_calls", session_id, call_ids)
+        return set(self._lookup(_CALL_IDS, session_id, call_ids))
 
     def answered_tool_calls(self, session_id: str, call_ids: Iterable[str]) -> set[str]:
-        return self._existing("tool_results", session_id, call_ids)
-
-    def _existing(self, table: str, session_id: str, call_ids: Iterable[str]) -> set[str]:
-        found: set[str] = set()
-        sql = f"SELECT 1 FROM {table} WHERE session_id = ? AND tool_call_id = ?"  # noqa: S608
-        for cid in set(call_ids):
-            if self.conn.execute(sql, (session_id, cid)).fetchone():
-                found.add(cid)
-        return found
+        return set(self._lookup(_RESULT_IDS, session_id, call_ids))
 
     def call_message_ids(self, session_id: str, call_ids: Iterable[str]) -> dict[str, int]:
         """The archive id of the assistant message that made each tool call."""
-        out: dict[str, int] = {}
-        for cid in set(call_ids):
-            row = self.conn.execute(
-                "SELECT call_message_id FROM tool_calls WHERE session_id = ? AND tool_call_id = ?",
-                (session_id, cid),
-            ).fetchone()
-            if row:
-                out[cid] = row[0]
+        return self._lookup(_CALL_IDS, session_id, call_ids)
+
+    def _lookup(self, sql: str, session_id: str, keys: Iterable[str]) -> dict[str, Any]:
+        """`sql` ("... tool_call_id IN ({})") for the keys, a chunk per statement."""
+        wanted = list(set(keys))
+        out: dict[str, Any] = {}
+        for i in range(0, len(wanted), _CHUNK):
+            chunk = wanted[i : i + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for key, value in self.conn.execute(sql.format(marks), (session_id, *chunk)):
+                out[key] = value
         return out
 
     def batches_of_closed_runs(self, batch_ids: set[int]) -> set[int]:
         """Which of these batches belong to a run that is no longer open."""
+        wanted = list(batch_ids)
         closed: set[int] = set()
-        for bid in batch_ids:
-            row = self.conn.execute(
-                "SELECT r.status FROM batches b JOIN runs r ON r.id = b.run_id WHERE b.id = ?",
-                (bid,),
-            ).fetchone()
-            if row and row[0] != "open":
-                closed.add(bid)
+        for i in range(0, len(wanted), _CHUNK):
+            chunk = wanted[i : i + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            closed.update(
+                bid
+                for (bid,) in self.conn.execute(
+                    "SELECT b.id FROM batches b JOIN runs r ON r.id = b.run_id "  # noqa: S608
+                    f"WHERE b.id IN ({marks}) AND r.status != 'open'",
+                    chunk,
+                )
+            )
         return closed
 
     # reading

@@ -45,6 +45,10 @@ log = logging.getLogger("ctxd.engine")
 EventListener = Callable[[str, str, dict[str, Any]], None]
 
 
+# "not known: ask the store" (None is a known answer: no open run)
+_ASK: Any = object()
+
+
 class Engine:
     def __init__(
         self,
@@ -220,7 +224,8 @@ class Engine:
     ) -> dict[str, Any]:
         """Archive a batch. `prepared` is `prepare_append(messages)` done beforehand (the
         daemon does it in a worker thread for large batches)."""
-        self.require_session(session_id)
+        if session_id not in self._contexts:  # a cached context is of a stored session
+            self.require_session(session_id)
         batch = prepared or self.prepare_append(messages, count_tokens=False)
         normalized, digest = batch.normalized, batch.digest
         if client_batch_id is not None:
@@ -238,7 +243,7 @@ class Engine:
                 raise InvalidParams(
                     f"run {run_id!r} is {run['status']}; start a new run", {"runId": run_id}
                 )
-        self._check_tool_pairs(session_id, [m for m, _ in normalized])
+        pending = self._check_tool_pairs(session_id, [m for m, _ in normalized])
         counts = batch.tokens or [self.tokens.count_message(m) for m, _ in normalized]
         rows = [(m, body, n) for (m, body), n in zip(normalized, counts, strict=True)]
         st = self.context_state(session_id)
@@ -264,7 +269,11 @@ class Engine:
         self._contexts[session_id] = new
         if session_id in self._archive_counts:
             self._archive_counts[session_id] += len(ids)
-        status = self.status(session_id)
+        # what this append already asked is not asked again: the run it names is the
+        # session's open one, and the pending approvals are those it checked against
+        status = self.status(
+            session_id, open_run_id=run_id if run_id is not None else _ASK, pending=pending
+        )
         self.emit(
             session_id,
             "session/didAppend",
@@ -298,7 +307,9 @@ class Engine:
         ids = list(range(first, last + 1))
         return {"batchId": batch_id, "messageIds": ids, "status": self.status(session_id)}
 
-    def _check_tool_pairs(self, session_id: str, msgs: list[dict[str, Any]]) -> None:
+    def _check_tool_pairs(self, session_id: str, msgs: list[dict[str, Any]]) -> int:
+        """Refuses a batch that would break a tool call's pairing; returns how many
+        approvals are pending in the session."""
         call_ids = [c["id"] for m in msgs for c in m.get("tool_calls") or ()]
         result_ids = [m["tool_call_id"] for m in msgs if m["role"] == "tool"]
         existing = self.archive.call_message_ids(session_id, call_ids + result_ids)
@@ -307,7 +318,8 @@ class Engine:
         # calls that left the context without a summary: cleared or popped
         gone = set(st.dropped_ids)
         answered = self.archive.answered_tool_calls(session_id, result_ids)
-        pending = {a["toolCallId"]: a for a in self.runs.list_approvals(session_id, "pending")}
+        approvals = self.runs.list_approvals(session_id, "pending")
+        pending = {a["toolCallId"]: a for a in approvals}
         seen_calls: set[str] = set()
         seen_results: set[str] = set()
         for i, m in enumerate(msgs):
@@ -362,6 +374,7 @@ class Engine:
                         {"index": i, "approvalId": pending[cid]["approvalId"]},
                     )
                 seen_results.add(cid)
+        return len(approvals)
 
     # reading
 
@@ -395,9 +408,17 @@ class Engine:
             n = self._archive_counts[session_id] = self.archive.message_count(session_id)
         return n
 
-    def status(self, session_id: str) -> dict[str, Any]:
+    def status(
+        self, session_id: str, *, open_run_id: str | None = _ASK, pending: int | None = None
+    ) -> dict[str, Any]:
+        """`open_run_id` and `pending`: the session's open run and number of pending
+        approvals when the caller has just read them."""
         st = self.context_state(session_id)
-        run = self.runs.open_run(session_id)
+        if open_run_id is _ASK:
+            run = self.runs.open_run(session_id)
+            open_run_id = run["runId"] if run else None
+        if pending is None:
+            pending = self.runs.pending_count(session_id)
         return {
             "sessionId": session_id,
             "activeMessages": st.rendered_messages,
@@ -405,8 +426,8 @@ class Engine:
             "archiveMessages": self.archive_count(session_id),
             "compactionCount": st.compaction_count,
             "lastCompactedAt": st.last_compacted_at,
-            "pendingApprovals": self.runs.pending_count(session_id),
-            "activeRunId": run["runId"] if run else None,
+            "pendingApprovals": pending,
+            "activeRunId": open_run_id,
             "compacting": session_id in self.compactor.running,
             "autoCompactionPaused": self.compactor.auto_paused(session_id),
             "version": st.version,
