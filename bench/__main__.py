@@ -13,7 +13,7 @@ import argparse
 import sys
 import time
 
-from bench import bench_core, bench_import, bench_mcp, bench_peers
+from bench import bench_core, bench_import, bench_mcp, bench_peers, bench_turn
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,9 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tmp", help="directory for the scratch files (default: /tmp)")
     parser.add_argument(
         "--only",
-        choices=("core", "peers", "import", "mcp"),
+        choices=("core", "peers", "import", "mcp", "turn"),
         help="run one benchmark: core (engine in-process), peers (ctxd beside its peers), "
-        "import (ctxd import of a transcript folder) or mcp (ctxd mcp with the MCP SDK)",
+        "import (ctxd import of a transcript folder), mcp (ctxd mcp with the MCP SDK) or "
+        "turn (one request and one agent turn against their floors)",
     )
     args = parser.parse_args(argv)
     common = (["--full"] if args.full else []) + (["--tmp", args.tmp] if args.tmp else [])
@@ -40,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         status |= bench_import.main(size + (["--tmp", args.tmp] if args.tmp else []))
     if args.only in (None, "mcp"):
         status |= bench_mcp.main(["--tmp", args.tmp] if args.tmp else [])
+    if args.only in (None, "turn"):
+        status |= bench_turn.main([] if args.full else ["--turns", "200", "--requests", "1000",
+                                                         "--out", "/dev/null"])
     print(f"all benchmarks done in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return status
 
