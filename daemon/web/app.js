@@ -55,8 +55,12 @@ function setConn(state, detail) {
 function route() {
   const m = location.pathname.match(/^\/s\/([^/]+)$/);
   closeSearch();
-  if (m) openSession(decodeURIComponent(m[1]));
-  else openList();
+  // a connection lost half-way is not an error: catchUp() redoes the work on reconnect
+  const done = m ? openSession(decodeURIComponent(m[1])) : openList();
+  done.catch((err) => {
+    S.opening = null;
+    console.warn("opening the page:", err.message);
+  });
 }
 
 function go(path) {
@@ -109,6 +113,8 @@ async function loadSessions(fresh) {
 // one session
 
 async function openSession(sid) {
+  S.opening = sid;
+  delete document.body.dataset.ready;
   if (S.sid && S.sid !== sid) rpc.call("session/unsubscribe", { sessionId: S.sid }).catch(() => {});
   S.sid = sid;
   S.approvals = new Map();
@@ -132,6 +138,7 @@ async function openSession(sid) {
     got = await rpc.call("session/get", { sessionId: sid });
   } catch (err) {
     if (S.sid !== sid) return;
+    S.opening = null;
     $("#session-view").hidden = true;
     $("#message-view").hidden = false;
     $("#message-text").textContent = err.message;
@@ -149,6 +156,7 @@ async function openSession(sid) {
     subscribed.then(() => (m ? transcript.jumpTo(Number(m[1])) : transcript.openNewest()))]);
   document.body.dataset.ready = "true";
   performance.mark("ctxd-ready");
+  S.opening = null;
   await Promise.all([refreshApprovals(), refreshPins(), refreshExplain(), refreshHistory()]);
 }
 
@@ -160,8 +168,12 @@ async function catchUp() {
     return;
   }
   const sid = S.sid;
+  if (!S.context || !document.body.dataset.ready) {
+    // the connection dropped while the session was opening: open it again
+    if (!S.opening) await openSession(sid);
+    return;
+  }
   await rpc.call("session/subscribe", { sessionId: sid });
-  if (!S.context) return; // the first open is still running
   await Promise.all([refreshStatus(), refreshContext(), refreshApprovals(), refreshPins(),
     refreshExplain(), refreshHistory(), transcript.catchUp()]);
 }
@@ -446,18 +458,22 @@ function start() {
     }
   });
   $("#home").addEventListener("click", (ev) => { ev.preventDefault(); go("/"); });
-  $("#sessions-more").addEventListener("click", () => loadSessions(false));
+  $("#sessions-more").addEventListener("click", () => loadSessions(false).catch(() => {}));
   let filterTimer = null;
   $("#session-filter").addEventListener("input", () => {
     clearTimeout(filterTimer);
-    filterTimer = setTimeout(() => { S.listCount = 0; loadSessions(true); }, 200);
+    filterTimer = setTimeout(() => { S.listCount = 0; loadSessions(true).catch(() => {}); }, 200);
   });
   $("#compact-button").addEventListener("click", compactNow);
   $("#composer").addEventListener("submit", sendMessage);
   $("#message-input").addEventListener("keydown", (ev) => {
     if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) sendMessage(ev);
   });
-  $("#pin-form").addEventListener("submit", addPin);
+  $("#pin-form").addEventListener("submit", (ev) => addPin(ev).catch((err) => {
+    $("#pin-input").setCustomValidity(err.message);
+    $("#pin-input").reportValidity();
+  }));
+  $("#pin-input").addEventListener("input", () => $("#pin-input").setCustomValidity(""));
   $("#explain-toggle").addEventListener("change", drawSummary);
   $("#search-form").addEventListener("submit", (ev) => { ev.preventDefault(); finder.run(); });
   $("#search-scope").addEventListener("change", () => {

@@ -46,7 +46,7 @@ export class Rpc {
       try {
         await this.onOpen();
       } catch (err) {
-        console.error(err);
+        console.warn("catching up:", err.message); // lost again: the next open retries
       }
     });
     ws.addEventListener("message", (ev) => this.receive(ev.data));
