@@ -50,6 +50,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
+from ctxd.clients._jsonrpc import TcpTransport, WebSocketTransport
+from ctxd.clients._zmq import ZmqTransport
 from ctxd.protocol import auth
 from ctxd.protocol.codec import DEFAULT_MAX_FRAME
 from ctxd.protocol.connection import (
@@ -59,9 +61,6 @@ from ctxd.protocol.connection import (
     read_connection_file,
 )
 from ctxd.protocol.errors import InternalError, error_from_dict
-
-from ._jsonrpc import TcpTransport, WebSocketTransport
-from ._zmq import ZmqTransport
 
 __all__ = [
     "AsyncClient",

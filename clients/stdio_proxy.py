@@ -35,9 +35,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..protocol import auth
-from ..protocol.codec import FrameReader, dumps_json, frame
-from ..protocol.connection import daemon_gone, read_connection_file
+from ctxd.protocol import auth
+from ctxd.protocol.codec import FrameReader, dumps_json, frame
+from ctxd.protocol.connection import daemon_gone, read_connection_file
 
 START_TIMEOUT = 10.0
 # after stdin closes, how long the daemon may take to deliver the last replies

@@ -21,19 +21,11 @@ from typing import Any
 import apsw
 
 from ctxd import __version__
-from ctxd.protocol.connection import (
-    UnsafePath,
-    connection_file_for,
-    default_runtime_dir,
-    ensure_private_dir,
-    write_connection_file,
-)
-
-from .config import Config, StartupError
-from .dispatch import Dispatcher
-from .engine import Engine
-from .logsetup import configure_logging
-from .ownership import (
+from ctxd.daemon.config import Config, StartupError
+from ctxd.daemon.dispatch import Dispatcher
+from ctxd.daemon.engine import Engine
+from ctxd.daemon.logsetup import configure_logging
+from ctxd.daemon.ownership import (
     ConnectionFileLock,
     Refused,
     check_data_dir,
@@ -42,11 +34,18 @@ from .ownership import (
     prepare_connection_dir,
     refuse_live_socket,
 )
-from .servers.admission import plan_budget, raise_descriptor_limit
-from .servers.base import EventHub
-from .servers.jsonrpc import start_tcp_server, start_websocket_server
-from .servers.web import PageServer
-from .servers.zmq_server import ZmqServer
+from ctxd.daemon.servers.admission import plan_budget, raise_descriptor_limit
+from ctxd.daemon.servers.base import EventHub
+from ctxd.daemon.servers.jsonrpc import start_tcp_server, start_websocket_server
+from ctxd.daemon.servers.web import PageServer
+from ctxd.daemon.servers.zmq_server import ZmqServer
+from ctxd.protocol.connection import (
+    UnsafePath,
+    connection_file_for,
+    default_runtime_dir,
+    ensure_private_dir,
+    write_connection_file,
+)
 
 log = logging.getLogger("ctxd.daemon")
 
@@ -218,9 +217,8 @@ def _open_postgres(cfg: Config, lock: DataDirLock) -> Engine:
     connection file and log); a server that cannot be reached is a StartupError."""
     import psycopg
 
+    from ctxd.daemon.pg.factory import store_from_config
     from ctxd.protocol.errors import StorageError
-
-    from .pg.factory import store_from_config
 
     try:
         return Engine(cfg, store=store_from_config(cfg))

@@ -15,10 +15,9 @@ from typing import Any
 
 import apsw
 
+from ctxd.daemon import fts
+from ctxd.daemon.messages import message_text
 from ctxd.protocol.errors import InvalidParams, SearchTooBroad
-
-from . import fts
-from .messages import message_text
 
 
 def strict_json(value: Any, what: str) -> str:

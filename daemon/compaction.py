@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from .summary import Summary
+from ctxd.daemon.summary import Summary
 
 _PENDING = 1 << 62  # "the result is still to come": blocks every boundary after the call
 

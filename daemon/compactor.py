@@ -20,22 +20,21 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
+from ctxd.daemon.compaction import check_summary, tail_boundary
+from ctxd.daemon.compaction_log import CompactionEntry
+from ctxd.daemon.config import CompactionPolicy
+from ctxd.daemon.context_store import ContextState
+from ctxd.daemon.ids import new_id
+from ctxd.daemon.messages import for_model, strip_archive_fields
+from ctxd.daemon.stores.base import Store
+from ctxd.daemon.summary import Summarizer, Summary, SummaryRequest
+from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import (
     ApprovalPending,
     CompactionInProgress,
     CtxdError,
     SummarizerFailed,
 )
-
-from .compaction import check_summary, tail_boundary
-from .compaction_log import CompactionEntry
-from .config import CompactionPolicy
-from .context_store import ContextState
-from .ids import new_id
-from .messages import for_model, strip_archive_fields
-from .stores.base import Store
-from .summary import Summarizer, Summary, SummaryRequest
-from .tokens import TokenCounter
 
 log = logging.getLogger("ctxd.compactor")
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from ctxd.daemon.context_store import ContextState
 from ctxd.protocol.errors import ApprovalPending
 
-from .context_store import ContextState
-
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ctxd.daemon.engine import Engine
 
 
 def clear(engine: Engine, session_id: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import apsw
 
-from .summary import Summary
+from ctxd.daemon.summary import Summary
 
 
 @dataclass

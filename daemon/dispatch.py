@@ -16,6 +16,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ctxd import __version__
+from ctxd.daemon import context_edit, projection, recall
+from ctxd.daemon.engine import Engine
+from ctxd.daemon.messages import PreparedBatch, text_size
+from ctxd.daemon.scheduler import Scheduler
+from ctxd.daemon.servers.base import Connection, EventHub
 from ctxd.protocol import auth
 from ctxd.protocol.errors import SearchTooBroad, Unauthorized
 from ctxd.protocol.methods import (
@@ -26,12 +31,6 @@ from ctxd.protocol.methods import (
     Method,
     validate_params,
 )
-
-from . import context_edit, projection, recall
-from .engine import Engine
-from .messages import PreparedBatch, text_size
-from .scheduler import Scheduler
-from .servers.base import Connection, EventHub
 
 log = logging.getLogger("ctxd.dispatch")
 

@@ -15,6 +15,20 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from ctxd.daemon.compaction import render_summary_message
+from ctxd.daemon.compactor import Compactor
+from ctxd.daemon.config import Config
+from ctxd.daemon.context_store import ContextState
+from ctxd.daemon.corrections import mark_superseded
+from ctxd.daemon.ids import new_id
+from ctxd.daemon.messages import PreparedBatch, prepare_batch, strip_archive_fields
+from ctxd.daemon.projection import project
+from ctxd.daemon.runs import RUN_OUTCOMES
+from ctxd.daemon.stores.base import Store
+from ctxd.daemon.stores.sqlite import SqliteStore
+from ctxd.daemon.summarizers import make_summarizer
+from ctxd.daemon.summary import Summarizer, Summary
+from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import (
     ApprovalPending,
     Conflict,
@@ -24,21 +38,6 @@ from ctxd.protocol.errors import (
     RunActive,
     SessionNotFound,
 )
-
-from .compaction import render_summary_message
-from .compactor import Compactor
-from .config import Config
-from .context_store import ContextState
-from .corrections import mark_superseded
-from .ids import new_id
-from .messages import PreparedBatch, prepare_batch, strip_archive_fields
-from .projection import project
-from .runs import RUN_OUTCOMES
-from .stores.base import Store
-from .stores.sqlite import SqliteStore
-from .summarizers import make_summarizer
-from .summary import Summarizer, Summary
-from .tokens import TokenCounter
 
 log = logging.getLogger("ctxd.engine")
 

@@ -12,9 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ctxd.daemon import fts
 from ctxd.protocol.errors import InvalidMessage, InvalidParams, PayloadTooLarge
-
-from . import fts
 
 ROLES = ("system", "user", "assistant", "tool")
 

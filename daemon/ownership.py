@@ -16,9 +16,8 @@ import socket
 import stat
 from pathlib import Path
 
+from ctxd.daemon.config import StartupError
 from ctxd.protocol.connection import UnsafePath, check_private, ensure_private_dir
-
-from .config import StartupError
 
 # the database and the files SQLite keeps beside it
 DB_FILES = ("ctxd.db", "ctxd.db-wal", "ctxd.db-shm", "ctxd.db-journal")

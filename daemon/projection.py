@@ -13,14 +13,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
+from ctxd.daemon import fts
+from ctxd.daemon.compaction import render_summary_message, valid_boundaries
+from ctxd.daemon.context_store import ContextState
+from ctxd.daemon.messages import message_text, strip_archive_fields
+from ctxd.daemon.summary import Summary
+from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import SearchTooBroad
-
-from . import fts
-from .compaction import render_summary_message, valid_boundaries
-from .context_store import ContextState
-from .messages import message_text, strip_archive_fields
-from .summary import Summary
-from .tokens import TokenCounter
 
 
 class MessageLookup(Protocol):

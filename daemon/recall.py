@@ -8,12 +8,11 @@ import json
 import time
 from typing import Any
 
+from ctxd.daemon.engine import Engine
+from ctxd.daemon.fts import MAX_QUERY_TERMS, check_terms
+from ctxd.daemon.messages import content_text
 from ctxd.protocol.errors import InvalidParams, NotFound
 from ctxd.protocol.methods import QUERY_MAX
-
-from .engine import Engine
-from .fts import MAX_QUERY_TERMS, check_terms
-from .messages import content_text
 
 SEARCH_TOOL_NAME = "search_past_messages"
 

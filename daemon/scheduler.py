@@ -25,9 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ctxd.daemon.engine import Engine
 from ctxd.protocol.errors import CtxdError, RunActive
-
-from .engine import Engine
 
 log = logging.getLogger("ctxd.scheduler")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import apsw
 
-from .archive import ArchiveStore
+from ctxd.daemon.archive import ArchiveStore
 
 # two searches at once; more wait their turn (each is bounded by the budget)
 SEARCH_WORKERS = 2

@@ -2,6 +2,6 @@
 
 import sys
 
-from .schema import main
+from ctxd.protocol.schema import main
 
 sys.exit(main())

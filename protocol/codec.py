@@ -10,9 +10,9 @@ from typing import Any
 
 import msgpack
 
-from .envelope import check_request as check_request  # re-exported: the wires use it
-from .envelope import error_reply, reply
-from .errors import ParseError, PayloadTooLarge
+from ctxd.protocol.envelope import check_request as check_request  # re-exported: the wires use it
+from ctxd.protocol.envelope import error_reply, reply
+from ctxd.protocol.errors import ParseError, PayloadTooLarge
 
 # Requests bigger than this are refused before parsing (configurable by the daemon).
 DEFAULT_MAX_FRAME = 64 * 1024 * 1024

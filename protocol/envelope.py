@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from .errors import CtxdError, InternalError, InvalidRequest
+from ctxd.protocol.errors import CtxdError, InternalError, InvalidRequest
 
 Wire = Literal["jsonrpc", "zmq"]
 

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .connection import CONNECTION_KEYS
-from .errors import ErrorCode
-from .methods import (
+from ctxd.protocol.connection import CONNECTION_KEYS
+from ctxd.protocol.errors import ErrorCode
+from ctxd.protocol.methods import (
     COMMON_ERRORS,
     ERROR_DOCS,
     METHODS,
@@ -27,8 +27,8 @@ from .methods import (
     Method,
     Param,
 )
-from .schema import PARAMS
-from .types import RESULTS
+from ctxd.protocol.schema import PARAMS
+from ctxd.protocol.types import RESULTS
 
 # protocol/ sits next to docs/ in the source tree; an installed copy has no docs/ and
 # must be given --output.

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .auth import MAC_HEX_LENGTH, NONCE_MAX, NONCE_MIN
-from .errors import ErrorCode, InvalidParams, MethodNotFound
+from ctxd.protocol.auth import MAC_HEX_LENGTH, NONCE_MAX, NONCE_MIN
+from ctxd.protocol.errors import ErrorCode, InvalidParams, MethodNotFound
 
 PROTOCOL_VERSION = "1.0"
 SERVER_NAME = "ctxd"

@@ -21,9 +21,16 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from . import types
-from .errors import ErrorCode
-from .methods import COMMON_ERRORS, METHODS, NOTIFICATIONS, PROTOCOL_VERSION, Method, Param
+from ctxd.protocol import types
+from ctxd.protocol.errors import ErrorCode
+from ctxd.protocol.methods import (
+    COMMON_ERRORS,
+    METHODS,
+    NOTIFICATIONS,
+    PROTOCOL_VERSION,
+    Method,
+    Param,
+)
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "protocol.schema.json"
 

@@ -10,10 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ctxd.clients.importers import claude_code, codex
+from ctxd.clients.importers.common import FileImporter, Mapper, Options, Report, find_files
 from ctxd.protocol.errors import CtxdError
-
-from . import claude_code, codex
-from .common import FileImporter, Mapper, Options, Report, find_files
 
 __all__ = ["FORMATS", "import_paths", "register"]
 

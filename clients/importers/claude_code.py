@@ -29,7 +29,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .common import Emit, Options, Skip, cut_text, image_reference, iso_to_unix, safe_id
+from ctxd.clients.importers.common import (
+    Emit,
+    Options,
+    Skip,
+    cut_text,
+    image_reference,
+    iso_to_unix,
+    safe_id,
+)
 
 SOURCE = "claude-code"
 DEFAULT_ROOT = Path("~/.claude/projects")

@@ -27,7 +27,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .common import Emit, Options, Skip, cut_text, image_reference, iso_to_unix, safe_id
+from ctxd.clients.importers.common import (
+    Emit,
+    Options,
+    Skip,
+    cut_text,
+    image_reference,
+    iso_to_unix,
+    safe_id,
+)
 
 SOURCE = "codex"
 PATTERN = "rollout-*.jsonl"

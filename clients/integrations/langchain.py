@@ -45,9 +45,8 @@ from langchain_core.messages import (
 from langchain_core.runnables import RunnableConfig
 
 from ctxd.clients.client import AsyncClient, Client, Wire
+from ctxd.clients.integrations._conn import Connection
 from ctxd.protocol.errors import Conflict, RunActive
-
-from ._conn import Connection
 
 __all__ = ["CtxdChatMessageHistory", "CtxdThreadMemory", "to_chat", "from_chat"]
 

@@ -32,11 +32,15 @@ from typing import Any
 from agents.memory.session_settings import SessionSettings
 
 from ctxd.clients.client import AsyncClient, Wire
+from ctxd.clients.integrations._conn import Connection
+from ctxd.clients.integrations._responses import (
+    context_to_groups,
+    items_to_messages,
+    latest,
+    message_to_items,
+)
+from ctxd.clients.integrations._responses import runs_at_rest as _at_rest
 from ctxd.protocol.errors import Conflict, RunActive
-
-from ._conn import Connection
-from ._responses import context_to_groups, items_to_messages, latest, message_to_items
-from ._responses import runs_at_rest as _at_rest
 
 __all__ = ["CtxdSession"]
 

@@ -13,12 +13,11 @@ from lsprotocol import types as t
 from pygls.exceptions import JsonRpcException
 from pygls.uris import to_fs_path
 
+from ctxd.clients.lsp import documents as docs
+from ctxd.clients.lsp.core import BadArgument, Bridge, DaemonGone
+from ctxd.clients.lsp.documents import DocKey, Rendered
+from ctxd.clients.lsp.errors import lsp_error
 from ctxd.protocol.errors import CtxdError
-
-from . import documents as docs
-from .core import BadArgument, Bridge, DaemonGone
-from .documents import DocKey, Rendered
-from .errors import lsp_error
 
 
 class CtxdServer(Protocol):

@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ctxd.clients.client import AsyncClient, DaemonNotRunning, find_daemon
+from ctxd.clients.lsp import documents as docs
+from ctxd.clients.lsp.documents import DocKey, Rendered
 from ctxd.protocol.errors import Conflict, CtxdError
-
-from . import documents as docs
-from .documents import DocKey, Rendered
 
 log = logging.getLogger("ctxd.lsp")
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 
+from ctxd.clients.lsp.core import BadArgument, DaemonGone
 from ctxd.protocol.errors import CtxdError
-
-from .core import BadArgument, DaemonGone
 
 REQUEST_FAILED = -32803  # LSP RequestFailed: the daemon is gone
 

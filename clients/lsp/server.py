@@ -26,13 +26,12 @@ from pygls.protocol.language_server import lsp_method
 from pygls.uris import from_fs_path, to_fs_path
 
 from ctxd import __version__
+from ctxd.clients.lsp import commands
+from ctxd.clients.lsp import documents as docs
+from ctxd.clients.lsp.core import Bridge, DaemonGone
+from ctxd.clients.lsp.documents import DocKey, Rendered
+from ctxd.clients.lsp.errors import lsp_error
 from ctxd.protocol.errors import CtxdError
-
-from . import commands
-from . import documents as docs
-from .core import Bridge, DaemonGone
-from .documents import DocKey, Rendered
-from .errors import lsp_error
 
 log = logging.getLogger("ctxd.lsp")
 

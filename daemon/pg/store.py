@@ -30,14 +30,13 @@ from typing import Any
 import psycopg
 from psycopg import errors as pgerr
 
+from ctxd.daemon.archive import ArchiveStore, _row_to_message
+from ctxd.daemon.compaction_log import CompactionLog
+from ctxd.daemon.context_store import ContextState, ContextStore, PinStore
+from ctxd.daemon.messages import message_text
+from ctxd.daemon.pg import schema, tsearch
+from ctxd.daemon.runs import RunStore
 from ctxd.protocol.errors import InvalidParams, SearchTooBroad, StorageError
-
-from ..archive import ArchiveStore, _row_to_message
-from ..compaction_log import CompactionLog
-from ..context_store import ContextState, ContextStore, PinStore
-from ..messages import message_text
-from ..runs import RunStore
-from . import schema, tsearch
 
 # the advisory lock appends hold until commit ("ctxa")
 APPEND_LOCK = 0x63747861

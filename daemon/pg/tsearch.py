@@ -20,9 +20,8 @@ from __future__ import annotations
 import re
 import unicodedata
 
+from ctxd.daemon import fts
 from ctxd.protocol.errors import InvalidParams
-
-from .. import fts
 
 _TOKEN = re.compile(r"[^\W_]+")
 MAX_POSITION = 16383

@@ -80,7 +80,7 @@ No response carries `Access-Control-Allow-Origin`.
 
 from __future__ import annotations
 
-from .rpc_core import (
+from ctxd.daemon.servers.rpc_core import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_INFLIGHT,
@@ -89,8 +89,8 @@ from .rpc_core import (
     PREAUTH_MAX_FRAME,
     JsonRpcConnection,
 )
-from .rpc_tcp import JsonRpcTcpServer, TcpConnection, start_tcp_server
-from .rpc_websocket import (
+from ctxd.daemon.servers.rpc_tcp import JsonRpcTcpServer, TcpConnection, start_tcp_server
+from ctxd.daemon.servers.rpc_websocket import (
     SLOW_CONSUMER_CLOSE,
     JsonRpcWebSocketServer,
     WebSocketConnection,

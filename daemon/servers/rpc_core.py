@@ -10,7 +10,9 @@ import asyncio
 import logging
 from typing import Any
 
-from ...protocol.codec import (
+from ctxd.daemon.servers.admission import Gate
+from ctxd.daemon.servers.base import Connection, EventHub, RequestHandler
+from ctxd.protocol.codec import (
     check_request,
     dumps_json,
     error_response,
@@ -18,16 +20,14 @@ from ...protocol.codec import (
     notification,
     response,
 )
-from ...protocol.envelope import internal
-from ...protocol.errors import (
+from ctxd.protocol.envelope import internal
+from ctxd.protocol.errors import (
     CtxdError,
     InternalError,
     InvalidRequest,
     PayloadTooLarge,
     Unauthorized,
 )
-from .admission import Gate
-from .base import Connection, EventHub, RequestHandler
 
 log = logging.getLogger("ctxd.servers.jsonrpc")
 

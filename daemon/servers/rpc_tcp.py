@@ -6,11 +6,9 @@ import asyncio
 import re
 from collections import deque
 
-from ...protocol.codec import DEFAULT_MAX_FRAME, FrameReader, dumps_json, error_response, frame
-from ...protocol.errors import CtxdError
-from .admission import Acceptor, bind_listener
-from .base import EventHub, RequestHandler
-from .rpc_core import (
+from ctxd.daemon.servers.admission import Acceptor, bind_listener
+from ctxd.daemon.servers.base import EventHub, RequestHandler
+from ctxd.daemon.servers.rpc_core import (
     DEFAULT_CLOSE_GRACE,
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_CONNECTIONS,
@@ -24,6 +22,8 @@ from .rpc_core import (
     peer_name,
     too_many_connections,
 )
+from ctxd.protocol.codec import DEFAULT_MAX_FRAME, FrameReader, dumps_json, error_response, frame
+from ctxd.protocol.errors import CtxdError
 
 # "GET / HTTP/1.1", "POST http://host:port/ HTTP/1.1", "OPTIONS * HTTP/1.1": a method
 # token in capitals, then a space. A frame header starts with a name and a colon.

@@ -25,10 +25,9 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
-from ...protocol.codec import DEFAULT_MAX_FRAME, dumps_json, error_response
-from .admission import Acceptor, bind_listener
-from .base import EventHub, RequestHandler
-from .rpc_core import (
+from ctxd.daemon.servers.admission import Acceptor, bind_listener
+from ctxd.daemon.servers.base import EventHub, RequestHandler
+from ctxd.daemon.servers.rpc_core import (
     _CLOSE_FLUSH_TIMEOUT,
     DEFAULT_CLOSE_GRACE,
     DEFAULT_MAX_BATCH,
@@ -43,7 +42,8 @@ from .rpc_core import (
     peer_name,
     too_many_connections,
 )
-from .web import PageServer
+from ctxd.daemon.servers.web import PageServer
+from ctxd.protocol.codec import DEFAULT_MAX_FRAME, dumps_json, error_response
 
 # the opening handshake must be done by then (by the login deadline when there is one;
 # that deadline starts again after the handshake)

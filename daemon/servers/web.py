@@ -40,7 +40,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from ...protocol.webpage import login_token
+from ctxd.protocol.webpage import login_token
 
 log = logging.getLogger("ctxd.servers.web")
 

@@ -9,11 +9,10 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from ctxd.daemon.servers.base import Connection
 from ctxd.protocol.codec import packb
 from ctxd.protocol.envelope import error_reply
 from ctxd.protocol.errors import CtxdError
-
-from .base import Connection
 
 log = logging.getLogger("ctxd.servers.zmq")
 

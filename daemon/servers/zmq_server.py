@@ -39,6 +39,15 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from ctxd.daemon.servers.base import EventHub, RequestHandler
+from ctxd.daemon.servers.zmq_auth import ZapHandler
+from ctxd.daemon.servers.zmq_frames import (
+    ZmqConnection,
+    endpoint_of,
+    error_payload,
+    send_now,
+    split_envelope,
+)
 from ctxd.protocol.auth import curve_server_keys
 from ctxd.protocol.codec import DEFAULT_MAX_FRAME, packb, unpackb
 from ctxd.protocol.envelope import (  # noqa: F401 (the topics are part of this module's API)
@@ -54,10 +63,6 @@ from ctxd.protocol.errors import (
     InvalidRequest,
     Unauthorized,
 )
-
-from .base import EventHub, RequestHandler
-from .zmq_auth import ZapHandler
-from .zmq_frames import ZmqConnection, endpoint_of, error_payload, send_now, split_envelope
 
 log = logging.getLogger("ctxd.servers.zmq")
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import logging
 
 from ctxd.daemon.config import Config
+from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
+from ctxd.daemon.summarizers.openai import OpenAISummarizer, SummarizerError
 from ctxd.daemon.summary import Summarizer, Summary, SummaryRequest
-
-from .builtin import BuiltinSummarizer
-from .openai import OpenAISummarizer, SummarizerError
 
 __all__ = [
     "BuiltinSummarizer",

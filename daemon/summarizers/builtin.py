@@ -13,9 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ctxd.daemon.messages import content_text
-from ctxd.daemon.summary import SECTIONS, Summary, SummaryRequest
-
-from .cues import (
+from ctxd.daemon.summarizers.cues import (
     _ADDITIVE,
     _CALL_ID_NOTE,
     _CJK_RUN,
@@ -34,8 +32,8 @@ from .cues import (
     _sentences,
     _trim,
 )
-from .draft import _Call, _Draft, _Entry
-from .facts import (
+from ctxd.daemon.summarizers.draft import _Call, _Draft, _Entry
+from ctxd.daemon.summarizers.facts import (
     artifacts_of,
     is_confirmation,
     is_hedge_only,
@@ -43,8 +41,15 @@ from .facts import (
     setting_of,
     trim_keeping_hedge,
 )
-from .fit import fit
-from .paths import _PATH_KEYS, _find_paths, _key_args, _parse_args, _walk_strings
+from ctxd.daemon.summarizers.fit import fit
+from ctxd.daemon.summarizers.paths import (
+    _PATH_KEYS,
+    _find_paths,
+    _key_args,
+    _parse_args,
+    _walk_strings,
+)
+from ctxd.daemon.summary import SECTIONS, Summary, SummaryRequest
 
 # -------------------------------------------------------------------- summarizer
 

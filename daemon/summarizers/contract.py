@@ -13,10 +13,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
+from ctxd.daemon.summarizers.facts import is_hedged
 from ctxd.daemon.summary import Summary, SummaryItem, SummaryRequest
-
-from .builtin import BuiltinSummarizer
-from .facts import is_hedged
 
 # artifacts checked per chunk, newest first: a chunk of bulk tool work could name more
 # than a summary has room for

@@ -7,10 +7,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ctxd.daemon.summarizers.cues import (
+    _FIRM_DECISION,
+    _is_weak,
+    _key_terms,
+    _merge_sources,
+    _norm,
+    _subject,
+)
+from ctxd.daemon.summarizers.facts import Setting, same_subject, setting_of
 from ctxd.daemon.summary import SECTIONS
-
-from .cues import _FIRM_DECISION, _is_weak, _key_terms, _merge_sources, _norm, _subject
-from .facts import Setting, same_subject, setting_of
 
 # What each kind of item may claim of an overfull summary, least important first. Rules
 # the user set get the most room; a "make sure" sentence and the superseded history of

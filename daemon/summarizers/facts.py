@@ -11,7 +11,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from .cues import _CJK_RUN, _CJK_STOP, _STOP, _TOKEN, _TOKEN_PARTS, _Cue, _stem, _trim
+from ctxd.daemon.summarizers.cues import (
+    _CJK_RUN,
+    _CJK_STOP,
+    _STOP,
+    _TOKEN,
+    _TOKEN_PARTS,
+    _Cue,
+    _stem,
+    _trim,
+)
 
 # ------------------------------------------------------------------------- hedges
 

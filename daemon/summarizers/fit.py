@@ -7,10 +7,9 @@ import string
 from collections import deque
 from collections.abc import Callable
 
+from ctxd.daemon.summarizers.cues import _key_terms, _trim
+from ctxd.daemon.summarizers.draft import _SHARES, _Draft, _Entry, _share_class
 from ctxd.daemon.summary import SECTIONS, UNPOINTED, Summary, SummaryItem, SummaryRequest
-
-from .cues import _key_terms, _trim
-from .draft import _SHARES, _Draft, _Entry, _share_class
 
 _PLAIN_COST = 1 / 5.2
 _DENSE_COST = 0.72

@@ -8,9 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ctxd.daemon.messages import content_text
+from ctxd.daemon.summarizers.contract import CONTRACT_PROMPT
 from ctxd.daemon.summary import SECTIONS, Summary, SummaryItem
-
-from .contract import CONTRACT_PROMPT
 
 # ------------------------------------------------------------------------- prompt
 

@@ -30,10 +30,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from ctxd.daemon.config import OpenAISummarizerConfig
-from ctxd.daemon.summary import SECTIONS, Summary, SummaryItem, SummaryRequest
-
-from .contract import contract_problems, reference
-from .llm_http import (
+from ctxd.daemon.summarizers.contract import contract_problems, reference
+from ctxd.daemon.summarizers.llm_http import (
     LLMHTTP,
     RETRY_STATUSES,
     SummarizerError,
@@ -42,13 +40,14 @@ from .llm_http import (
     _read_choice,
     _redact,
 )
-from .llm_prompt import (
+from ctxd.daemon.summarizers.llm_prompt import (
     build_prompt,
     format_messages,
     parse_json_object,
     read_sections,
     trim_middle,
 )
+from ctxd.daemon.summary import SECTIONS, Summary, SummaryItem, SummaryRequest
 
 log = logging.getLogger("ctxd.summarizer.openai")
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
-from .cues import _trim
+from ctxd.daemon.summarizers.cues import _trim
 
 _URL = re.compile(r"\bhttps?://[^\s<>\"'`()\[\]{}]+", re.IGNORECASE)
 _WIN_PATH = re.compile(r"\b[A-Za-z]:\\[^\s\"'<>|*?`]+")
