@@ -218,6 +218,24 @@ def test_pending_approval_blocks_two_tabs_and_the_first_answer_wins(
                                          "decision": "denied"})
     assert err.value.code == ErrorCode.CONFLICT
     assert tab2.locator(".approval").count() == 0
+    # the next call is denied from the other tab, with a reason the agent gets
+    client.call("messages/append", {"sessionId": sid, "runId": run, "messages": [
+        {"role": "tool", "tool_call_id": "call_rm", "content": "removed 3 files"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_push", "type": "function", "function": {
+                "name": "git_push", "arguments": json.dumps({"force": True})}}]}]})
+    second = client.call("approval/request", {
+        "sessionId": sid, "runId": run, "toolCallId": "call_push", "toolName": "git_push",
+        "arguments": {"force": True}})["approvalId"]
+    tab2.locator(f".approval[data-approval-id='{second}']").wait_for()
+    tab2.fill(".approval .reason-input", "no force pushes: open a PR")
+    tab2.click(".approval button.deny")
+    tab1.locator(".approval").wait_for(state="detached")
+    got = wait_for(stream, "approval/didResolve",
+                   where=lambda p: p["approval"]["approvalId"] == second)
+    assert (got["approval"]["status"], got["approval"]["reason"]) == (
+        "denied", "no force pushes: open a PR")
+    expect(tab1.locator("#message-input")).to_be_enabled()
     stream.close()
     watcher.close()
 
