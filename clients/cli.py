@@ -158,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     from ctxd.clients import ui
 
     ui.register(sub, _common)
+
+    from ctxd.clients import commands_store
+
+    commands_store.register(sub, _common, _load)
     return parser
 
 
