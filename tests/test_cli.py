@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
-from ctxd.clients import commands
 from ctxd.clients.cli import main
+from ctxd.clients.cli_commands import running
+from ctxd.clients.cli_commands import watch as watch_command
 from ctxd.clients.client import Client, connect
 
 STARTUP_TIMEOUT = 20.0
@@ -342,7 +343,7 @@ def test_export_pages_through_the_archive_to_a_file(
         daemon: Daemon, session: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     # small pages, so the export must follow nextAfterId several times
-    monkeypatch.setattr(commands, "READ_PAGE", 3)
+    monkeypatch.setattr(running, "READ_PAGE", 3)
     monkeypatch.setenv("CTXD_RUNTIME_DIR", daemon.env["CTXD_RUNTIME_DIR"])
     calls: list[int | None] = []
     real_read = Client.read
@@ -420,9 +421,9 @@ def test_watch_prints_appends_live_and_stops_on_ctrl_c(daemon: Daemon, wire: str
 
 
 def test_watch_human_line(daemon: Daemon) -> None:
-    assert commands.event_text("session/didAppend", {
+    assert watch_command.event_text("session/didAppend", {
         "sessionId": "s", "batchId": 7, "messageIds": [4, 5, 6], "runId": None,
     }).split() == ["append", "batch", "7:", "3", "messages", "#4–#6"]
-    assert "26 → 14 messages" in commands.event_text("context/didCompact", {
+    assert "26 → 14 messages" in watch_command.event_text("context/didCompact", {
         "trigger": "manual", "before": {"messages": 26, "tokens": 9},
         "after": {"messages": 14, "tokens": 5}})

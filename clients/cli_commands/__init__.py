@@ -1,0 +1,1 @@
+"""The `ctxd` commands by job; clients/commands.py registers them with the parser."""
