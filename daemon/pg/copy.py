@@ -18,10 +18,10 @@ from typing import Any
 
 import apsw
 
-from ..messages import message_text
-from ..schema import SCHEMA_VERSION as SQLITE_VERSION
-from . import schema, tsearch
-from .store import PgConnection
+from ctxd.daemon.messages import message_text
+from ctxd.daemon.pg import schema, tsearch
+from ctxd.daemon.pg.store import PgConnection
+from ctxd.daemon.schema import SCHEMA_VERSION as SQLITE_VERSION
 
 CHUNK_BATCHES = 200
 
