@@ -22,6 +22,7 @@ from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.corrections import mark_superseded
 from ctxd.daemon.ids import new_id
 from ctxd.daemon.messages import PreparedBatch, prepare_batch, strip_archive_fields
+from ctxd.daemon.pairing import check_tool_pairs
 from ctxd.daemon.projection import project
 from ctxd.daemon.runs import RUN_OUTCOMES
 from ctxd.daemon.stores.base import Store
@@ -30,9 +31,7 @@ from ctxd.daemon.summarizers import make_summarizer
 from ctxd.daemon.summary import Summarizer, Summary
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import (
-    ApprovalPending,
     Conflict,
-    InvalidMessage,
     InvalidParams,
     NotFound,
     RunActive,
@@ -242,7 +241,12 @@ class Engine:
                 raise InvalidParams(
                     f"run {run_id!r} is {run['status']}; start a new run", {"runId": run_id}
                 )
-        pending = self._check_tool_pairs(session_id, [m for m, _ in normalized])
+        pending = check_tool_pairs(
+            self.archive,
+            self.runs,
+            self.context_state(session_id),
+            [m for m, _ in normalized],
+        )
         counts = batch.tokens or [self.tokens.count_message(m) for m, _ in normalized]
         rows = [(m, body, n) for (m, body), n in zip(normalized, counts, strict=True)]
         st = self.context_state(session_id)
@@ -305,75 +309,6 @@ class Engine:
             )
         ids = list(range(first, last + 1))
         return {"batchId": batch_id, "messageIds": ids, "status": self.status(session_id)}
-
-    def _check_tool_pairs(self, session_id: str, msgs: list[dict[str, Any]]) -> int:
-        """Refuses a batch that would break a tool call's pairing; returns how many
-        approvals are pending in the session."""
-        call_ids = [c["id"] for m in msgs for c in m.get("tool_calls") or ()]
-        result_ids = [m["tool_call_id"] for m in msgs if m["role"] == "tool"]
-        existing = self.archive.call_message_ids(session_id, call_ids + result_ids)
-        st = self.context_state(session_id)
-        tail_start = st.tail_start_id
-        # calls that left the context without a summary: cleared or popped
-        gone = set(st.dropped_ids)
-        answered = self.archive.answered_tool_calls(session_id, result_ids)
-        approvals = self.runs.list_approvals(session_id, "pending")
-        pending = {a["toolCallId"]: a for a in approvals}
-        seen_calls: set[str] = set()
-        seen_results: set[str] = set()
-        for i, m in enumerate(msgs):
-            if m["role"] == "user" and pending:
-                raise ApprovalPending(
-                    f"message {i}: a tool call awaits approval; resolve it with "
-                    "approval/resolve before adding user messages",
-                    {"index": i, "approvalIds": [a["approvalId"] for a in pending.values()]},
-                )
-            for call in m.get("tool_calls") or ():
-                cid = call["id"]
-                if cid in seen_calls or cid in existing:
-                    raise InvalidMessage(
-                        f"message {i}: tool call id {cid!r} is already used in this session; "
-                        "tool call ids must be unique",
-                        {"index": i, "toolCallId": cid},
-                    )
-                seen_calls.add(cid)
-            if m["role"] == "tool":
-                cid = m["tool_call_id"]
-                if cid not in seen_calls and cid not in existing:
-                    raise InvalidMessage(
-                        f"message {i}: tool_call_id {cid!r} answers no earlier tool call of "
-                        "this session; append the assistant message with that call first",
-                        {"index": i, "toolCallId": cid},
-                    )
-                if cid in seen_results or cid in answered:
-                    raise InvalidMessage(
-                        f"message {i}: tool call {cid!r} already has a result",
-                        {"index": i, "toolCallId": cid},
-                    )
-                if cid not in seen_calls and (
-                    existing[cid] <= st.base_id or existing[cid] in gone
-                ):
-                    raise InvalidMessage(
-                        f"message {i}: tool call {cid!r} was cleared or popped from the "
-                        "active context; its result can no longer be added",
-                        {"index": i, "toolCallId": cid},
-                    )
-                if cid not in seen_calls and tail_start is not None and existing[cid] < tail_start:
-                    # the context would hold a result without its call, which providers
-                    # reject; this only happens to calls abandoned when their run closed
-                    raise InvalidMessage(
-                        f"message {i}: tool call {cid!r} was abandoned when its run closed "
-                        "and has left the active context; its result can no longer be added",
-                        {"index": i, "toolCallId": cid},
-                    )
-                if cid in pending:
-                    raise ApprovalPending(
-                        f"message {i}: tool call {cid!r} awaits approval; its result is "
-                        "accepted once approval/resolve decides it",
-                        {"index": i, "approvalId": pending[cid]["approvalId"]},
-                    )
-                seen_results.add(cid)
-        return len(approvals)
 
     # reading
 
