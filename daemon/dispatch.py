@@ -262,7 +262,7 @@ class Dispatcher:
         )
         self.scheduler.after_append(sid, p["runId"], result["status"])
         if p["returnContext"]:
-            result["context"] = self.engine.get_context(sid)
+            result["context"] = self.engine.get_context(sid, status=result["status"])
         return result
 
     async def search(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
@@ -314,21 +314,9 @@ class Dispatcher:
         return any(run_id in c.open_runs for c in self._live)
 
     def run_finish(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
-        appended = None
-        if p["messages"] is not None:
-            run = self.engine.runs.get(p["runId"])
-            # a missing or finished run: finish_run below gives the error
-            if run is not None and run["status"] == "open":
-                appended = self.engine.append(
-                    run["sessionId"],
-                    p["messages"],
-                    run_id=p["runId"],
-                    client_batch_id=p["clientBatchId"],
-                )
-                self.scheduler.after_append(run["sessionId"], p["runId"], appended["status"])
-        result = self.engine.finish_run(p["runId"], p["outcome"])
-        if appended is not None:
-            result["append"] = appended
+        result = self.engine.finish_run(
+            p["runId"], p["outcome"], messages=p["messages"], client_batch_id=p["clientBatchId"]
+        )
         if p["returnContext"]:
             result["context"] = self.engine.get_context(result["run"]["sessionId"])
         conn.open_runs.discard(p["runId"])

@@ -219,9 +219,11 @@ class Engine:
         run_id: str | None = None,
         client_batch_id: str | None = None,
         prepared: PreparedBatch | None = None,
+        run: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Archive a batch. `prepared` is `prepare_append(messages)` done beforehand (the
-        daemon does it in a worker thread for large batches)."""
+        daemon does it in a worker thread for large batches); `run`, the run `run_id`
+        names, when the caller has just read it."""
         if session_id not in self._contexts:  # a cached context is of a stored session
             self.require_session(session_id)
         batch = prepared or self.prepare_append(messages, count_tokens=False)
@@ -231,7 +233,8 @@ class Engine:
             if found is not None:
                 return self._repeat_batch(session_id, client_batch_id, found, digest)
         if run_id is not None:
-            run = self.runs.get(run_id)
+            if run is None or run["runId"] != run_id:
+                run = self.runs.get(run_id)
             if run is None or run["sessionId"] != session_id:
                 raise NotFound(
                     f"no run {run_id!r} in session {session_id!r}; start one with run/start",
@@ -417,9 +420,11 @@ class Engine:
         query: str | None = None,
         include_metadata: bool = False,
         recall_hits: list[dict[str, Any]] | None = None,
+        status: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """`recall_hits`: the search for `query`, when the caller already ran it (the
-        daemon does, beside its event loop)."""
+        daemon does, beside its event loop); `status`, the session's status when the
+        caller has just read it (an append with `returnContext`)."""
         if budget_tokens is None and not query:
             messages, ids = self.render_with_ids(session_id, self.context_state(session_id))
             result = {"messages": messages, "messageIds": ids}
@@ -428,7 +433,7 @@ class Engine:
             result = project(self, session_id, budget_tokens, query, recall_hits)
         if include_metadata:
             self._attach_metadata(result["messages"], result["messageIds"])
-        return {**result, "status": self.status(session_id)}
+        return {**result, "status": status or self.status(session_id)}
 
     def _attach_metadata(self, messages: list[dict[str, Any]], ids: list[int | None]) -> None:
         """Give back each archived message's `metadata`, where a client keeps its own form
@@ -526,8 +531,17 @@ class Engine:
         )
         return run
 
-    def finish_run(self, run_id: str, outcome: str) -> dict[str, Any]:
-        """Close a run; returns the run and whether auto-compaction is now due."""
+    def finish_run(
+        self,
+        run_id: str,
+        outcome: str,
+        *,
+        messages: list[Any] | None = None,
+        client_batch_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Close a run; returns the run and whether auto-compaction is now due. With
+        `messages`, the run's last messages are appended in it first (their result is
+        `append`); when they are refused, the run stays open."""
         if outcome not in RUN_OUTCOMES + ("interrupted",):
             raise InvalidParams(f"outcome must be one of {', '.join(RUN_OUTCOMES)}")
         run = self.runs.get(run_id)
@@ -540,6 +554,11 @@ class Engine:
                 f"run {run_id!r} is already {run['status']}",
                 {"runId": run_id, "status": run["status"]},
             )
+        appended = None
+        if messages is not None:
+            appended = self.append(
+                run["sessionId"], messages, run_id=run_id, client_batch_id=client_batch_id, run=run
+            )
         with self.store.transaction():
             run = self.runs.finish(run_id, outcome)
         sid = run["sessionId"]
@@ -547,7 +566,10 @@ class Engine:
         self.emit(
             sid, "run/didFinish", {"sessionId": sid, "run": run, "autoCompactionScheduled": due}
         )
-        return {"run": run, "autoCompactionScheduled": due}
+        result = {"run": run, "autoCompactionScheduled": due}
+        if appended is not None:
+            result["append"] = appended
+        return result
 
     def request_approval(
         self,
