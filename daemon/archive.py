@@ -17,6 +17,7 @@ import apsw
 
 from ctxd.daemon import fts
 from ctxd.daemon.messages import message_text
+from ctxd.daemon.snippets import Snippets
 from ctxd.protocol.errors import InvalidParams, SearchTooBroad
 
 
@@ -47,15 +48,16 @@ PROGRESS_STEPS = 10_000
 
 
 @contextmanager
-def _budget(conn: apsw.Connection, seconds: float | None) -> Iterator[None]:
-    """Interrupt the statements run inside when `seconds` have passed."""
+def _budget(conn: apsw.Connection, seconds: float | None) -> Iterator[float | None]:
+    """Interrupt the statements run inside when `seconds` have passed; yields the
+    deadline (time.monotonic) for work done outside `conn`, None without a budget."""
     if not seconds:
-        yield
+        yield None
         return
     deadline = time.monotonic() + seconds
     conn.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_STEPS)
     try:
-        yield
+        yield deadline
     except apsw.InterruptError:
         raise SearchTooBroad(
             f"the search was stopped after its time budget of {seconds:g} s: the query is "
@@ -94,6 +96,7 @@ def _row_to_message(row: Sequence[Any]) -> dict[str, Any]:
 class ArchiveStore:
     def __init__(self, conn: apsw.Connection) -> None:
         self.conn = conn
+        self.snippets = Snippets()
 
     # sessions
 
@@ -429,14 +432,15 @@ class ArchiveStore:
             match = fts.plain_query(query)
             if match is None:
                 return [], "all"
-        args = (session_id, role, since, until, limit, offset, newest_first, advanced)
-        with _budget(self.conn, budget_seconds):
+        with _budget(self.conn, budget_seconds) as deadline:
+            args = (session_id, role, since, until, limit, offset, newest_first, advanced,
+                    deadline)
             hits = self._search(match, *args)
             if hits or advanced or len(query.split()) < 2:
                 return hits, "all"
             # the fallback pages on its own: page 2 of "any" must not come back empty
             # because page 2 of "all" is
-            if offset and self._search(match, *args[:4], 1, 0, newest_first, advanced):
+            if offset and self._search(match, *args[:4], 1, 0, newest_first, advanced, deadline):
                 return hits, "all"
             loose = fts.any_terms_query(query)
             if not loose:
@@ -454,7 +458,11 @@ class ArchiveStore:
         offset: int,
         newest_first: bool,
         advanced: bool,
+        deadline: float | None,
     ) -> list[dict[str, Any]]:
+        """A page of hits, each with a snippet made by daemon/snippets.py (not by FTS5's
+        snippet() in this query, whose cost grows with the square of a message's hits and
+        which the progress handler cannot stop); past `deadline`, InterruptError."""
         # Only fixed clauses are spliced in; every user value is a bound parameter.
         where = ["messages_fts MATCH ?"]
         params: list[Any] = [match]
@@ -472,14 +480,14 @@ class ArchiveStore:
             params.append(until)
         order = "messages_fts.rowid DESC" if newest_first else "rank"
         sql = (
-            "SELECT m.id, m.session_id, m.role, m.created_at, "
-            "snippet(messages_fts, 0, '**', '**', '…', 24), bm25(messages_fts) "
+            "SELECT m.id, m.session_id, m.role, m.created_at, bm25(messages_fts) "
             "FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid "
             f"WHERE {' AND '.join(where)} ORDER BY {order} LIMIT ? OFFSET ?"
         )
         params += [limit, offset]
         try:
             rows = list(self.conn.execute(sql, params))
+            texts = [self._indexed_text(row[0]) for row in rows]
         except UnicodeEncodeError:
             raise InvalidParams(
                 "the search text contains a lone surrogate; send valid Unicode text"
@@ -496,9 +504,15 @@ class ArchiveStore:
                 "messageId": mid,
                 "sessionId": sid,
                 "role": r,
-                "snippet": fts.clean_snippet(snip),
+                "snippet": fts.clean_snippet(self.snippets.make(match, text, deadline)),
                 "createdAt": created,
                 "score": round(-score, 4),
             }
-            for mid, sid, r, created, snip, score in rows
+            for (mid, sid, r, created, score), text in zip(rows, texts, strict=True)
         ]
+
+    def _indexed_text(self, message_id: int) -> str:
+        row = self.conn.execute(
+            "SELECT body FROM messages_fts WHERE rowid = ?", (message_id,)
+        ).fetchone()
+        return row[0] if row and row[0] is not None else ""

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import DaemonProcess
+from helpers import DaemonProcess, tool_turn
 
 from ctxd.daemon.config import Config
 from ctxd.daemon.engine import Engine
@@ -178,5 +178,48 @@ def test_plain_search_matches_all_words_and_marks_the_fallback(tmp_path: Path) -
                                          "arguments": {"query": "zebracorn shipped"}})
             assert tool["data"]["matched"] == "any"
             assert tool["content"].startswith("No message has all the words")
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_a_huge_message_full_of_hits_is_searched_or_stopped_not_ground_through(
+        tmp_path: Path) -> None:
+    # One 3 MB tool output holding the query word 40,000 times: FTS5's snippet() over it
+    # ran for 251 s inside one SQLite call that the 2 s budget could not stop.
+    daemon = DaemonProcess(tmp_path).start()
+    try:
+        with daemon.client("zmq", timeout=120) as c:
+            sid = c.call("session/create", {})["sessionId"]
+            output = "\n".join(
+                f"line {i}: error timeout while reading block {i} of the disk image"
+                for i in range(40_000))
+            assert len(output) > 2_700_000
+            c.call("messages/append", {"sessionId": sid, "messages": tool_turn(1, result=output)})
+            calls = [
+                ("archive/search", {"query": "timeout"}),
+                ("archive/search", {"query": "timeout disk", "sessionId": sid}),
+                ("archive/search", {"query": "NEAR(timeout block, 3)", "advanced": True}),
+                ("tools/call", {"sessionId": sid, "name": "search_past_messages",
+                                "arguments": {"query": "timeout", "scope": "all"}}),
+            ]
+            for method, params in calls:
+                try:
+                    got = c.call(method, params)
+                except CtxdError as exc:  # stopped by the budget: a typed error, not minutes
+                    assert exc.code == ErrorCode.SEARCH_TOO_BROAD, (method, exc)
+                    continue
+                if method == "tools/call":
+                    assert "timeout" in got["content"], got["content"][:500]
+                    assert len(got["content"]) < 5000
+                    continue
+                [hit] = got["hits"]
+                assert "error **timeout** while reading " in hit["snippet"], hit["snippet"]
+                assert hit["snippet"].endswith("…")
+                assert len(hit["snippet"]) < 1000
+            got = c.call("context/get", {"sessionId": sid, "budgetTokens": 500,
+                                         "query": "timeout"})
+            assert "messages" in got
+            # the daemon goes on serving
+            assert c.call("context/status", {"sessionId": sid})["sessionId"] == sid
     finally:
         assert daemon.stop() == 0
