@@ -129,8 +129,15 @@ class Daemon:
             auth_timeout=cfg.auth_timeout_seconds,
             run_lease=cfg.run_lease_seconds,
         )
-        # runs a dead daemon left open: their clients get one lease to come back for them
-        dispatcher.lease_stale_runs(engine.runs.open_run_ids())
+        if engine.shared:
+            # other daemons' appends reach this one's subscribers; open runs may be
+            # other, live daemons' runs, so none is leased here
+            from ctxd.daemon.pg.events import start_relay
+
+            start_relay(engine, asyncio.get_running_loop())
+        else:
+            # runs a dead daemon left open: their clients get one lease to come back
+            dispatcher.lease_stale_runs(engine.runs.open_run_ids())
         port = cfg.port
         tcp = ws = zmq_server = None
         budget = plan_budget(

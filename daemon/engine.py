@@ -67,6 +67,9 @@ class Engine:
                 search_budget_seconds=self.config.search_budget_seconds,
             )
         self.store: Store = store
+        # a store other daemons write too (PostgreSQL): per-session state is read from it
+        # on every request instead of kept between requests
+        self.shared = bool(getattr(store, "shared", False))
         self.archive = store.archive
         self.runs = store.runs
         self.tokens = TokenCounter(self.config.encoding)
@@ -179,7 +182,7 @@ class Engine:
         return session
 
     def context_state(self, session_id: str) -> ContextState:
-        st = self._contexts.get(session_id)
+        st = None if self.shared else self._contexts.get(session_id)
         if st is not None:
             return st
         st = self.store.contexts.load(session_id)
@@ -252,11 +255,13 @@ class Engine:
         )
         counts = batch.tokens or [self.tokens.count_message(m) for m, _ in normalized]
         rows = [(m, body, n) for (m, body), n in zip(normalized, counts, strict=True)]
-        st = self.context_state(session_id)
-        new = replace(st, system_ids=list(st.system_ids))
-        new.active_messages += len(rows)
-        new.active_tokens += sum(tokens for _, _, tokens in rows)
         with self.store.transaction():
+            # read inside the write transaction: on a shared store another daemon may
+            # have appended to this session since this daemon last looked
+            st = self.context_state(session_id)
+            new = replace(st, system_ids=list(st.system_ids))
+            new.active_messages += len(rows)
+            new.active_tokens += sum(tokens for _, _, tokens in rows)
             batch_id, ids, created = self.archive.append(
                 session_id,
                 rows,
@@ -340,6 +345,8 @@ class Engine:
         return {"messages": msgs, "nextAfterId": next_after}
 
     def archive_count(self, session_id: str) -> int:
+        if self.shared:
+            return self.archive.message_count(session_id)
         n = self._archive_counts.get(session_id)
         if n is None:
             n = self._archive_counts[session_id] = self.archive.message_count(session_id)

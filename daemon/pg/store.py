@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -38,8 +40,12 @@ from ctxd.daemon.pg import schema, tsearch
 from ctxd.daemon.runs import RunStore
 from ctxd.protocol.errors import InvalidParams, SearchTooBroad, StorageError
 
-# the advisory lock appends hold until commit ("ctxa")
+# the advisory lock every write transaction holds until commit ("ctxa"): writes from all
+# daemons are serialized as SQLite's single writer serializes them, so a context row
+# read inside a write transaction stays true until it commits
 APPEND_LOCK = 0x63747861
+# the channel appends are announced on (ids only; listeners read the rows)
+EVENTS_CHANNEL = "ctxd_events"
 SEARCH_WORKERS = 2
 
 
@@ -77,6 +83,7 @@ class PgConnection:
         self.password = password
         self._conn: psycopg.Connection | None = None
         self._sql: dict[str, str] = {}
+        self._depth = 0
 
     def raw(self) -> psycopg.Connection:
         c = self._conn
@@ -112,11 +119,17 @@ class PgConnection:
             raise _reraise(exc) from None
 
     @contextmanager
-    def transaction(self) -> Iterator[None]:
+    def transaction(self, *, write_lock: bool = False) -> Iterator[None]:
         conn = self.raw()
         try:
             with conn.transaction():
-                yield
+                self._depth += 1
+                try:
+                    if write_lock and self._depth == 1:
+                        conn.execute("SELECT pg_advisory_xact_lock(%s)", (APPEND_LOCK,))
+                    yield
+                finally:
+                    self._depth -= 1
         except _STORAGE as exc:
             raise _reraise(exc) from None
 
@@ -140,7 +153,7 @@ class PgArchive(ArchiveStore):
         index_texts: Sequence[str] | None = None,
     ) -> tuple[int, list[int], float]:
         c = self.conn
-        c.execute("SELECT pg_advisory_xact_lock(?)", (APPEND_LOCK,))
+        c.execute("SELECT pg_advisory_xact_lock(?)", (APPEND_LOCK,))  # held already: cheap
         now = time.time()
         first = (c.execute("SELECT max(id) FROM messages").fetchone()[0] or 0) + 1
         ids = list(range(first, first + len(messages)))
@@ -187,7 +200,22 @@ class PgArchive(ArchiveStore):
                 "VALUES (?,?,?)",
                 results,
             )
+        # delivered to every listening daemon when (and only if) this transaction commits
+        c.execute(
+            "SELECT pg_notify(?, ?)",
+            (EVENTS_CHANNEL, json.dumps({"s": session_id, "b": batch_id, "o": self.origin})),
+        )
         return batch_id, ids, now
+
+    origin = ""
+
+    def batch(self, batch_id: int) -> tuple[str, str | None, int, int] | None:
+        """(session id, run id, first message id, last message id) of a batch."""
+        row = self.conn.execute(
+            "SELECT session_id, run_id, first_message_id, last_message_id FROM batches "
+            "WHERE id = ?", (batch_id,),
+        ).fetchone()
+        return tuple(row) if row else None  # type: ignore[return-value]
 
     def get_many(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         rows = self.conn.execute(
@@ -337,6 +365,9 @@ class PgContexts(ContextStore):
 
 
 class PostgresStore:
+    # several daemons may write: the engine keeps no per-session state between requests
+    shared = True
+
     def __init__(
         self, dsn: str, *, password: str | None = None, search_budget_seconds: float = 0,
         migrate: bool = True,
@@ -347,7 +378,10 @@ class PostgresStore:
         self.conn = PgConnection(dsn, password)
         if migrate:
             schema.migrate(self.conn.raw())
+        # this store's own appends, told apart from other daemons' on the events channel
+        self.origin = uuid.uuid4().hex
         self.archive = PgArchive(self.conn)  # type: ignore[arg-type]
+        self.archive.origin = self.origin
         self.contexts = PgContexts(self.conn)  # type: ignore[arg-type]
         self.pins = PinStore(self.conn)  # type: ignore[arg-type]
         self.runs = RunStore(self.conn)  # type: ignore[arg-type]
@@ -355,13 +389,38 @@ class PostgresStore:
         self._pool: ThreadPoolExecutor | None = None
         self._readers: list[PgConnection] = []
         self._local: Any = None
+        self._stop = threading.Event()
+        self._listener: threading.Thread | None = None
 
     def transaction(self):  # type: ignore[no-untyped-def]
-        return self.conn.transaction()
+        return self.conn.transaction(write_lock=True)
+
+    def listen(self, on_append: Any) -> None:
+        """Call `on_append(session_id, batch_id)` (from a thread of its own) for every
+        batch another daemon appends; reconnects by itself when the server comes back."""
+        self._listener = threading.Thread(
+            target=self._listen, args=(on_append,), name="ctxd-pg-listen", daemon=True
+        )
+        self._listener.start()
+
+    def _listen(self, on_append: Any) -> None:
+        while not self._stop.is_set():
+            try:
+                kw = {"password": self.password} if self.password is not None else {}
+                with psycopg.connect(self.dsn, autocommit=True, **kw) as conn:
+                    conn.execute(f"LISTEN {EVENTS_CHANNEL}")
+                    while not self._stop.is_set():
+                        for n in conn.notifies(timeout=0.5):
+                            try:
+                                p = json.loads(n.payload)
+                            except ValueError:
+                                continue
+                            if p.get("o") != self.origin:
+                                on_append(p["s"], int(p["b"]))
+            except psycopg.Error:
+                self._stop.wait(1.0)  # the server is away: try again shortly
 
     def _reader(self) -> PgArchive:
-        import threading
-
         if self._local is None:
             self._local = threading.local()
         archive = getattr(self._local, "archive", None)
@@ -381,6 +440,9 @@ class PostgresStore:
         return await loop.run_in_executor(self._pool, functools.partial(self._search, query, kw))
 
     def close(self) -> None:
+        self._stop.set()
+        if self._listener is not None:
+            self._listener.join(5)
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
