@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
 from collections.abc import Coroutine, Iterator
+from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
 import zmq
+from helpers import DaemonProcess
 
 from ctxd.daemon.servers.base import Connection, EventHub
 from ctxd.daemon.servers.zmq_server import PROBE_METHOD, ZmqServer
@@ -395,3 +398,53 @@ def test_close_lets_running_requests_answer(ctx: zmq.Context[Any]) -> None:
     running.stop()
     assert unpackb(_recv(dealer)[-1]) == {"id": "last", "result": {"slept": 0.2}}
     assert len(running.handler.closed) == 1
+
+
+READS = 4
+
+
+def _refuses_connections(ipc_path: str) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(ipc_path)
+    except OSError:
+        return True
+    finally:
+        probe.close()
+    return False
+
+
+def test_replies_queued_at_shutdown_still_reach_a_slow_reader(
+        tmp_path: Path, ctx: zmq.Context[Any]) -> None:
+    # The daemon closed its ROUTER with linger 0: a reply still queued when it shut down
+    # (here 3 MB page reads, then the reply to `shutdown` behind them) was thrown away.
+    daemon = DaemonProcess(tmp_path).start()
+    info = daemon.info()
+    with daemon.client("zmq") as c:
+        sid = c.call("session/create", {})["sessionId"]
+        c.call("messages/append", {"sessionId": sid, "messages": [
+            {"role": "user", "content": "word " * 600_000}]})
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    # take in as little as it can before the test reads: the rest waits in the daemon
+    dealer.setsockopt(zmq.RCVHWM, 1)
+    dealer.setsockopt(zmq.RCVBUF, 64 * 1024)
+    dealer.connect(info["zmq_router"])
+    token = info["token"]
+    for i in range(1, READS + 1):
+        dealer.send_multipart([b"", packb({"id": i, "method": "archive/read", "token": token,
+                                           "params": {"sessionId": sid}})])
+    dealer.send_multipart([b"", packb({"id": "bye", "method": "shutdown", "token": token,
+                                       "params": {}})])
+    # read nothing until the daemon has closed its ROUTER (it takes no new connections)
+    router_path = info["zmq_router"][len("ipc://"):]
+    deadline = time.monotonic() + 60
+    while not _refuses_connections(router_path):
+        assert time.monotonic() < deadline, "the daemon did not shut down"
+        time.sleep(0.02)
+    replies = [unpackb(_recv(dealer, timeout=30)[-1]) for _ in range(READS + 1)]
+    assert [r["id"] for r in replies] == [*range(1, READS + 1), "bye"]
+    for r in replies[:-1]:
+        assert len(r["result"]["messages"][0]["content"]) == 3_000_000
+    assert replies[-1]["result"] == {}
+    assert daemon.proc is not None and daemon.proc.wait(30) == 0

@@ -70,6 +70,9 @@ log = logging.getLogger("ctxd.servers.zmq")
 _ENVELOPE_SLACK = 64 * 1024
 
 
+# how long a clean close waits for queued replies to leave (then drops them)
+REPLY_LINGER_SECONDS = 2.0
+
 class ZmqServer:
     """Serves a `RequestHandler` over ZeroMQ and publishes `EventHub` events.
 
@@ -235,9 +238,12 @@ class ZmqServer:
             # so its runs stay open: the next daemon leases them until it comes back.
             conn.open_runs.clear()
             self._drop_peer(conn, "daemon closing")
-        for sock in (self._router, self._pub):
-            if sock is not None:
-                sock.close(linger=0)
+        # Replies already queued (the one to `shutdown` among them) still go out to a peer
+        # that reads them, for at most REPLY_LINGER_SECONDS; events are best effort.
+        if self._router is not None:
+            self._router.close(linger=int(REPLY_LINGER_SECONDS * 1000))
+        if self._pub is not None:
+            self._pub.close(linger=0)
         if self._zap is not None:
             self._zap.close()
         self._router = self._pub = self._zap = None
