@@ -152,9 +152,22 @@ class Compactor:
             raise CompactionInProgress(
                 "a compaction of this session is running; wait for context/didCompact"
             )
+        # a store shared by several daemons lets one of them compact a session at a time
+        shared_lock = getattr(self.store, "try_compaction_lock", None)
+        if shared_lock is not None and not shared_lock(session_id):
+            if begun:
+                self._progress(session_id, cid, {"kind": "end", "message": "not started"})
+            raise CompactionInProgress(
+                "another daemon is compacting this session; wait for context/didCompact "
+                "and try again"
+            )
         self.running.add(session_id)
         self._idle.setdefault(session_id, asyncio.Event()).clear()
-        under = not self.over_limits(self.contexts.context_state(session_id))
+        try:
+            under = not self.over_limits(self.contexts.context_state(session_id))
+        except BaseException:
+            self._unlock(session_id)
+            raise
         try:
             result = await self._attempt(
                 session_id, force, instructions, trigger, dry_run, cid, begun
@@ -166,8 +179,7 @@ class Compactor:
                 self.auto_failures[session_id] = self.auto_failures.get(session_id, 0) + 1
             raise
         finally:
-            self.running.discard(session_id)
-            self._idle[session_id].set()
+            self._unlock(session_id)
         if not dry_run:
             if result.get("compactionId"):
                 self.auto_failures.pop(session_id, None)
@@ -178,6 +190,13 @@ class Compactor:
                 {"sessionId": session_id, **result, "status": self.contexts.status(session_id)},
             )
         return result
+
+    def _unlock(self, session_id: str) -> None:
+        self.running.discard(session_id)
+        self._idle[session_id].set()
+        release = getattr(self.store, "release_compaction_lock", None)
+        if release is not None:
+            release(session_id)
 
     def _say_under_limits(self, result: dict[str, Any]) -> None:
         """A compaction nobody forced, of a context under its limits: that is the news."""

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from helpers import DaemonProcess, wait_for
+from fake_llm import FakeLLM
+from helpers import DaemonProcess, agent_turn, wait_for
 from pg import PASSWORD, PgCluster
 
-from ctxd.protocol.errors import CtxdError
+from ctxd.protocol.errors import CompactionInProgress, CtxdError
 
 PW_VAR = "CTXD_TEST_PG_PASSWORD"
 
@@ -126,3 +128,79 @@ def test_approval_answered_on_two_daemons_has_one_winner(daemons: list[DaemonPro
         assert len(wins) == 1 and len(outcomes) == 2
         for c in (ca, cb):  # both daemons report the winner's answer
             assert c.list_approvals(sid)["approvals"][0]["status"] == wins[0]["status"]
+
+
+@pytest.fixture
+def slow_llm() -> Iterator[FakeLLM]:
+    with FakeLLM("good", slow_seconds=2.0) as server:
+        yield server
+
+
+def _llm_daemons(tmp_path: Path, pg_cluster: PgCluster, pg_dsn: str,
+                 llm: FakeLLM) -> list[DaemonProcess]:
+    dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
+    config = tmp_path / "ctxd.toml"
+    config.write_text(
+        'store = "postgres"\nsummarizer = "openai"\n'
+        f'[postgres]\ndsn = "{pg_cluster.tcp_dsn(dbname)}"\npassword_env = "{PW_VAR}"\n'
+        f'[openai]\nbase_url = "{llm.base_url}"\nmodel = "fake-model"\ntimeout_seconds = 20\n'
+        "[compaction]\nmax_active_messages = 10000\nkeep_messages = 4\n"
+    )
+    out = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        out.append(DaemonProcess(tmp_path / name, "--config", str(config),
+                                 env={PW_VAR: PASSWORD}).start())
+    return out
+
+
+def test_compaction_race_commits_one_and_a_dead_compactor_is_taken_over(
+    tmp_path: Path, pg_cluster: PgCluster, pg_dsn: str, slow_llm: FakeLLM,
+) -> None:
+    a, b = _llm_daemons(tmp_path, pg_cluster, pg_dsn, slow_llm)
+    try:
+        # JSON-RPC over TCP for A: its client sees A die at once (ZeroMQ would wait)
+        with a.client("jsonrpc", timeout=30) as ca, b.client(timeout=30) as cb:
+            sid = ca.create_session()["sessionId"]
+            for i in range(3):
+                ca.append(sid, agent_turn(i))
+            results: list[object] = []
+
+            def compact(c) -> None:
+                try:
+                    results.append(c.compact(sid, force=True))
+                except (CtxdError, ConnectionError, OSError) as exc:  # A killed: gone
+                    results.append(exc)
+
+            slow_llm.script("slow")  # A's summary takes its time
+            t = threading.Thread(target=compact, args=(ca,))
+            t.start()
+            time.sleep(0.7)  # A is waiting for its summary
+            compact(cb)
+            t.join(30)
+            assert isinstance(results[0], CompactionInProgress)  # B's, refused at once
+            assert "another daemon" in results[0].message
+            assert isinstance(results[1], dict) and results[1]["effective"]
+            log = cb.compactions(sid)["compactions"]
+            assert [e["committed"] for e in log] == [True]
+
+            # A dies in the middle of its next compaction: B takes over at once
+            for i in range(3, 6):
+                cb.append(sid, agent_turn(i))
+            slow_llm.script("slow")
+            t = threading.Thread(target=compact, args=(ca,))
+            t.start()
+            time.sleep(0.7)
+            a.kill()
+            t.join(30)
+            done = cb.compact(sid, force=True)
+            assert done["effective"]
+            log = cb.compactions(sid)["compactions"]
+            assert [e["committed"] for e in log] == [True, True]
+            # nothing acknowledged was lost
+            assert len(cb.read(sid, limit=1000)["messages"]) == sum(
+                len(agent_turn(i)) for i in range(6))
+    finally:
+        for d in (a, b):
+            if d.proc and d.proc.poll() is None:
+                d.stop()

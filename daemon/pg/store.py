@@ -44,6 +44,10 @@ from ctxd.protocol.errors import InvalidParams, SearchTooBroad, StorageError
 # daemons are serialized as SQLite's single writer serializes them, so a context row
 # read inside a write transaction stays true until it commits
 APPEND_LOCK = 0x63747861
+# the class of the session-level advisory locks a compaction holds ("ctxc"): one
+# compactor per session across daemons; a daemon that dies drops its connection and with
+# it the lock, so another daemon's next compaction goes ahead at once
+COMPACTION_LOCK = 0x63747863
 # the channel appends are announced on (ids only; listeners read the rows)
 EVENTS_CHANNEL = "ctxd_events"
 SEARCH_WORKERS = 2
@@ -394,6 +398,20 @@ class PostgresStore:
 
     def transaction(self):  # type: ignore[no-untyped-def]
         return self.conn.transaction(write_lock=True)
+
+    def try_compaction_lock(self, session_id: str) -> bool:
+        """Whether this daemon may compact the session now (no other daemon does)."""
+        return bool(self.conn.execute(
+            "SELECT pg_try_advisory_lock(?, hashtext(?))", (COMPACTION_LOCK, session_id)
+        ).fetchone()[0])
+
+    def release_compaction_lock(self, session_id: str) -> None:
+        try:
+            self.conn.execute(
+                "SELECT pg_advisory_unlock(?, hashtext(?))", (COMPACTION_LOCK, session_id)
+            )
+        except StorageError:
+            pass  # the connection is gone, and the lock with it
 
     def listen(self, on_append: Any) -> None:
         """Call `on_append(session_id, batch_id)` (from a thread of its own) for every
