@@ -20,21 +20,14 @@ from ctxd.clients.cli_commands.output import (
 )
 from ctxd.clients.cli_commands.running import Context
 from ctxd.protocol.connection import daemon_gone
+from ctxd.protocol.methods import NOTIFICATIONS
 
 # how long `watch` waits between checks that the daemon is still there
 WATCH_POLL_SECONDS = 0.5
 WATCH_ALIVE_EVERY = 2.0
 
-EVENTS = (
-    "session/didAppend",
-    "context/didCompact",
-    "context/compactionFailed",
-    "approval/didRequest",
-    "approval/didResolve",
-    "run/didStart",
-    "run/didFinish",
-    "$/progress",
-)
+# the notifications, from the protocol table: never a copy that could lag it
+EVENTS = tuple(NOTIFICATIONS)
 
 
 def event_text(method: str, p: dict[str, Any]) -> str:
