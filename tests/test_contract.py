@@ -243,7 +243,8 @@ def test_real_replies_and_notifications_have_the_declared_types(daemon: DaemonPr
 
 
 def test_both_wires_and_the_clients_share_one_envelope() -> None:
-    from ctxd.clients import _zmq, client, commands, stdio_proxy
+    from ctxd.clients import _zmq, client, stdio_proxy
+    from ctxd.clients.cli_commands import watch
     from ctxd.daemon.servers import rpc_core, zmq_server
     from ctxd.protocol import codec, connection, envelope
 
@@ -252,9 +253,10 @@ def test_both_wires_and_the_clients_share_one_envelope() -> None:
     assert rpc_core.internal is envelope.internal
     assert zmq_server.session_topic is _zmq.session_topic is envelope.session_topic
     assert zmq_server.PROBE_PREFIX is _zmq.PROBE_PREFIX
-    for module in (client, commands, stdio_proxy):
+    for module in (client, watch, stdio_proxy):
         assert module.daemon_gone is connection.daemon_gone
     assert envelope.session_topic("s1") == b"session/s1"
+    assert set(watch.EVENTS) == set(NOTIFICATIONS)
 
 
 @pytest.mark.parametrize(
