@@ -689,22 +689,56 @@ class Engine:
 
     def compaction_history(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
         """The attempts, newest first, each with the archive's size when it ran."""
+        rows, missing, times, checkpoint = self._history_todo(session_id, limit)
+        if missing:
+            self._sizes_counted(session_id, missing, times,
+                                self.archive.sizes_at(session_id, times, checkpoint))
+        return self._with_sizes(session_id, rows)
+
+    async def compaction_history_async(
+        self, session_id: str, limit: int = 50
+    ) -> list[dict[str, Any]]:
+        """`compaction_history` with the archive's sizes counted beside the event loop:
+        the first call on a session scans its whole archive (200 ms at 100,000 messages)."""
+        rows, missing, times, checkpoint = self._history_todo(session_id, limit)
+        if missing:
+            counted = await self.store.read_async(
+                lambda archive: archive.sizes_at(session_id, times, checkpoint))
+            self._sizes_counted(session_id, missing, times, counted)
+        return self._with_sizes(session_id, rows)
+
+    def _history_todo(self, session_id: str, limit: int) -> tuple[
+        list[dict[str, Any]], list[dict[str, Any]], list[float], tuple[int, int, int]
+    ]:
+        """The attempts, those whose archive size is not known yet, their times, and the
+        checkpoint to count them from."""
         self.require_session(session_id)
         rows = self.compactor.history(session_id, limit)
         # the archive before a compaction never changes: each size is counted once, and
         # later compactions continue the count from the newest one (a checkpoint)
-        known = self._archive_sizes.setdefault(session_id, {})
+        known = self._archive_sizes.get(session_id, {})
         missing = [r for r in rows if r["compactionId"] not in known]
-        if missing:
-            times = [r["startedAt"] for r in missing]
-            at, checkpoint = self._size_checkpoints.get(session_id, (0.0, (0, 0, 0)))
-            if min(times) < at:
-                checkpoint = (0, 0, 0)  # older than the checkpoint: count from the start
-            sizes, end = self.archive.sizes_at(session_id, times, checkpoint)
-            for row, size in zip(missing, sizes, strict=True):
-                known[row["compactionId"]] = size
-            if max(times) >= at:
-                self._size_checkpoints[session_id] = (max(times), end)
+        times = [r["startedAt"] for r in missing]
+        at, checkpoint = self._size_checkpoints.get(session_id, (0.0, (0, 0, 0)))
+        if times and min(times) < at:
+            checkpoint = (0, 0, 0)  # older than the checkpoint: count from the start
+        return rows, missing, times, checkpoint
+
+    def _sizes_counted(
+        self, session_id: str, missing: list[dict[str, Any]], times: list[float],
+        counted: tuple[list[tuple[int, int]], tuple[int, int, int]],
+    ) -> None:
+        sizes, end = counted
+        known = self._archive_sizes.setdefault(session_id, {})
+        for row, size in zip(missing, sizes, strict=True):
+            known[row["compactionId"]] = size
+        # (another call may have moved the checkpoint meanwhile: keep the later one)
+        at, _ = self._size_checkpoints.get(session_id, (0.0, (0, 0, 0)))
+        if max(times) >= at:
+            self._size_checkpoints[session_id] = (max(times), end)
+
+    def _with_sizes(self, session_id: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        known = self._archive_sizes[session_id] if rows else {}
         for row in rows:
             row["archiveMessages"], row["archiveTokens"] = known[row["compactionId"]]
         return rows

@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import apsw
 
 from ctxd.daemon.archive import ArchiveStore
+
+T = TypeVar("T")
 
 # two searches at once; more wait their turn (each is bounded by the budget)
 SEARCH_WORKERS = 2
@@ -47,10 +50,16 @@ class Searcher:
         return self._store().search(query, budget_seconds=self.budget_seconds, **kw)
 
     async def search(self, query: str, **kw: Any) -> tuple[list[dict[str, Any]], str]:
+        return await self._run(functools.partial(self._search, query, kw))
+
+    async def read(self, fn: Callable[[ArchiveStore], T]) -> T:
+        """`fn(archive)` on a reader connection beside the event loop (a long scan)."""
+        return await self._run(lambda: fn(self._store()))
+
+    async def _run(self, fn: Callable[[], T]) -> T:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(SEARCH_WORKERS, thread_name_prefix="ctxd-search")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(self._search, query, kw))
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
     def close(self) -> None:
         if self._pool is not None:

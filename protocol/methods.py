@@ -714,7 +714,7 @@ _METHOD_LIST: tuple[Method, ...] = (
         "The session's compaction attempts, effective or not: what each one saved.",
         (_E.SESSION_NOT_FOUND,),
         True,
-        handler="engine.compaction_history",
+        handler="engine.compaction_history_async",
         client="compactions",
         wrap="compactions",
     ),

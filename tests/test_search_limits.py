@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from helpers import DaemonProcess, tool_turn
 
+from ctxd.daemon.compaction_log import CompactionEntry
 from ctxd.daemon.config import Config
 from ctxd.daemon.engine import Engine
 from ctxd.protocol.errors import CtxdError, ErrorCode
@@ -221,5 +222,54 @@ def test_a_huge_message_full_of_hits_is_searched_or_stopped_not_ground_through(
             assert "messages" in got
             # the daemon goes on serving
             assert c.call("context/status", {"sessionId": sid})["sessionId"] == sid
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_other_clients_are_served_while_archive_sizes_are_counted(
+        big_archive: tuple[Path, str]) -> None:
+    # The first context/compactions call on a session counts the archive's size at each
+    # compaction: a scan of every message, once done on the event loop, which held every
+    # other request meanwhile.
+    root, sid = big_archive
+    engine = Engine(Config(data_dir=root / "data"))
+    with engine.store.transaction():
+        for i in range(3):
+            engine.store.compactions.record(CompactionEntry(
+                f"cmp_sizes{i}", sid, "manual", time.time() + i, 5.0, 100, 900, 10, 90,
+                True, True, 1, 90, "builtin", None, None))
+    engine.close()
+    daemon = daemon_on(root, "sizes")
+    try:
+        counter = daemon.client("jsonrpc", timeout=120)
+        other = daemon.client("websocket", timeout=120)
+        done = threading.Event()
+        result: dict[str, Any] = {}
+
+        def count() -> None:
+            try:
+                result["reply"] = counter.call("context/compactions", {"sessionId": sid})
+            except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+                result["error"] = exc
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=count)
+        thread.start()
+        answered_meanwhile = 0
+        while not done.is_set():
+            other.call("context/status", {"sessionId": sid})
+            if not done.is_set():
+                answered_meanwhile += 1
+        thread.join()
+        assert "error" not in result, result.get("error")
+        rows = [r for r in result["reply"]["compactions"]
+                if r["compactionId"].startswith("cmp_sizes")]
+        assert len(rows) == 3
+        assert {r["archiveMessages"] for r in rows} == {MESSAGES + 1}
+        # on the event loop the count held every request until it finished
+        assert answered_meanwhile >= 3, answered_meanwhile
+        counter.close()
+        other.close()
     finally:
         assert daemon.stop() == 0

@@ -24,10 +24,10 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pgerr
@@ -51,6 +51,7 @@ COMPACTION_LOCK = 0x63747863
 # the channel appends are announced on (ids only; listeners read the rows)
 EVENTS_CHANNEL = "ctxd_events"
 SEARCH_WORKERS = 2
+T = TypeVar("T")
 
 
 def _storage(exc: Exception) -> StorageError:
@@ -452,10 +453,15 @@ class PostgresStore:
         return self._reader().search(query, budget_seconds=self.search_budget_seconds, **kw)
 
     async def search_async(self, query: str, **kw: Any) -> tuple[list[dict[str, Any]], str]:
+        return await self._run(functools.partial(self._search, query, kw))
+
+    async def read_async(self, fn: Callable[[ArchiveStore], T]) -> T:
+        return await self._run(lambda: fn(self._reader()))
+
+    async def _run(self, fn: Callable[[], T]) -> T:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(SEARCH_WORKERS, thread_name_prefix="ctxd-pg-search")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(self._search, query, kw))
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
     def close(self) -> None:
         self._stop.set()

@@ -23,7 +23,8 @@ Contract every implementation keeps (the engine relies on each point):
   `ctxd.protocol.errors.StorageError` and leaves nothing written. Reads may run inside or
   outside a transaction; inside, they see the transaction's own writes.
 - **One thread.** A store is used from one thread (the daemon's event loop), except
-  `search_async`, which runs searches beside it (its own connections, read-only).
+  `search_async` and `read_async`, which run beside it (their own connections,
+  read-only).
 - **Append-only archive.** Archived rows are never updated or deleted. Message ids are
   integers, increasing in append order across the whole store; a batch's ids are
   consecutive (`ArchiveStore.append` returns them). `clientBatchId` is unique per session.
@@ -44,9 +45,9 @@ only stores and finds.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ctxd.daemon.compaction_log import CompactionEntry, CompactionRecord
 from ctxd.daemon.context_store import ContextState
@@ -55,6 +56,8 @@ Message = dict[str, Any]
 # (normalized chat message, its JSON body as stored, its token count)
 MessageRow = tuple[dict[str, Any], str, int]
 
+
+T = TypeVar("T")
 
 class ArchiveStore(Protocol):
     # sessions
@@ -247,5 +250,9 @@ class Store(Protocol):
         self, query: str, **kw: Any
     ) -> tuple[list[dict[str, Any]], str]:
         """`archive.search` beside the event loop, within the search time budget."""
+
+    async def read_async(self, fn: Callable[[ArchiveStore], T]) -> T:
+        """`fn(archive)` beside the event loop, on a read-only connection of its own
+        (committed data only): for scans too long to run on the loop."""
 
     def close(self) -> None: ...

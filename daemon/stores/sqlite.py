@@ -8,9 +8,10 @@ beside the event loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import apsw
 
@@ -20,6 +21,8 @@ from ctxd.daemon.context_store import ContextStore, PinStore
 from ctxd.daemon.runs import RunStore
 from ctxd.daemon.schema import open_database, transaction
 from ctxd.daemon.search import Searcher
+
+T = TypeVar("T")
 
 
 class SqliteStore:
@@ -40,6 +43,9 @@ class SqliteStore:
 
     async def search_async(self, query: str, **kw: Any) -> tuple[list[dict[str, Any]], str]:
         return await self.searcher.search(query, **kw)
+
+    async def read_async(self, fn: Callable[[ArchiveStore], T]) -> T:
+        return await self.searcher.read(fn)
 
     def close(self) -> None:
         self.searcher.close()
