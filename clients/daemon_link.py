@@ -15,7 +15,8 @@ from typing import Any
 
 from ctxd.clients.client import Client, DaemonNotRunning, Wire, find_daemon
 
-START_TIMEOUT = 15.0
+# polled: a daemon that comes up sooner is used at once; a loaded machine can take a while
+START_TIMEOUT = 60.0
 _POLL = 0.05
 
 

@@ -61,7 +61,7 @@ class DaemonProcess:
         return [sys.executable, "-m", "ctxd.daemon", "serve", "--data-dir", str(self.data_dir),
                 "--connection-file", str(self.connection_file), *self.extra]
 
-    def start(self, timeout: float = 20.0) -> DaemonProcess:
+    def start(self, timeout: float = 60.0) -> DaemonProcess:
         self.connection_file.unlink(missing_ok=True)
         # the daemon's output goes to a file: an unread pipe would fill and block it
         self.log_path = self.root / f"daemon-{time.monotonic_ns()}.log"
@@ -86,7 +86,7 @@ class DaemonProcess:
 
         return connect(connection_file=self.connection_file, wire=wire, **kw)  # type: ignore[arg-type]
 
-    def stop(self, timeout: float = 15.0) -> int:
+    def stop(self, timeout: float = 60.0) -> int:
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

@@ -16,6 +16,9 @@ from helpers import DaemonProcess, agent_turn
 from lsp_harness import lsp_command
 
 SCRIPT = Path(__file__).with_name("eglot_lsp.el")
+# a deadline for each wait, polled for its condition: generous, since a loaded 2-core
+# machine can take tens of seconds to start Emacs, eglot and `ctxd lsp`
+PATIENCE = 300
 
 
 def test_emacs_eglot_symbols_approval_progress_documents(tmp_path: Path) -> None:
@@ -40,7 +43,7 @@ def test_emacs_eglot_symbols_approval_progress_documents(tmp_path: Path) -> None
             proc = subprocess.Popen([emacs, "--batch", "--no-init-file", "-l", str(SCRIPT)],
                                     env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT)
-            deadline = time.monotonic() + 40
+            deadline = time.monotonic() + PATIENCE
             while not ready.exists():
                 assert proc.poll() is None, (proc.stdout.read().decode(errors="replace"),
                                              out.exists() and out.read_text())
@@ -52,7 +55,7 @@ def test_emacs_eglot_symbols_approval_progress_documents(tmp_path: Path) -> None
                  "function": {"name": "rm_rf", "arguments": '{"path": "build"}'}}]}],
                 run_id=run)
             aid = agent.request_approval(sid, run, "e1", "rm_rf", {"path": "build"})["approvalId"]
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + PATIENCE
             while (approval := agent.list_approvals(sid)["approvals"][0])["status"] == "pending":
                 assert time.monotonic() < deadline, "Emacs never answered the approval"
                 time.sleep(0.05)
@@ -62,10 +65,10 @@ def test_emacs_eglot_symbols_approval_progress_documents(tmp_path: Path) -> None
             agent.finish_run(run, "completed")
             cli = subprocess.run([sys.executable, "-m", "ctxd.clients.cli", "compact", sid,
                                   "--force", "--connection-file", str(daemon.connection_file)],
-                                 env=daemon.env, capture_output=True, timeout=60)
+                                 env=daemon.env, capture_output=True, timeout=PATIENCE)
             assert cli.returncode == 0, cli.stderr
             compacted.write_text("done")
-            log = proc.communicate(timeout=60)[0].decode(errors="replace")
+            log = proc.communicate(timeout=PATIENCE)[0].decode(errors="replace")
             assert proc.returncode == 0, log
             result = json.loads(out.read_text())
     finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -397,7 +398,7 @@ def test_compaction_progress_shows_in_every_tab(tmp_path: Path, browser: Browser
                     expect(tab.locator("#compact-button")).to_be_disabled()
                     expect(tab.locator("#compact-reason")).to_have_text(
                         "A compaction is running.")
-                expect(tab1.locator("#compact-result")).to_have_class("ok", timeout=30_000)
+                expect(tab1.locator("#compact-result")).to_have_class("ok", timeout=2 * WAIT_MS)
                 assert "Effective" in tab1.inner_text("#compact-result")
                 for tab in (tab1, tab2):
                     expect(tab.locator("#compact-progress")).to_be_hidden()
@@ -411,7 +412,7 @@ def test_compaction_progress_shows_in_every_tab(tmp_path: Path, browser: Browser
                 tab1.goto(tab1.url.replace(sid, tiny))
                 tab1.wait_for_selector("body[data-ready=true]")
                 tab1.click("#compact-button")
-                expect(tab1.locator("#compact-result")).to_have_class("no", timeout=30_000)
+                expect(tab1.locator("#compact-result")).to_have_class("no", timeout=2 * WAIT_MS)
                 result = tab1.inner_text("#compact-result")
                 assert "Not effective" in result and "latest user message" in result
         finally:
@@ -429,7 +430,8 @@ def test_reading_back_keeps_a_bounded_window(daemon: DaemonProcess, client: Any,
     errors = watch_errors(page)
     start = client.call("archive/read", {"sessionId": sid, "limit": 1})["messages"][0]["id"]
     first = f"#transcript .msg[data-id='{start}']"
-    for _ in range(40):  # each scroll to the top pages 100 older messages in
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while time.monotonic() < deadline:  # each scroll to the top pages 100 older messages in
         if page.locator(first).count():
             break
         page.evaluate("() => { document.querySelector('#transcript-scroller').scrollTop = 0; }")

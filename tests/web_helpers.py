@@ -16,7 +16,9 @@ from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_play
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
-WAIT_MS = 10_000
+# Playwright polls for each expected state until this deadline, so a generous one costs
+# nothing when the page is quick and keeps a loaded 2-core machine from failing the test
+WAIT_MS = 60_000
 expect.set_options(timeout=WAIT_MS)
 
 @pytest.fixture(scope="module")
@@ -51,7 +53,7 @@ def ui_url(daemon: DaemonProcess, session: str | None = None) -> str:
     """What `ctxd ui --no-browser` prints."""
     cmd = [sys.executable, "-m", "ctxd.clients.cli", "ui", "--no-browser",
            "--connection-file", str(daemon.connection_file)] + ([session] if session else [])
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=daemon.env)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=daemon.env)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 

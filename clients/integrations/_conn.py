@@ -32,7 +32,8 @@ from ctxd.clients.client import (
 from ctxd.protocol.connection import connection_file_for, default_data_dir
 from ctxd.protocol.errors import Conflict
 
-START_TIMEOUT = 15.0
+# polled: a daemon that comes up sooner is used at once; a loaded machine can take a while
+START_TIMEOUT = 60.0
 
 _lock = threading.Lock()
 _lock_start = threading.Lock()
