@@ -132,9 +132,12 @@ class Daemon:
         if engine.shared:
             # other daemons' appends reach this one's subscribers; open runs may be
             # other, live daemons' runs, so none is leased here
-            from ctxd.daemon.pg.events import start_relay
+            from ctxd.daemon.pg.events import start_relay, watch_orphaned_runs
 
             start_relay(engine, asyncio.get_running_loop())
+            self.orphan_watch = asyncio.create_task(watch_orphaned_runs(
+                engine, dispatcher.lease_stale_runs, max(0.5, cfg.run_lease_seconds / 3)
+            ))
         else:
             # runs a dead daemon left open: their clients get one lease to come back
             dispatcher.lease_stale_runs(engine.runs.open_run_ids())
@@ -213,6 +216,9 @@ class Daemon:
                         await server.close()
                 await dispatcher.scheduler.drain(SHUTDOWN_GRACE_SECONDS)
             finally:
+                watch = getattr(self, "orphan_watch", None)
+                if watch is not None:
+                    watch.cancel()
                 engine.close()
                 conn_lock.release()
                 lock.release()

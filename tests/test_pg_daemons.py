@@ -204,3 +204,39 @@ def test_compaction_race_commits_one_and_a_dead_compactor_is_taken_over(
         for d in (a, b):
             if d.proc and d.proc.poll() is None:
                 d.stop()
+
+
+def test_run_of_a_dead_daemon_is_interrupted_after_a_lease(
+    tmp_path: Path, pg_cluster: PgCluster, pg_dsn: str,
+) -> None:
+    dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
+    env = {"CTXD_STORE": "postgres", "CTXD_POSTGRES_DSN": pg_cluster.tcp_dsn(dbname),
+           "CTXD_POSTGRES_PASSWORD_ENV": PW_VAR, PW_VAR: PASSWORD,
+           "CTXD_RUN_LEASE_SECONDS": "1"}
+    procs = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        procs.append(DaemonProcess(tmp_path / name, env=env).start())
+    a, b = procs
+    try:
+        with b.client() as cb:
+            live = cb.create_session()["sessionId"]
+            doomed = cb.create_session()["sessionId"]
+            with a.client("jsonrpc") as ca:
+                ca.start_run(live)
+                run = ca.start_run(doomed)
+                time.sleep(3)  # three leases: B leaves the runs of a live daemon alone
+                assert cb.context_status(live)["activeRunId"] is not None
+                assert cb.context_status(doomed)["activeRunId"] == run["runId"]
+                a.kill()
+            deadline = time.monotonic() + 15
+            while cb.context_status(doomed)["activeRunId"] is not None:
+                assert time.monotonic() < deadline, "the dead daemon's run stayed open"
+                time.sleep(0.2)
+            # the session is free again: a new run opens through B
+            again = cb.start_run(doomed)["runId"]
+            assert cb.context_status(doomed)["activeRunId"] == again != run["runId"]
+    finally:
+        for d in procs:
+            if d.proc and d.proc.poll() is None:
+                d.stop()

@@ -7,6 +7,7 @@ database, so a client sees the same `session/didAppend` whichever daemon took th
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -40,3 +41,19 @@ def start_relay(engine: Any, loop: Any) -> None:
     engine.store.listen(
         lambda sid, bid: loop.call_soon_threadsafe(relay_append, engine, sid, bid)
     )
+
+
+async def watch_orphaned_runs(engine: Any, lease_runs: Any, interval: float) -> None:
+    """Every `interval` seconds, adopt the open runs of daemons that are gone and hand
+    them to `lease_runs` (their clients get one lease to come back, then they are marked
+    interrupted), so no dead daemon's run keeps a session locked."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            orphans = engine.store.runs.adopt_orphans()
+        except Exception:  # the server is away: look again next time
+            log.debug("could not look for orphaned runs", exc_info=True)
+            continue
+        if orphans:
+            log.info("runs left open by a daemon that is gone, leased: %s", sorted(orphans))
+            lease_runs(orphans)

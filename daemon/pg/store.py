@@ -48,6 +48,9 @@ APPEND_LOCK = 0x63747861
 # compactor per session across daemons; a daemon that dies drops its connection and with
 # it the lock, so another daemon's next compaction goes ahead at once
 COMPACTION_LOCK = 0x63747863
+# the class of the session-level advisory locks a daemon holds on each open run it
+# serves ("ctxr"): a run whose lock is free was opened through a daemon that is gone
+RUN_LOCK = 0x63747872
 # the channel appends are announced on (ids only; listeners read the rows)
 EVENTS_CHANNEL = "ctxd_events"
 SEARCH_WORKERS = 2
@@ -89,6 +92,8 @@ class PgConnection:
         self._conn: psycopg.Connection | None = None
         self._sql: dict[str, str] = {}
         self._depth = 0
+        # called with each new connection (after a server restart, say)
+        self.on_connect: list[Any] = []
 
     def raw(self) -> psycopg.Connection:
         c = self._conn
@@ -102,6 +107,8 @@ class PgConnection:
             except psycopg.Error as exc:
                 raise _storage(exc) from None
             self._conn = c
+            for hook in self.on_connect:
+                hook(c)
         return c
 
     def _convert(self, sql: str) -> str:
@@ -335,6 +342,52 @@ class PgArchive(ArchiveStore):
         ]
 
 
+class PgRuns(RunStore):
+    """Runs, each open one held by a session-level advisory lock of the daemon serving it
+    (released when the run finishes, or by PostgreSQL when that daemon's connection
+    ends)."""
+
+    conn: PgConnection  # type: ignore[assignment]
+
+    def __init__(self, conn: PgConnection) -> None:
+        super().__init__(conn)  # type: ignore[arg-type]
+        self.owned: set[str] = set()
+        conn.on_connect.append(self._relock)
+
+    def _relock(self, raw: psycopg.Connection) -> None:
+        # a new connection holds none of the old one's locks: take back those still free
+        for rid in list(self.owned):
+            got = raw.execute(
+                "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (RUN_LOCK, rid)
+            ).fetchone()
+            if not got or not got[0]:
+                self.owned.discard(rid)  # another daemon adopted it meanwhile
+
+    def _lock(self, run_id: str) -> bool:
+        got = self.conn.execute(
+            "SELECT pg_try_advisory_lock(?, hashtext(?))", (RUN_LOCK, run_id)
+        ).fetchone()[0]
+        if got:
+            self.owned.add(run_id)
+        return bool(got)
+
+    def start(self, run_id: str, session_id: str) -> dict[str, Any]:
+        run = super().start(run_id, session_id)
+        self._lock(run_id)
+        return run
+
+    def finish(self, run_id: str, status: str) -> dict[str, Any]:
+        run = super().finish(run_id, status)
+        if run_id in self.owned:
+            self.owned.discard(run_id)
+            self.conn.execute("SELECT pg_advisory_unlock(?, hashtext(?))", (RUN_LOCK, run_id))
+        return run
+
+    def adopt_orphans(self) -> set[str]:
+        """Open runs no live daemon holds, now held by this one (to lease them out)."""
+        return {rid for rid in self.open_run_ids() - self.owned if self._lock(rid)}
+
+
 _CONTEXT_COLUMNS = (
     "session_id, version, system_ids, tail_start_id, summary, summary_tokens, "
     "active_messages, active_tokens, compaction_count, last_compacted_at, base_id, "
@@ -389,7 +442,7 @@ class PostgresStore:
         self.archive.origin = self.origin
         self.contexts = PgContexts(self.conn)  # type: ignore[arg-type]
         self.pins = PinStore(self.conn)  # type: ignore[arg-type]
-        self.runs = RunStore(self.conn)  # type: ignore[arg-type]
+        self.runs = PgRuns(self.conn)
         self.compactions = CompactionLog(self.conn)  # type: ignore[arg-type]
         self._pool: ThreadPoolExecutor | None = None
         self._readers: list[PgConnection] = []
