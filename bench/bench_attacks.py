@@ -1,7 +1,7 @@
 """Denial of service without the token, measured against a real daemon on loopback.
 
-    python bench/bench_attacks.py          # prints the table, writes bench/results/attacks.md
-    python bench/bench_attacks.py --only squatters log_flood    # some rows, printed only
+    python -m bench.bench_attacks          # prints the table, writes bench/results/attacks.md
+    python -m bench.bench_attacks --only squatters log_flood    # some rows, printed only
 
 A local process that does not have the token floods the daemon's descriptors with
 half-finished WebSocket handshakes, sends a 38 MB batch before logging in, squats on
@@ -30,12 +30,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ctxd.protocol.codec import FrameReader, frame
+from tests.helpers import DaemonProcess
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from helpers import DaemonProcess  # noqa: E402
-
-from ctxd.protocol.codec import FrameReader, frame  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "attacks.md"
 Row = tuple[str, str, str]
@@ -434,7 +432,7 @@ def main() -> int:
             root.mkdir()
             rows.append(check(root))
             print(f"{rows[-1][0]}: {rows[-1][2]}", flush=True)
-    stamp = (f"Measured {datetime.date.today()} by `python bench/bench_attacks.py` on "
+    stamp = (f"Measured {datetime.date.today()} by `python -m bench.bench_attacks` on "
              f"{os.cpu_count()} cores, Python {platform.python_version()}.")
     table = ["| Attack | What was tried | After the fix |", "|---|---|---|"]
     table += [f"| {a} | {b} | {c} |" for a, b, c in rows]

@@ -1,8 +1,8 @@
 """Import speed and memory: `ctxd import` over a generated ~100 MB transcript folder.
 
-    python bench/bench_import.py                 # 100 MB of Claude Code, 100 MB of Codex
-    python bench/bench_import.py --size-mb 20    # quicker
-    python bench/bench_import.py --tmp /some/dir --out /tmp/import.md
+    python -m bench.bench_import                 # 100 MB of Claude Code, 100 MB of Codex
+    python -m bench.bench_import --size-mb 20    # quicker
+    python -m bench.bench_import --tmp /some/dir --out /tmp/import.md
 
 For each format it writes a folder of transcripts (2 MB files, the published line
 formats, tool calls with results, English and Chinese; tests/transcript_gen.py), starts a
@@ -34,10 +34,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from tests.transcript_gen import claude_code_lines, codex_lines
 
-from transcript_gen import claude_code_lines, codex_lines  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 FILE_BYTES = 2 * 1024 * 1024
 TICK = 0.2
@@ -244,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     head = [
         "# Import benchmark",
         "",
-        f"`python bench/bench_import.py --size-mb {args.size_mb}`, {started}. "
+        f"`python -m bench.bench_import --size-mb {args.size_mb}`, {started}. "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}, load average {load0[0]:.2f} at the start and "
         f"{os.getloadavg()[0]:.2f} at the end (the machine is shared: wall times include "
