@@ -114,3 +114,22 @@ def test_server_restart_gives_typed_errors_then_recovers(tmp_path: Path) -> None
         store.close()
     finally:
         cluster.stop()
+
+
+def test_daemon_survives_a_postgres_restart(tmp_path: Path) -> None:
+    cluster = PgCluster().start()
+    d = DaemonProcess(_dir(tmp_path / "d"), env=pg_env(cluster.tcp_dsn())).start()
+    try:
+        with d.client("jsonrpc") as c:
+            sid = c.create_session()["sessionId"]
+            c.append(sid, [{"role": "user", "content": "before"}])
+            cluster.halt()
+            with pytest.raises(StorageError):
+                c.append(sid, [{"role": "user", "content": "while down"}])
+            cluster.launch()
+            # the same daemon, the same client connection: served again
+            c.append(sid, [{"role": "user", "content": "after"}])
+            assert [m["content"] for m in c.read(sid)["messages"]] == ["before", "after"]
+    finally:
+        d.stop()
+        cluster.stop()
