@@ -204,3 +204,15 @@ def test_snippet_marks_matches() -> None:
     assert "**压缩**" in s
     assert s.startswith("…")
     assert "\u200b" not in s
+
+
+def test_snippet_of_a_huge_message_comes_from_the_window_of_its_first_match() -> None:
+    # the whole 3 MB text was tokenized for each hit's snippet: a second per hit
+    text = "\n".join(f"line {i}: error timeout while reading block {i}" for i in range(60_000))
+    s = tsearch.snippet(text, tsearch.query_lexemes(tsearch.plain_query("timeout")))
+    assert s.startswith("line 0: error **timeout**") and s.endswith("…") and len(s) < 1000
+    late = "x " * 40_000 + "needle at the end"
+    s = tsearch.snippet(late, tsearch.query_lexemes(tsearch.plain_query("needle")))
+    assert s.startswith("…") and s.endswith("**needle** at the end")
+    s = tsearch.snippet(late, tsearch.query_lexemes(tsearch.plain_query("absent")))
+    assert s.startswith("x x") and s.endswith("…") and len(s) < 1000

@@ -21,6 +21,7 @@ import re
 import unicodedata
 
 from ctxd.daemon import fts
+from ctxd.daemon.snippets import windows
 from ctxd.protocol.errors import InvalidParams
 
 _TOKEN = re.compile(r"[^\W_]+")
@@ -168,17 +169,40 @@ def advanced_query(text: str) -> str:
 
 def snippet(text: str, query_lexemes: set[str], width: int = 24) -> str:
     """About `width` tokens of the text around the first matched token, matches in
-    **bold**, cut ends marked with `…` (what FTS5's snippet() gives on SQLite)."""
-    spans = [(m.start(), m.end()) for m in _TOKEN.finditer(fts.index_text(text))]
-    if not spans:
+    **bold**, cut ends marked with `…` (what FTS5's snippet() gives on SQLite).
+
+    Only the window of the text (daemon/snippets.py's windows) holding the first match is
+    tokenized: a 3 MB tool output costs what its first 16,000 characters do."""
+    first = None
+    for start, end in windows(text):
+        window = fts.index_text(text[start:end])
+        cuts = (start > 0, end < len(text))
+        out = _window_snippet(window, cuts, query_lexemes, width, need_hit=True)
+        if out is not None:
+            return out
+        if first is None:
+            first = (window, cuts)
+    if first is None:
         return text[:200]
-    indexed = fts.index_text(text)
+    return _window_snippet(*first, query_lexemes, width, need_hit=False) or text[:200]
+
+
+def _window_snippet(
+    indexed: str, cuts: tuple[bool, bool], query_lexemes: set[str], width: int, need_hit: bool
+) -> str | None:
+    """The snippet of one window of the text (as indexed); `cuts`: whether text was cut
+    off before and after it. None when it has no token, or no hit and `need_hit`."""
+    spans = [(m.start(), m.end()) for m in _TOKEN.finditer(indexed)]
+    if not spans:
+        return None
     hits = [
         i for i, (a, b) in enumerate(spans)
         if normalize(indexed[a:b]) in query_lexemes
         or any(normalize(indexed[a:b]).startswith(q[:-2]) for q in query_lexemes
                if q.endswith(":*"))
     ]
+    if need_hit and not hits:
+        return None
     first = hits[0] if hits else 0
     start = max(0, min(first - width // 4, len(spans) - width))
     end = min(len(spans), start + width)
@@ -193,7 +217,9 @@ def snippet(text: str, query_lexemes: set[str], width: int = 24) -> str:
     body = "".join(parts)
     if end == len(spans):
         body += indexed[cursor:]
-    out = ("…" if start > 0 else "") + body + ("…" if end < len(spans) else "")
+    cut_before = start > 0 or cuts[0]
+    cut_after = end < len(spans) or cuts[1]
+    out = ("…" if cut_before else "") + body + ("…" if cut_after else "")
     # adjacent marked CJK characters are one highlighted word, as FTS5 marks a phrase
     return fts.clean_snippet(out.replace(f"**{fts.SEP}**", ""))
 
