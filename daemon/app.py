@@ -9,7 +9,6 @@ abandon it: it commits atomically or not at all), close the database, drop the l
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
 import os
 import secrets
@@ -26,11 +25,11 @@ from ctxd.daemon.dispatch import Dispatcher
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.logsetup import configure_logging
 from ctxd.daemon.ownership import (
-    ConnectionFileLock,
+    PidLock,
     Refused,
     check_data_dir,
+    connection_file_lock,
     ipc_endpoints,
-    open_private_file,
     prepare_connection_dir,
     refuse_live_socket,
 )
@@ -56,32 +55,14 @@ class AlreadyRunning(RuntimeError):
     pass
 
 
-class DataDirLock:
+def data_dir_lock(data_dir: Path) -> PidLock:
     """An flock on `<data dir>/daemon.lock` holding the owner's pid."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.path = data_dir / "daemon.lock"
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        fd = open_private_file(self.path, "lock file")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise AlreadyRunning(
-                f"another ctxd daemon (pid {owner}) serves {self.path.parent}; "
-                "use it, or stop it first"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+    return PidLock(
+        data_dir / "daemon.lock",
+        lambda owner: AlreadyRunning(
+            f"another ctxd daemon (pid {owner}) serves {data_dir}; use it, or stop it first"
+        ),
+    )
 
 
 class Daemon:
@@ -110,7 +91,7 @@ class Daemon:
     async def run(self) -> int:
         cfg = self.config
         lock, engine = open_data_dir(cfg)
-        conn_lock = ConnectionFileLock(self.connection_file)
+        conn_lock = connection_file_lock(self.connection_file)
         try:
             prepare_connection_dir(self.connection_file)
             conn_lock.acquire()
@@ -225,7 +206,7 @@ class Daemon:
         return 0
 
 
-def _open_postgres(cfg: Config, lock: DataDirLock) -> Engine:
+def _open_postgres(cfg: Config, lock: PidLock) -> Engine:
     """The engine on the PostgreSQL store (the data dir still holds this daemon's own
     connection file and log); a server that cannot be reached is a StartupError."""
     import psycopg
@@ -243,7 +224,7 @@ def _open_postgres(cfg: Config, lock: DataDirLock) -> Engine:
         raise StartupError(f"postgres.dsn: cannot prepare the database ({exc})") from None
 
 
-def open_data_dir(cfg: Config) -> tuple[DataDirLock, Engine]:
+def open_data_dir(cfg: Config) -> tuple[PidLock, Engine]:
     """Take the data dir's lock and open the engine; what stops either (a path that is
     not a directory, no permission, a full disk, a database that is not ctxd's) becomes
     one `StartupError` line naming the path."""
@@ -253,7 +234,7 @@ def open_data_dir(cfg: Config) -> tuple[DataDirLock, Engine]:
             raise NotADirectoryError(20, "it is a file, not a directory")
         # refuses a data dir, database or lock file another user owns or may write to
         check_data_dir(cfg.data_dir)
-        lock = DataDirLock(cfg.data_dir)
+        lock = data_dir_lock(cfg.data_dir)
         where = lock.path
         lock.acquire()
     except OSError as exc:

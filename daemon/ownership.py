@@ -14,6 +14,7 @@ import hashlib
 import os
 import socket
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from ctxd.daemon.config import StartupError
@@ -73,16 +74,15 @@ def prepare_connection_dir(connection_file: Path) -> None:
         raise Refused(f"{exc}; give --connection-file a path in a private directory") from None
 
 
-class ConnectionFileLock:
-    """An flock on `<connection file>.lock`: one daemon per connection file.
+class PidLock:
+    """An flock on a private file that holds the owner's pid: one daemon per thing locked.
 
-    Two daemons (for different data dirs) given the same connection file would otherwise
-    overwrite each other's file, and clients of the first would reach the second.
+    `busy` turns the pid of the daemon holding the lock into the error to raise.
     """
 
-    def __init__(self, connection_file: Path) -> None:
-        self.connection_file = connection_file
-        self.path = connection_file.with_name(connection_file.name + ".lock")
+    def __init__(self, path: Path, busy: Callable[[str], Exception]) -> None:
+        self.path = path
+        self._busy = busy
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -92,10 +92,7 @@ class ConnectionFileLock:
         except BlockingIOError:
             owner = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise Refused(
-                f"another ctxd daemon (pid {owner}) uses the connection file "
-                f"{self.connection_file}; give this one another --connection-file"
-            ) from None
+            raise self._busy(owner) from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
@@ -104,6 +101,21 @@ class ConnectionFileLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def connection_file_lock(connection_file: Path) -> PidLock:
+    """An flock on `<connection file>.lock`: one daemon per connection file.
+
+    Two daemons (for different data dirs) given the same connection file would otherwise
+    overwrite each other's file, and clients of the first would reach the second.
+    """
+    return PidLock(
+        connection_file.with_name(connection_file.name + ".lock"),
+        lambda owner: Refused(
+            f"another ctxd daemon (pid {owner}) uses the connection file "
+            f"{connection_file}; give this one another --connection-file"
+        ),
+    )
 
 
 def ipc_endpoints(run_dir: Path, connection_file: Path) -> tuple[str, str]:
