@@ -54,7 +54,7 @@ def find_bindir() -> Path:
             return Path(c)
     raise PostgresMissing(
         "PostgreSQL server binaries (initdb, postgres) were not found: install Debian's "
-        "`postgresql` package (.ci/system-packages does) or set CTXD_PG_BINDIR"
+        "`postgresql` package (.ci/run does) or set CTXD_PG_BINDIR"
     )
 
 

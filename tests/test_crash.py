@@ -1,33 +1,8 @@
 """Crash safety under load: `kill -9` the daemon at random moments and prove, after every
 restart, that nothing acknowledged was lost, duplicated or reordered.
 
-Clients, each a thread with its own connection, drive three agent sessions (one per
-wire: runs, tool calls, approvals, forced compactions, auto-compaction after completed
-runs) and one session shared by a client on every wire. A controller keeps a large
-context in a fifth session so a forced compaction of it takes long enough to be
-interrupted. The daemon is killed at a random moment, right after a `context/compact`
-is sent, or on a `$/progress` begin notification.
-
-After each kill, with the daemon dead, the SQLite file is read directly (read-only):
-
-* every acknowledged batch is stored under its `clientBatchId` with the acknowledged
-  ids and exactly the sent messages; ids grow in acknowledgement order per client;
-* no message is stored twice, no batch is partly stored, the full-text index has a row
-  per message;
-* the unacknowledged batch of each client is stored whole or not at all;
-* the active context is valid: counters equal a recount, the tail does not start with
-  a tool result and holds the call of every result in it, every summary source exists,
-  the context version counts exactly the committed compactions, the tail starts right
-  after what the latest committed compaction summarized, and a session without a new
-  committed compaction has the same context as at the previous check;
-* runs and approvals are in a state their acknowledged calls allow (pending stays
-  pending).
-
-After the restart the same state is read through the API (`context/get`,
-`context/status`, `context/explain`, `archive/read`, `approval/list`) and must match the
-file; token counts are recounted from `context/get`. Then each client re-sends its
-unacknowledged request: a batch re-sent with its `clientBatchId` must return the ids
-the crash image holds, or be appended once when the image has none of it.
+What the clients do and what is checked after each kill is described in
+tests/harness/crash.py, which runs it.
 
 `CTXD_CRASH_SEED` replays the random choices of a run (thread timing still varies);
 `CTXD_CRASH_KILLS` sets the number of kills (default 32).

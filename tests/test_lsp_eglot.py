@@ -23,7 +23,7 @@ PATIENCE = 300
 
 def test_emacs_eglot_symbols_approval_progress_documents(tmp_path: Path) -> None:
     emacs = shutil.which("emacs")
-    assert emacs, "Emacs is needed: apt-get install emacs-nox elpa-eglot (.ci/system-packages)"
+    assert emacs, "Emacs is needed: apt-get install emacs-nox elpa-eglot (.ci/run)"
     (tmp_path / "notes.txt").write_text("notes\n")
     daemon = DaemonProcess(tmp_path).start()
     proc = None

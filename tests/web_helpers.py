@@ -31,7 +31,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    assert os.path.exists(CHROMIUM), "Debian's chromium is required: bash .ci/system-packages"
+    assert os.path.exists(CHROMIUM), "Debian's chromium is required: bash .ci/run installs it"
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b
