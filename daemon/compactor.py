@@ -9,6 +9,10 @@ summary(summarized prefix) + every later message.
 Drift control: each incremental summary builds on the last one, so errors compound.
 After `rederive_after` incremental compactions, the next one re-derives the summary
 from the archive (in chunks) instead of from the previous summary.
+
+This module decides when and whether an attempt runs (limits, waiting, the shared lock,
+auto-compaction's retries and pause) and drives it; `compaction_inputs` reads what leaves
+and summarizes it, `compaction_commit` commits, logs and shapes the result.
 """
 
 from __future__ import annotations
@@ -17,17 +21,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
-from ctxd.daemon.compaction import check_summary, tail_boundary
-from ctxd.daemon.compaction_log import CompactionEntry
+from ctxd.daemon import compaction_commit as commit
+from ctxd.daemon import compaction_inputs as inputs
+from ctxd.daemon.compaction import tail_boundary
+from ctxd.daemon.compaction_commit import Attempt
 from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.ids import new_id
-from ctxd.daemon.messages import for_model, strip_archive_fields
 from ctxd.daemon.stores.base import Store
-from ctxd.daemon.summary import Summarizer, Summary, SummaryRequest
+from ctxd.daemon.summary import Summarizer, Summary
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import (
     ApprovalPending,
@@ -41,12 +45,6 @@ log = logging.getLogger("ctxd.compactor")
 # auto-compaction pauses on a session after this many failures in a row, until a
 # manual compaction or a rebuild succeeds there
 MAX_AUTO_FAILURES = 3
-# messages read per page when a compaction reads the archive from the start
-ARCHIVE_PAGE = 2000
-
-
-# ordinals counted per compaction for sources cited before ordinals were kept
-_BACKFILL = 32
 
 
 class ActiveContexts(Protocol):
@@ -267,48 +265,39 @@ class Compactor:
         cid: str,
         begun: bool = False,
     ) -> dict[str, Any]:
-        started = time.time()
+        a = Attempt(cid, session_id, trigger, time.time(), instructions, dry_run)
         st = self.contexts.context_state(session_id)
         before = {"messages": st.rendered_messages, "tokens": st.rendered_tokens}
         title = "Rebuilding context" if trigger == "rebuild" else "Compacting context"
         if not begun:
             self._progress(session_id, cid, {"kind": "begin", "title": title, "percentage": 0})
-        # The drift bound is for summarizers whose errors compound (models); the built-in
-        # one is extractive and deterministic, so re-deriving would only cost time.
-        drifts = getattr(self.summarizer, "drifts", True)
-        rederive = trigger == "rebuild" or (
-            drifts
-            and self.policy.rederive_after > 0
-            and st.summary.depth >= self.policy.rederive_after
-        )
+        rederive = inputs.rederives(self.summarizer, self.policy, st, trigger)
         tail_region = self.contexts.tail_messages(session_id, st)
         region = (
-            await self._non_system_messages(session_id, st) if trigger == "rebuild" else tail_region
+            await inputs.non_system_messages(self.archive, session_id, st)
+            if trigger == "rebuild"
+            else tail_region
         )
         boundary = tail_boundary(
             region,
             keep=self.policy.keep_messages,
             keep_tokens=self.policy.max_active_tokens // 2,
             force=force,
-            abandoned=self._abandoned_calls(region),
+            abandoned=inputs.abandoned_calls(self.archive, region),
         )
         if trigger == "rebuild" and boundary is None and region:
             boundary = 0  # nothing to summarize: the whole region is the tail
         if boundary is None:
             return self._not_effective(
-                cid,
-                session_id,
-                trigger,
-                started,
+                a,
                 before,
-                instructions,
                 "nothing can leave the context without splitting a tool call from its "
                 "result, or dropping the latest user message (force mode)",
             )
         if rederive and trigger != "rebuild":
             # summarize everything before the new tail again, from the archive
             cut = region[boundary]["id"]
-            leaving = await self._non_system_messages(session_id, st, before_id=cut)
+            leaving = await inputs.non_system_messages(self.archive, session_id, st, before_id=cut)
             log.info(
                 "compaction %s of %s re-derives the summary from the archive after %d "
                 "incremental compactions",
@@ -320,359 +309,107 @@ class Compactor:
             leaving = region[:boundary]
         previous = Summary() if rederive else st.summary
         pins = [p["text"] for p in self.store.pins.list(session_id)]
-        ordinals = {**st.summary.ordinals, **self._ordinals(session_id, st.summary, leaving)}
-        # items from before ordinals were kept: a few are counted each time, so the
-        # summary moves to compact pointers without one compaction paying for all
-        missing = sorted(st.summary.all_sources() - ordinals.keys())[-_BACKFILL:]
-        for mid in missing:
-            ordinals[mid] = self.archive.count_between(session_id, 0, mid)
+        ordinals = inputs.ordinals(self.archive, session_id, st.summary, leaving)
         try:
-            summary = await self._summarize(
-                session_id, previous, leaving, pins, instructions, cid, ordinals
+            summary = await inputs.summarize(
+                self.summarizer,
+                self.policy,
+                self.tokens,
+                session_id,
+                previous,
+                leaving,
+                pins,
+                instructions,
+                ordinals,
+                lambda done: self._progress(
+                    session_id, cid, {"kind": "report", "percentage": done}
+                ),
             )
         except CtxdError:
             raise
         except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"
-            with self.store.transaction():
-                self._log(
-                    cid,
-                    session_id,
-                    trigger,
-                    started,
-                    before,
-                    None,
-                    False,
-                    False,
-                    leaving,
-                    instructions,
-                    reason,
-                )
-            self.emit(
-                session_id,
-                "context/compactionFailed",
-                {
-                    "sessionId": session_id,
-                    "trigger": trigger,
-                    "compactionId": cid,
-                    "error": {"code": int(SummarizerFailed.code), "message": str(exc)},
-                },
-            )
-            self._progress(session_id, cid, {"kind": "end", "message": "failed"})
-            raise SummarizerFailed(
-                f"the summarizer failed: {exc}; the context is unchanged",
-                {"compactionId": cid},
-            ) from None
-        if leaving:
-            summary.covers_to = max(summary.covers_to or 0, leaving[-1]["id"])
-            if summary.covers_from is None or rederive:
-                summary.covers_from = leaving[0]["id"]
-        # the model sees per-session ordinals; the map keeps what the summary cites and
-        # the last covered message, the anchor the next compaction counts on from
-        keep = summary.all_sources() | {summary.covers_to}
-        summary.ordinals = {k: v for k, v in ordinals.items() if k in keep}
-        # what superseded what outlives the items (search marks superseded hits with it)
-        summary.supersessions = dict(
-            list({**st.summary.supersessions, **summary.supersessions}.items())[-2000:]
+            self._failed(a, before, leaving, exc)
+        inputs.finish(summary, st.summary, previous, leaving, ordinals, cid, rederive)
+        return self._commit(a, st, summary, region[boundary]["id"], leaving, rederive)
+
+    def _failed(
+        self, a: Attempt, before: dict[str, int], leaving: list[dict[str, Any]], exc: Exception
+    ) -> NoReturn:
+        """The summarizer raised: log it, tell the session, raise SummarizerFailed."""
+        reason = f"{type(exc).__name__}: {exc}"
+        with self.store.transaction():
+            self._log(a, before, None, False, False, leaving, reason)
+        self.emit(
+            a.session_id,
+            "context/compactionFailed",
+            {
+                "sessionId": a.session_id,
+                "trigger": a.trigger,
+                "compactionId": a.cid,
+                "error": {"code": int(SummarizerFailed.code), "message": str(exc)},
+            },
         )
-        summary.compaction_ids = [*previous.compaction_ids, cid][-50:]
-        summary.depth = 0 if rederive else previous.depth + 1
-        return self._commit(
-            cid,
-            session_id,
-            trigger,
-            started,
-            st,
-            summary,
-            region,
-            boundary,
-            leaving,
-            instructions,
-            dry_run,
-            rederive,
-        )
-
-    def _abandoned_calls(self, region: list[dict[str, Any]]) -> set[str]:
-        """Unanswered tool calls whose run has closed: their results will not come."""
-        answered = {m["tool_call_id"] for m in region if m["role"] == "tool"}
-        unanswered = {
-            c["id"]: m["batchId"]
-            for m in region
-            for c in m.get("tool_calls") or ()
-            if c["id"] not in answered
-        }
-        if not unanswered:
-            return set()
-        closed = self.archive.batches_of_closed_runs(set(unanswered.values()))
-        return {cid for cid, batch in unanswered.items() if batch in closed}
-
-    def _ordinals(
-        self, session_id: str, anchor: Summary, leaving: list[dict[str, Any]]
-    ) -> dict[int, int]:
-        """Archive id -> 1-based position in the session, for the leaving messages.
-
-        Counted on from the previous summary's last covered message, so the cost is the
-        new stretch, not the whole history."""
-        if not leaving:
-            return {}
-        archive = self.archive
-        first, last = leaving[0]["id"], leaving[-1]["id"]
-        known = anchor.ordinals.get(anchor.covers_to) if anchor.covers_to is not None else None
-        if known is not None and anchor.covers_to is not None and anchor.covers_to < first:
-            base = known + archive.count_between(session_id, anchor.covers_to + 1, first - 1)
-        else:
-            base = archive.count_between(session_id, 0, first - 1)
-        if archive.count_between(session_id, first, last) == len(leaving):
-            return {m["id"]: base + 1 + i for i, m in enumerate(leaving)}
-        # messages of the session in between that are not leaving (system messages)
-        out: dict[int, int] = {}
-        prev = first
-        n = base
-        for m in leaving:
-            n += archive.count_between(session_id, prev, m["id"]) if m["id"] != first else 1
-            out[m["id"]] = n
-            prev = m["id"] + 1
-        return out
-
-    async def _non_system_messages(
-        self, session_id: str, st: ContextState, before_id: int | None = None
-    ) -> list[dict[str, Any]]:
-        """The session's archive since the context began, but its leading system messages,
-        read page by page so the daemon keeps serving other requests while a long history
-        loads."""
-        # neither cleared (context/clear) nor popped (context/pop) messages are in it
-        system = set(st.system_ids) | set(st.dropped_ids)
-        out: list[dict[str, Any]] = []
-        after = st.base_id
-        while True:
-            page = self.archive.read(session_id, after, ARCHIVE_PAGE)
-            for m in page:
-                if before_id is not None and m["id"] >= before_id:
-                    return out
-                if m["id"] not in system:
-                    out.append(m)
-            if len(page) < ARCHIVE_PAGE:
-                return out
-            after = page[-1]["id"]
-            await asyncio.sleep(0)
-
-    async def _summarize(
-        self,
-        session_id: str,
-        previous: Summary,
-        leaving: list[dict[str, Any]],
-        pins: list[str],
-        instructions: str | None,
-        cid: str,
-        ordinals: dict[int, int] | None = None,
-    ) -> Summary:
-        # a summarizer may say how much it takes at once (the built-in one takes large
-        # batches: one hop to its worker thread instead of one per 200 messages)
-        chunk = max(
-            1, getattr(self.summarizer, "chunk_messages", 0) or self.policy.rebuild_chunk_messages
-        )
-        summary = previous
-        allowed = previous.all_sources()
-        for start in range(0, len(leaving), chunk):
-            part = leaving[start : start + chunk]
-            allowed |= {m["id"] for m in part}
-            request = SummaryRequest(
-                session_id=session_id,
-                previous=summary,
-                messages=[{**for_model(strip_archive_fields(m)), "id": m["id"]} for m in part],
-                pins=pins,
-                instructions=instructions,
-                budget_tokens=self.policy.summary_budget_tokens,
-                count_tokens=self.tokens.count_text,
-                ordinals=ordinals or {},
-            )
-            summary = await self._run_summarizer(request)
-            problems = check_summary(summary, allowed)
-            if problems:
-                raise ValueError("summary rejected: " + "; ".join(problems[:3]))
-            if len(leaving) > chunk:
-                done = min(99, (start + chunk) * 100 // len(leaving))
-                self._progress(session_id, cid, {"kind": "report", "percentage": done})
-        return summary
-
-    async def _run_summarizer(self, request: SummaryRequest) -> Summary:
-        """CPU-bound summarizers run in a worker thread so the event loop stays free."""
-        summarizer = self.summarizer
-        summarize_sync = getattr(summarizer, "summarize_sync", None)
-        if summarize_sync is not None:
-            return await asyncio.to_thread(summarize_sync, request)  # type: ignore[no-any-return]
-        return await summarizer.summarize(request)
+        self._progress(a.session_id, a.cid, {"kind": "end", "message": "failed"})
+        raise SummarizerFailed(
+            f"the summarizer failed: {exc}; the context is unchanged",
+            {"compactionId": a.cid},
+        ) from None
 
     def _commit(
         self,
-        cid: str,
-        session_id: str,
-        trigger: str,
-        started: float,
+        a: Attempt,
         snapshot: ContextState,
         summary: Summary,
-        region: list[dict[str, Any]],
-        boundary: int,
+        tail_start_id: int,
         leaving: list[dict[str, Any]],
-        instructions: str | None,
-        dry_run: bool,
         rederived: bool,
     ) -> dict[str, Any]:
+        session_id = a.session_id
         with self.store.transaction():
-            now_st = self.store.contexts.load(session_id)
-            assert now_st is not None
-            if now_st.version != snapshot.version:
-                raise CompactionInProgress(
-                    "the context was replaced while this compaction ran; nothing was "
-                    "changed, try again"
-                )
-            before = {"messages": now_st.rendered_messages, "tokens": now_st.rendered_tokens}
-            new = replace(now_st, summary=summary, version=now_st.version + 1)
-            new.tail_start_id = region[boundary]["id"]
-            # appends made meanwhile only added to the counters: subtract what left
-            count, tokens = self.archive.sums_from(session_id, new.tail_start_id)
-            # popped messages (context/pop) stay out; those before the new tail are gone
-            new.dropped_ids = [i for i in now_st.dropped_ids if i >= new.tail_start_id]
-            if new.dropped_ids:
-                dropped = self.archive.get_many(new.dropped_ids).values()
-                count -= len(dropped)
-                tokens -= sum(m["tokens"] for m in dropped)
-            system = self.archive.get_many(now_st.system_ids).values()
-            system_tokens = sum(m["tokens"] for m in system)
-            new.active_messages = len(now_st.system_ids) + count
-            new.active_tokens = system_tokens + tokens
-            new.summary_tokens = self.contexts.summary_tokens(session_id, summary)
-            after = {"messages": new.rendered_messages, "tokens": new.rendered_tokens}
-            effective = (
-                after["messages"] < before["messages"] and after["tokens"] < before["tokens"]
+            o = commit.apply_summary(
+                self.store, a, snapshot, summary, tail_start_id, self.contexts.summary_tokens
             )
-            commit = (effective or trigger == "rebuild") and not dry_run
-            if commit:
-                if effective:
-                    new.compaction_count += 1
-                    new.last_compacted_at = time.time()
-                self.store.contexts.save(new)
-            if not dry_run:
+            if not a.dry_run:
                 self._log(
-                    cid,
-                    session_id,
-                    trigger,
-                    started,
-                    before,
-                    after,
-                    effective,
-                    commit,
+                    a,
+                    o.before,
+                    o.after,
+                    o.effective,
+                    o.committed,
                     leaving,
-                    instructions,
                     None,
                     summary.summarizer or None,
                 )
-        if dry_run:
-            self._progress(session_id, cid, {"kind": "end", "message": "dry run"})
-            return self._preview(session_id, snapshot, new, before, after, effective, leaving)
-        if commit:
-            self.contexts.set_context_state(new)
-        if effective:
+        if a.dry_run:
+            self._progress(session_id, a.cid, {"kind": "end", "message": "dry run"})
+            return commit.preview(snapshot, o, leaving, self.contexts.render(session_id, o.new))
+        if o.committed:
+            self.contexts.set_context_state(o.new)
+        if o.effective:
             self._auto_retry_at.pop(session_id, None)
-        elif trigger == "auto":
-            self._auto_retry_at[session_id] = before["messages"] + max(
-                4, self.policy.keep_messages // 3
-            )
-        result: dict[str, Any] = {
-            "effective": effective,
-            "compactionId": cid if commit else None,
-            "before": before,
-            "after": after if commit else before,
-            "summarizedFrom": leaving[0]["id"] if leaving else None,
-            "summarizedTo": leaving[-1]["id"] if leaving else None,
-            "trigger": trigger,
-            "rederived": rederived,
-        }
-        if not effective and commit:
-            result["note"] = (
-                "a rebuild is kept even when it does not shrink the context: it re-derives "
-                "the context with the current strategy"
-            )
-        elif not effective:
-            result["reason"] = (
-                f"the new context would have {after['messages']} messages and "
-                f"{after['tokens']} tokens against {before['messages']} and "
-                f"{before['tokens']} now: a compaction must shrink both; nothing was changed"
-            )
-            result["proposed"] = after
+        elif a.trigger == "auto":
+            self._retry_later(session_id, o.before)
+        result = commit.result(a, o, leaving, rederived)
         self._progress(
             session_id,
-            cid,
-            {"kind": "end", "message": "effective" if effective else "not effective"},
+            a.cid,
+            {"kind": "end", "message": "effective" if o.effective else "not effective"},
         )
         return result
 
-    def _preview(
-        self,
-        session_id: str,
-        old: ContextState,
-        new: ContextState,
-        before: dict[str, int],
-        after: dict[str, int],
-        effective: bool,
-        leaving: list[dict[str, Any]],
-    ) -> dict[str, Any]:
-        return {
-            "dryRun": True,
-            "effective": effective,
-            "compactionId": None,
-            "before": before,
-            "after": after,
-            "summarizedFrom": leaving[0]["id"] if leaving else None,
-            "summarizedTo": leaving[-1]["id"] if leaving else None,
-            "messages": self.contexts.render(session_id, new),
-            "diff": {
-                "items": new.summary.item_count() - old.summary.item_count(),
-                "messages": after["messages"] - before["messages"],
-                "tokens": after["tokens"] - before["tokens"],
-            },
-        }
-
-    def _not_effective(
-        self,
-        cid: str,
-        session_id: str,
-        trigger: str,
-        started: float,
-        before: dict[str, int],
-        instructions: str | None,
-        reason: str,
-    ) -> dict[str, Any]:
+    def _not_effective(self, a: Attempt, before: dict[str, int], reason: str) -> dict[str, Any]:
         with self.store.transaction():
-            self._log(
-                cid,
-                session_id,
-                trigger,
-                started,
-                before,
-                before,
-                False,
-                False,
-                [],
-                instructions,
-                None,
-            )
-        if trigger == "auto":
-            self._auto_retry_at[session_id] = before["messages"] + max(
-                4, self.policy.keep_messages // 3
-            )
-        self._progress(session_id, cid, {"kind": "end", "message": "not effective"})
-        return {
-            "effective": False,
-            "compactionId": None,
-            "before": before,
-            "after": before,
-            "summarizedFrom": None,
-            "summarizedTo": None,
-            "trigger": trigger,
-            "rederived": False,
-            "reason": reason,
-        }
+            self._log(a, before, before, False, False, [], None)
+        if a.trigger == "auto":
+            self._retry_later(a.session_id, before)
+        self._progress(a.session_id, a.cid, {"kind": "end", "message": "not effective"})
+        return commit.not_effective(a, before, reason)
+
+    def _retry_later(self, session_id: str, before: dict[str, int]) -> None:
+        """An auto-compaction that did not shrink the context waits for more messages."""
+        self._auto_retry_at[session_id] = before["messages"] + max(
+            4, self.policy.keep_messages // 3
+        )
 
     def _progress(self, session_id: str, token: str, value: dict[str, Any]) -> None:
         self.emit(
@@ -681,51 +418,18 @@ class Compactor:
 
     def _log(
         self,
-        cid: str,
-        session_id: str,
-        trigger: str,
-        started: float,
+        a: Attempt,
         before: dict[str, int],
         after: dict[str, int] | None,
         effective: bool,
         committed: bool,
         leaving: list[dict[str, Any]],
-        instructions: str | None,
         error: str | None,
         summarizer: str | None = None,
     ) -> None:
-        self.store.compactions.record(
-            CompactionEntry(
-                compaction_id=cid,
-                session_id=session_id,
-                trigger=trigger,
-                started_at=started,
-                duration_ms=(time.time() - started) * 1000,
-                before_messages=before["messages"],
-                before_tokens=before["tokens"],
-                after_messages=after["messages"] if after else None,
-                after_tokens=after["tokens"] if after else None,
-                effective=effective,
-                committed=committed,
-                summarized_from=leaving[0]["id"] if leaving else None,
-                summarized_to=leaving[-1]["id"] if leaving else None,
-                # the summary's own word wins: it says when a fallback wrote it
-                summarizer=summarizer
-                or getattr(self.summarizer, "name", type(self.summarizer).__name__),
-                instructions=instructions,
-                error=error,
-            )
-        )
-        log.info(
-            "compaction %s of %s (%s): effective=%s before=%s after=%s error=%s",
-            cid,
-            session_id,
-            trigger,
-            effective,
-            before,
-            after,
-            error,
-        )
+        # the summary's own word wins: it says when a fallback wrote it
+        name = summarizer or getattr(self.summarizer, "name", type(self.summarizer).__name__)
+        commit.record(self.store, a, name, before, after, effective, committed, leaving, error)
 
     def history(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
         return [r.to_wire() for r in self.store.compactions.history(session_id, limit)]
