@@ -83,6 +83,9 @@ class Engine:
         self._archive_sizes: dict[str, dict[str, tuple[int, int]]] = {}
         self._size_checkpoints: dict[str, tuple[float, tuple[int, int, int]]] = {}
         self._listeners: list[EventListener] = []
+        # a store shared with other daemons tells them of each event (ids; they read the
+        # rest from the database); None on the embedded store, which has nothing to do
+        self._share_event: EventListener | None = getattr(store, "share_event", None)
         self.compactor = Compactor(
             self,
             store,
@@ -113,6 +116,12 @@ class Engine:
         self._listeners.append(listener)
 
     def emit(self, session_id: str, method: str, params: dict[str, Any]) -> None:
+        self.emit_local(session_id, method, params)
+        if self._share_event is not None:
+            self._share_event(session_id, method, params)
+
+    def emit_local(self, session_id: str, method: str, params: dict[str, Any]) -> None:
+        """To this daemon's subscribers only (an event another daemon shared)."""
         for listener in self._listeners:
             try:
                 listener(session_id, method, params)

@@ -249,3 +249,85 @@ def test_run_of_a_dead_daemon_is_interrupted_after_a_lease(
         for d in procs:
             if d.proc and d.proc.poll() is None:
                 d.stop()
+
+
+def _until(stream, method: str, where=lambda p: True, timeout: float = 20.0) -> list[tuple]:
+    """The notifications of a stream up to and including the first `method` matching
+    `where` (progress and all)."""
+    out: list[tuple] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            m, params = next(stream)
+        except StopIteration:
+            continue
+        out.append((m, params))
+        if m == method and where(params):
+            return out
+    raise AssertionError(f"no {method} within {timeout}s; saw {[m for m, _ in out]}")
+
+
+def test_every_event_crosses_daemons_with_the_same_params(
+    tmp_path: Path, pg_cluster: PgCluster, pg_dsn: str,
+) -> None:
+    with FakeLLM("good") as llm:
+        a, b = _llm_daemons(tmp_path, pg_cluster, pg_dsn, llm)
+        try:
+            with a.client("jsonrpc", timeout=30) as ca, b.client("jsonrpc", timeout=30) as cb:
+                sid = cb.create_session()["sessionId"]
+                ca.subscribe(sid)
+                cb.subscribe(sid)
+                on_a = ca.notifications(timeout=0.5)
+                on_b = cb.notifications(timeout=0.5)
+                seen: set[str] = set()
+
+                def step(method: str, where=lambda p: True) -> None:
+                    """What B's subscriber got for the last change made through B, A's
+                    got too, with the same params (the status as well)."""
+                    local = _until(on_b, method, where)
+                    relayed = _until(on_a, method, where)
+                    assert relayed == local
+                    seen.update(m for m, _ in local)
+
+                run = cb.start_run(sid)["runId"]
+                step("run/didStart")
+                call = {"id": "call_rm", "type": "function",
+                        "function": {"name": "lookup", "arguments": "{\"q\": \"x\"}"}}
+                cb.append(sid, [{"role": "user", "content": "look x up"},
+                                {"role": "assistant", "content": None, "tool_calls": [call]}],
+                          run_id=run)
+                step("session/didAppend")
+                appr = cb.request_approval(sid, run, "call_rm", "lookup", {"q": "x" * 5000})
+                step("approval/didRequest")
+                cb.resolve_approval(appr["approvalId"], "approved", "fine")
+                step("approval/didResolve")
+                cb.finish_run(run, "completed", messages=[
+                    {"role": "tool", "tool_call_id": "call_rm", "content": "found"}])
+                step("run/didFinish")
+                for i in range(4):
+                    cb.append(sid, agent_turn(i))
+                    step("session/didAppend")
+                cb.compact(sid, force=True)
+                step("context/didCompact")
+                cb.rebuild(sid)
+                step("context/didCompact", lambda p: p["trigger"] == "rebuild")
+                cb.context_pop(sid, 2)
+                step("context/didChange", lambda p: p["change"] == "pop")
+                cb.context_clear(sid)
+                step("context/didChange", lambda p: p["change"] == "clear")
+                for i in range(4, 7):
+                    cb.append(sid, agent_turn(i))
+                    step("session/didAppend")
+                llm.default = "http500"
+                with pytest.raises(CtxdError):
+                    cb.compact(sid, force=True)
+                step("context/compactionFailed")
+                step("$/progress", lambda p: p["value"]["kind"] == "end")
+                assert seen == {
+                    "run/didStart", "session/didAppend", "approval/didRequest",
+                    "approval/didResolve", "run/didFinish", "context/didCompact",
+                    "$/progress", "context/didChange", "context/compactionFailed"}
+        finally:
+            for d in (a, b):
+                if d.proc and d.proc.poll() is None:
+                    d.stop()

@@ -1,46 +1,131 @@
-"""Events across daemons: an append made through another daemon, told to this one's
+"""Events across daemons: a change made through another daemon, told to this one's
 subscribers.
 
-The notification carries ids only (session, batch); the payload is read here from the
-database, so a client sees the same `session/didAppend` whichever daemon took the batch.
+Every event a daemon emits is also sent on PostgreSQL's events channel (NOTIFY), as a
+reference: the event's method, its session, the ids of the rows it is about (batch, run,
+approval) and the few small values the database does not hold (a compaction's result
+numbers, a progress step). The receiving daemon reads the rows and computes the
+session's status itself, so its subscribers get the same params as the sending daemon's
+own subscribers, as of the moment the event is relayed. A `session/didAppend` is sent
+inside the append's own transaction (daemon/pg/store.py); the other events are sent
+when the daemon that made the change tells its own subscribers, right after its commit.
+
+Notifications stay under PostgreSQL's payload limit (8000 bytes): ids, not rows, and
+long texts (an error message) are cut.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
 log = logging.getLogger("ctxd.pg.events")
 
+# PostgreSQL refuses NOTIFY payloads of 8000 bytes or more
+NOTIFY_LIMIT = 7900
+# strings longer than this are cut when a reference would not fit the limit
+CUT_CHARS = 1000
+# a pop's message ids beyond this many are sent as their range
+MAX_IDS = 400
 
-def relay_append(engine: Any, session_id: str, batch_id: int) -> None:
-    """Emit `session/didAppend` for a batch another daemon committed (on the event loop)."""
+
+def reference(origin: str, session_id: str, method: str, params: dict[str, Any]) -> str | None:
+    """The NOTIFY payload for an event, or None when none is sent for it here."""
+    if method == "session/didAppend":
+        return None  # sent by the append's own transaction
+    ref: dict[str, Any] = {"m": method, "s": session_id, "o": origin}
+    if method == "run/didStart":
+        ref["r"] = params["runId"]
+    elif method == "run/didFinish":
+        ref["r"] = params["run"]["runId"]
+        ref["a"] = bool(params.get("autoCompactionScheduled"))
+    elif method in ("approval/didRequest", "approval/didResolve"):
+        ref["p"] = params["approval"]["approvalId"]
+    else:
+        # small values of their own (compaction results, progress, a context edit)
+        inline = {k: v for k, v in params.items() if k not in ("sessionId", "status")}
+        ids = inline.get("messageIds")
+        if isinstance(ids, list) and len(ids) > MAX_IDS:
+            inline["messageIds"] = {"lo": min(ids), "hi": max(ids)}
+        ref["v"] = inline
+        if "status" in params:
+            ref["st"] = 1
+    text = json.dumps(ref, ensure_ascii=False)
+    if len(text.encode()) >= NOTIFY_LIMIT:
+        text = json.dumps(_cut(ref), ensure_ascii=False)
+        if len(text.encode()) >= NOTIFY_LIMIT:
+            log.warning("%s of %s too large to tell other daemons", method, session_id)
+            return None
+    return text
+
+
+def _cut(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > CUT_CHARS:
+        return value[:CUT_CHARS] + "…"
+    if isinstance(value, dict):
+        return {k: _cut(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cut(v) for v in value]
+    return value
+
+
+def relay(engine: Any, ref: dict[str, Any]) -> None:
+    """Emit, to this daemon's subscribers, the event another daemon sent (on the event
+    loop)."""
+    method = ref.get("m", "session/didAppend")
+    session_id = ref["s"]
     try:
-        found = engine.store.archive.batch(batch_id)
-        if found is None or found[0] != session_id:
-            return
-        _, run_id, first, last = found
-        engine.emit(
-            session_id,
-            "session/didAppend",
-            {
-                "sessionId": session_id,
-                "batchId": batch_id,
-                "messageIds": list(range(first, last + 1)),
-                "runId": run_id,
-                "status": engine.status(session_id),
-            },
-        )
+        params = _params(engine, method, session_id, ref)
+        if params is not None:
+            engine.emit_local(session_id, method, params)
     except Exception:  # a storage error: the event is lost, clients can re-read
-        log.warning("could not relay batch %s of %s", batch_id, session_id, exc_info=True)
+        log.warning("could not relay %s of %s", method, session_id, exc_info=True)
+
+
+def _params(engine: Any, method: str, sid: str, ref: dict[str, Any]) -> dict[str, Any] | None:
+    runs = engine.store.runs
+    if method == "session/didAppend":
+        batch_id = int(ref["b"])
+        found = engine.store.archive.batch(batch_id)
+        if found is None or found[0] != sid:
+            return None
+        _, run_id, first, last = found
+        return {
+            "sessionId": sid,
+            "batchId": batch_id,
+            "messageIds": list(range(first, last + 1)),
+            "runId": run_id,
+            "status": engine.status(sid),
+        }
+    if method in ("run/didStart", "run/didFinish"):
+        run = runs.get(ref["r"])
+        if run is None or run["sessionId"] != sid:
+            return None
+        if method == "run/didStart":
+            return {"sessionId": sid, "runId": run["runId"], "run": run}
+        return {"sessionId": sid, "run": run, "autoCompactionScheduled": bool(ref.get("a"))}
+    if method in ("approval/didRequest", "approval/didResolve"):
+        from ctxd.daemon.engine import _event_approval
+
+        approval = runs.get_approval(ref["p"])
+        if approval is None or approval["sessionId"] != sid:
+            return None
+        return {"sessionId": sid, "approval": _event_approval(approval)}
+    params = {"sessionId": sid, **ref.get("v", {})}
+    ids = params.get("messageIds")
+    if isinstance(ids, dict):  # a long pop: the range's messages now left out
+        dropped = engine.context_state(sid).dropped_ids
+        params["messageIds"] = [i for i in dropped if ids["lo"] <= i <= ids["hi"]]
+    if ref.get("st"):
+        params["status"] = engine.status(sid)
+    return params
 
 
 def start_relay(engine: Any, loop: Any) -> None:
-    """Listen for other daemons' appends; each is relayed on `loop`."""
-    engine.store.listen(
-        lambda sid, bid: loop.call_soon_threadsafe(relay_append, engine, sid, bid)
-    )
+    """Listen for other daemons' events; each is relayed on `loop`."""
+    engine.store.listen(lambda ref: loop.call_soon_threadsafe(relay, engine, ref))
 
 
 async def watch_orphaned_runs(engine: Any, lease_runs: Any, interval: float) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import threading
 import time
 import uuid
@@ -36,9 +37,11 @@ from ctxd.daemon.archive import ArchiveStore, _row_to_message
 from ctxd.daemon.compaction_log import CompactionLog
 from ctxd.daemon.context_store import ContextState, ContextStore, PinStore
 from ctxd.daemon.messages import message_text
-from ctxd.daemon.pg import schema, tsearch
+from ctxd.daemon.pg import events, schema, tsearch
 from ctxd.daemon.runs import RunStore
 from ctxd.protocol.errors import InvalidParams, SearchTooBroad, StorageError
+
+log = logging.getLogger("ctxd.pg.store")
 
 # the advisory lock every write transaction holds until commit ("ctxa"): writes from all
 # daemons are serialized as SQLite's single writer serializes them, so a context row
@@ -215,7 +218,8 @@ class PgArchive(ArchiveStore):
         # delivered to every listening daemon when (and only if) this transaction commits
         c.execute(
             "SELECT pg_notify(?, ?)",
-            (EVENTS_CHANNEL, json.dumps({"s": session_id, "b": batch_id, "o": self.origin})),
+            (EVENTS_CHANNEL, json.dumps({"m": "session/didAppend", "s": session_id,
+                                         "b": batch_id, "o": self.origin})),
         )
         return batch_id, ids, now
 
@@ -467,15 +471,27 @@ class PostgresStore:
         except StorageError:
             pass  # the connection is gone, and the lock with it
 
-    def listen(self, on_append: Any) -> None:
-        """Call `on_append(session_id, batch_id)` (from a thread of its own) for every
-        batch another daemon appends; reconnects by itself when the server comes back."""
+    def share_event(self, session_id: str, method: str, params: dict[str, Any]) -> None:
+        """Tell the other daemons of an event this one emitted (see daemon/pg/events.py).
+        Never fails the request that made the change: a lost notification is logged."""
+        payload = events.reference(self.origin, session_id, method, params)
+        if payload is None:
+            return
+        try:
+            self.conn.execute("SELECT pg_notify(?, ?)", (EVENTS_CHANNEL, payload))
+        except StorageError:
+            log.warning("could not tell other daemons of %s of %s", method, session_id)
+
+    def listen(self, on_event: Callable[[dict[str, Any]], None]) -> None:
+        """Call `on_event(reference)` (from a thread of its own) for every event another
+        daemon sends (daemon/pg/events.py); reconnects by itself when the server comes
+        back."""
         self._listener = threading.Thread(
-            target=self._listen, args=(on_append,), name="ctxd-pg-listen", daemon=True
+            target=self._listen, args=(on_event,), name="ctxd-pg-listen", daemon=True
         )
         self._listener.start()
 
-    def _listen(self, on_append: Any) -> None:
+    def _listen(self, on_event: Callable[[dict[str, Any]], None]) -> None:
         while not self._stop.is_set():
             try:
                 kw = {"password": self.password} if self.password is not None else {}
@@ -487,8 +503,8 @@ class PostgresStore:
                                 p = json.loads(n.payload)
                             except ValueError:
                                 continue
-                            if p.get("o") != self.origin:
-                                on_append(p["s"], int(p["b"]))
+                            if isinstance(p, dict) and p.get("o") != self.origin:
+                                on_event(p)
             except psycopg.Error:
                 self._stop.wait(1.0)  # the server is away: try again shortly
 
