@@ -3,6 +3,7 @@ characters counted as two) or JSON for programs; the exit codes."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -10,9 +11,12 @@ import shutil
 import sys
 import time
 import unicodedata
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ctxd.clients.cli_text import clean, clean_json
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 EXIT_OK = 0
 EXIT_UNREACHABLE = 1
@@ -111,14 +115,65 @@ def one_line(text: str) -> str:
 
 
 def table(out: Output, headers: list[str], rows: list[list[str]], flex: int) -> None:
-    """Print aligned columns; column `flex` shrinks so the table fits the terminal."""
-    widths = [max([text_width(h)] + [text_width(clean(r[i])) for r in rows]) for i, h in
+    """Print aligned columns under a header row.
+
+    On a terminal, column `flex` shrinks (cut with `…`) so the table fits its width and
+    the header is bold. Elsewhere (a pipe, a file) nothing is cut: every cell is whole,
+    one row per line, so a script can read any column."""
+    # rich is imported by the commands that print tables only: the others (`export` and
+    # `stdio` among them) do not pay its tens of milliseconds of start-up
+    from rich.cells import cell_len
+    from rich.table import Table
+    from rich.text import Text
+
+    cells = [[clean(c) for c in r] for r in rows]
+    widths = [max([cell_len(h)] + [cell_len(r[i]) for r in cells]) for i, h in
               enumerate(headers)]
-    others = sum(w for i, w in enumerate(widths) if i != flex) + 2 * (len(widths) - 1)
-    widths[flex] = max(min(widths[flex], out.width - others), text_width(headers[flex]), 8)
-    for row in [headers, *rows]:
-        cells = [pad(fit(clean(cell), widths[i]), widths[i]) for i, cell in enumerate(row)]
-        out.line("  ".join(cells).rstrip())
+    if out.tty:
+        others = sum(w for i, w in enumerate(widths) if i != flex) + _GAP * (len(widths) - 1)
+        widths[flex] = max(min(widths[flex], out.width - others), cell_len(headers[flex]), 8)
+    grid = Table(box=None, padding=(0, 0, 0, _GAP), pad_edge=False, show_header=True,
+                 header_style="bold" if out.bold else "")
+    for i, h in enumerate(headers):
+        # every column has its width set: rich never has to shrink one on its own
+        grid.add_column(Text(h), width=widths[i], no_wrap=True, overflow="ellipsis")
+    for r in cells:
+        grid.add_row(*(Text(c) for c in r))
+    _print(out, grid, sum(widths) + _GAP * (len(widths) - 1))
+
+
+def fields(out: Output, rows: list[tuple[str, str]], indent: int = 2) -> None:
+    """Print `name  value` lines, the names in one column; values are never cut."""
+    from rich.cells import cell_len
+    from rich.table import Table
+    from rich.text import Text
+
+    names = max((cell_len(n) for n, _ in rows), default=0)
+    values = max((cell_len(clean(v)) for _, v in rows), default=0)
+    grid = Table(box=None, padding=(0, 0, 0, _GAP), pad_edge=False, show_header=False)
+    grid.add_column(width=names, no_wrap=True)
+    grid.add_column(width=values, no_wrap=True)
+    for name, value in rows:
+        grid.add_row(Text(name), Text(clean(value)))
+    _print(out, grid, names + values + _GAP, prefix=" " * indent)
+
+
+# columns between two cells: the left padding of every column but the first
+_GAP = 2
+
+
+def _print(out: Output, renderable: Table, width: int, prefix: str = "") -> None:
+    """Render with rich to text, then write it line by line: trailing padding stripped,
+    colour only on a terminal that takes it (rich honours NO_COLOR too)."""
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=max(width, 1), force_terminal=out.bold,
+                      color_system="standard" if out.bold else None, no_color=not out.bold,
+                      highlight=False, markup=False, emoji=False, legacy_windows=False)
+    console.print(renderable)
+    for line in buffer.getvalue().splitlines():
+        out.line(prefix + line.rstrip(), raw=True)
 
 
 def when(ts: Any) -> str:

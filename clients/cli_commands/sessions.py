@@ -9,7 +9,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ctxd.clients.cli_commands.output import EXIT_OK, fit, json_line, one_line, table, when
+from ctxd.clients.cli_commands.output import (
+    EXIT_OK,
+    fields,
+    fit,
+    json_line,
+    one_line,
+    table,
+    when,
+)
 from ctxd.clients.cli_commands.running import Context, all_sessions, archive_pages
 from ctxd.clients.cli_text import cli_message
 
@@ -38,8 +46,7 @@ def cmd_status(ctx: Context) -> int:
         *[(name.replace("_", " "), str(url)) for name, url in endpoints.items()],
         ("sessions", str(sessions)),
     ]
-    for name, value in rows:
-        out.line(f"  {name:<16} {value}")
+    fields(out, rows)
     return EXIT_OK
 
 
