@@ -166,6 +166,13 @@ class Compactor:
         except BaseException:
             self._unlock(session_id)
             raise
+        if under and trigger == "auto":
+            # due when it was scheduled, not now: on a shared store another daemon has
+            # compacted the session since (compacting it again would only shrink the tail)
+            self._unlock(session_id)
+            log.info("auto-compaction of %s skipped: compacted meanwhile", session_id)
+            return {"effective": False, "compactionId": None, "trigger": trigger,
+                    "skipped": True}
         try:
             result = await self._attempt(
                 session_id, force, instructions, trigger, dry_run, cid, begun

@@ -21,18 +21,20 @@ if TYPE_CHECKING:
 
 def clear(engine: Engine, session_id: str) -> dict[str, Any]:
     """Start a fresh active context: no system messages, summary or tail; pins stay."""
-    _refuse_pending(engine, session_id, None)
-    st = engine.context_state(session_id)
-    before = {"messages": st.rendered_messages, "tokens": st.rendered_tokens}
-    new = ContextState(
-        session_id=session_id,
-        version=st.version + 1,
-        base_id=engine.archive.last_id(session_id) or st.base_id,
-        compaction_count=st.compaction_count,
-        last_compacted_at=st.last_compacted_at,
-    )
-    new.summary_tokens = engine.summary_tokens(session_id, new.summary)  # the pins, if any
+    # read inside the write transaction: on a shared store another daemon may have
+    # appended, compacted or pinned since this one last looked
     with engine.store.transaction():
+        _refuse_pending(engine, session_id, None)
+        st = engine.context_state(session_id)
+        before = {"messages": st.rendered_messages, "tokens": st.rendered_tokens}
+        new = ContextState(
+            session_id=session_id,
+            version=st.version + 1,
+            base_id=engine.archive.last_id(session_id) or st.base_id,
+            compaction_count=st.compaction_count,
+            last_compacted_at=st.last_compacted_at,
+        )
+        new.summary_tokens = engine.summary_tokens(session_id, new.summary)  # the pins
         engine.store.contexts.save(new)
     engine.set_context_state(new)
     status = engine.status(session_id)
@@ -51,6 +53,31 @@ def pop(engine: Engine, session_id: str, count: int) -> dict[str, Any]:
     without its results: popping a tool result also pops the assistant message that
     made the call (and what came after it).
     """
+    # read inside the write transaction, as `clear` does
+    with engine.store.transaction():
+        st, popped = _pop_locked(engine, session_id, count)
+    if st is None:
+        return {"messages": [], "status": engine.status(session_id)}
+    engine.set_context_state(st)
+    status = engine.status(session_id)
+    engine.emit(
+        session_id,
+        "context/didChange",
+        {
+            "sessionId": session_id,
+            "change": "pop",
+            "messageIds": [m["id"] for m in popped],
+            "status": status,
+        },
+    )
+    return {"messages": popped, "status": status}
+
+
+def _pop_locked(
+    engine: Engine, session_id: str, count: int
+) -> tuple[ContextState | None, list[dict[str, Any]]]:
+    """The context without the popped messages, saved, and those messages (None and []
+    when there is nothing to pop)."""
     st = engine.context_state(session_id)
     tail = engine.tail_messages(session_id, st)
     start = max(0, len(tail) - count)
@@ -65,7 +92,7 @@ def pop(engine: Engine, session_id: str, count: int) -> dict[str, Any]:
         start = widened
     popped = tail[start:]
     if not popped:
-        return {"messages": [], "status": engine.status(session_id)}
+        return None, []
     popped_calls = {c["id"] for m in popped for c in m.get("tool_calls") or ()}
     _refuse_pending(engine, session_id, popped_calls)
     new = replace(
@@ -76,21 +103,8 @@ def pop(engine: Engine, session_id: str, count: int) -> dict[str, Any]:
         active_messages=st.active_messages - len(popped),
         active_tokens=st.active_tokens - sum(m["tokens"] for m in popped),
     )
-    with engine.store.transaction():
-        engine.store.contexts.save(new)
-    engine.set_context_state(new)
-    status = engine.status(session_id)
-    engine.emit(
-        session_id,
-        "context/didChange",
-        {
-            "sessionId": session_id,
-            "change": "pop",
-            "messageIds": [m["id"] for m in popped],
-            "status": status,
-        },
-    )
-    return {"messages": popped, "status": status}
+    engine.store.contexts.save(new)
+    return new, popped
 
 
 def _refuse_pending(engine: Engine, session_id: str, call_ids: set[str] | None) -> None:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ctxd.daemon.engine import Engine
-from ctxd.protocol.errors import CtxdError, RunActive
+from ctxd.protocol.errors import CompactionInProgress, CtxdError, RunActive
 
 log = logging.getLogger("ctxd.scheduler")
 
@@ -62,6 +62,10 @@ class AutoCompactor:
                 result = await self.engine.compact(session_id, trigger="auto")
                 if not result["effective"]:
                     break
+        except CompactionInProgress as exc:
+            # another compaction (another daemon's, on a shared store) has it in hand
+            log.info("auto-compaction of %s left to the one running: %s", session_id,
+                     exc.message)
         except CtxdError as exc:
             log.warning("auto-compaction of %s failed: %s", session_id, exc.message)
         except Exception:

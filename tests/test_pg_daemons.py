@@ -137,20 +137,20 @@ def slow_llm() -> Iterator[FakeLLM]:
 
 
 def _llm_daemons(tmp_path: Path, pg_cluster: PgCluster, pg_dsn: str,
-                 llm: FakeLLM) -> list[DaemonProcess]:
+                 llm: FakeLLM, max_active: int = 10000) -> list[DaemonProcess]:
     dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
     config = tmp_path / "ctxd.toml"
     config.write_text(
         'store = "postgres"\nsummarizer = "openai"\n'
         f'[postgres]\ndsn = "{pg_cluster.tcp_dsn(dbname)}"\npassword_env = "{PW_VAR}"\n'
         f'[openai]\nbase_url = "{llm.base_url}"\nmodel = "fake-model"\ntimeout_seconds = 20\n'
-        "[compaction]\nmax_active_messages = 10000\nkeep_messages = 4\n"
+        f"[compaction]\nmax_active_messages = {max_active}\nkeep_messages = 4\n"
     )
     out = []
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         out.append(DaemonProcess(tmp_path / name, "--config", str(config),
-                                 env={PW_VAR: PASSWORD}).start())
+                                 env={PW_VAR: PASSWORD, "CTXD_LOG_LEVEL": "INFO"}).start())
     return out
 
 
@@ -331,3 +331,35 @@ def test_every_event_crosses_daemons_with_the_same_params(
             for d in (a, b):
                 if d.proc and d.proc.poll() is None:
                     d.stop()
+
+
+def test_auto_compaction_leaves_a_session_another_daemon_is_compacting(
+    tmp_path: Path, pg_cluster: PgCluster, pg_dsn: str, slow_llm: FakeLLM,
+) -> None:
+    a, b = _llm_daemons(tmp_path, pg_cluster, pg_dsn, slow_llm, max_active=8)
+    try:
+        with a.client("jsonrpc", timeout=30) as ca, b.client(timeout=30) as cb:
+            sid = ca.create_session()["sessionId"]
+            run = ca.start_run(sid)["runId"]
+            for i in range(3):  # inside a run: nothing is compacted before run/finish
+                ca.append(sid, agent_turn(i), run_id=run)
+            results: list[object] = []
+            slow_llm.script("slow")  # B's summary takes its time
+            t = threading.Thread(target=lambda: results.append(cb.compact(sid, force=True)))
+            t.start()
+            time.sleep(0.7)  # B is waiting for its summary, holding the session
+            # A finds auto-compaction due, and leaves the session to B
+            assert ca.finish_run(run, "completed")["run"]["status"] == "completed"
+            t.join(30)
+            assert results and results[0]["effective"]
+            ca.append(sid, [{"role": "user", "content": "after"}])  # A serves on
+            log = cb.compactions(sid)["compactions"]
+            assert [(e["trigger"], e["committed"]) for e in log] == [("manual", True)]
+            assert ca.context_status(sid)["compactionCount"] == 1
+        text = a.log_path.read_text(errors="replace")
+        assert text.count(f"auto-compaction of {sid} left to the one running") == 1
+        assert "Traceback" not in text
+    finally:
+        for d in (a, b):
+            if d.proc and d.proc.poll() is None:
+                d.stop()

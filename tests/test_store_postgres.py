@@ -9,9 +9,12 @@ running on the embedded SQLite store.
 from __future__ import annotations
 
 import inspect
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 import test_archive
 import test_compaction
@@ -20,8 +23,9 @@ import test_search
 from _pytest.fixtures import FixtureFunctionDefinition
 from helpers import make_config
 
+from ctxd.daemon import context_edit
 from ctxd.daemon.engine import Engine
-from ctxd.daemon.pg.store import PostgresStore
+from ctxd.daemon.pg.store import APPEND_LOCK, PostgresStore
 
 SUITES = (test_archive, test_search, test_compaction, test_context_edit)
 # tests that open the SQLite file itself (PostgreSQL's counterparts: test_pg_schema.py)
@@ -46,3 +50,64 @@ def engine(tmp_path: Path, pg_dsn: str) -> Iterator[Engine]:
     e = Engine(cfg, store=PostgresStore(pg_dsn, search_budget_seconds=cfg.search_budget_seconds))
     yield e
     e.close()
+
+
+@pytest.fixture
+def two_engines(tmp_path: Path, pg_dsn: str) -> Iterator[tuple[Engine, Engine]]:
+    """Two engines (as of two daemons) on one database."""
+    out = [Engine(make_config(tmp_path / name), store=PostgresStore(pg_dsn)) for name in "ab"]
+    yield out[0], out[1]
+    for e in out:
+        e.close()
+
+
+def _while_waiting(a_edit, b: Engine, pg_dsn: str, write) -> object:
+    """Run `a_edit()` in a thread while B holds the write lock; once A waits for it, B
+    writes (`write()`) and lets go: what A's edit returns."""
+    b.store.conn.execute("SELECT pg_advisory_lock(?)", (APPEND_LOCK,))
+    out: list[object] = []
+    t = threading.Thread(target=lambda: out.append(a_edit()))
+    t.start()
+    with psycopg.connect(pg_dsn, autocommit=True) as watch:
+        deadline = time.monotonic() + 30
+        while not watch.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND wait_event = 'advisory'"
+        ).fetchone()[0]:
+            assert time.monotonic() < deadline, "A never waited for the write lock"
+            time.sleep(0.02)
+    write()
+    b.store.conn.execute("SELECT pg_advisory_unlock(?)", (APPEND_LOCK,))
+    t.join(30)
+    assert out, "A's edit failed"
+    return out[0]
+
+
+def test_context_edits_read_what_another_daemon_wrote_meanwhile(
+    two_engines: tuple[Engine, Engine], pg_dsn: str,
+) -> None:
+    a, b = two_engines
+    sid = a.create_session()["sessionId"]
+    a.append(sid, [{"role": "user", "content": f"m{i}"} for i in range(4)])
+    late: list[int] = []
+
+    def b_appends() -> None:
+        late.extend(b.append(sid, [{"role": "user", "content": "late"}])["messageIds"])
+
+    popped = _while_waiting(lambda: context_edit.pop(a, sid, 1), b, pg_dsn, b_appends)
+    # the pop took the newest message, the one B appended while A waited
+    assert [m["id"] for m in popped["messages"]] == late
+    for e in (a, b):
+        got = e.get_context(sid)
+        assert [m["content"] for m in got["messages"]] == ["m0", "m1", "m2", "m3"]
+        assert got["status"]["activeMessages"] == 4
+
+    late.clear()
+    _while_waiting(lambda: context_edit.clear(a, sid), b, pg_dsn, b_appends)
+    # the cleared context starts after B's message too: a rebuild does not bring it back
+    assert a.store.contexts.load(sid).base_id == late[0]
+    b.append(sid, [{"role": "user", "content": "after"}])
+    for e in (a, b):
+        got = e.get_context(sid)
+        assert [m["content"] for m in got["messages"]] == ["after"]
+        assert got["status"]["activeMessages"] == 1
