@@ -23,8 +23,8 @@ import os
 import random
 from pathlib import Path
 
+from tests.harness.probes import MIB
 from tests.harness.soak import (
-    MIB,
     SOAK_RSS_FLOOR_KIB,
     SOAK_RSS_LIMIT_KIB,
     SOAK_RSS_TREND,

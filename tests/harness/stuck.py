@@ -19,15 +19,15 @@ from ctxd.clients.client import AsyncClient, connect_async
 from ctxd.daemon.servers.zmq_server import ZmqServer
 from ctxd.protocol.codec import FrameReader, dumps_json, frame
 from tests.harness.image import read_archive
-from tests.harness.soak import (
+from tests.harness.probes import (
     MIB,
     Child,
     RoundTrips,
     RssSampler,
-    Subscriber,
-    _until_stdin,
     client_for,
+    until_stdin,
 )
+from tests.harness.soak import Subscriber
 from tests.harness.talk import LoggedDaemon, Talker, as_wire
 
 # ---------------------------------------------------------------- clients that stop reading
@@ -145,7 +145,7 @@ def load_main(argv: list[str]) -> None:
 
     async def main() -> None:
         stop = asyncio.Event()
-        await _until_stdin(stop)
+        await until_stdin(stop)
         clients = [
             await connect_async(connection_file=connection_file, wire=as_wire(w))
             for w in wires.split(",")
