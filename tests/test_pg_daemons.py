@@ -363,3 +363,163 @@ def test_auto_compaction_leaves_a_session_another_daemon_is_compacting(
         for d in (a, b):
             if d.proc and d.proc.poll() is None:
                 d.stop()
+
+
+def _pg_env(pg_cluster: PgCluster, pg_dsn: str) -> dict[str, str]:
+    dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
+    return {"CTXD_STORE": "postgres", "CTXD_POSTGRES_DSN": pg_cluster.tcp_dsn(dbname),
+            "CTXD_POSTGRES_PASSWORD_ENV": PW_VAR, PW_VAR: PASSWORD,
+            "CTXD_MAX_ACTIVE_MESSAGES": "100000"}
+
+
+def _read_all(c, sid: str) -> list[dict]:
+    out: list[dict] = []
+    after = 0
+    while True:
+        page = c.read(sid, after_id=after, limit=1000)
+        out.extend(page["messages"])
+        if page["nextAfterId"] is None:
+            return out
+        after = page["nextAfterId"]
+
+
+def test_three_daemons_clients_on_each_append_at_once(
+    tmp_path: Path, pg_cluster: PgCluster, pg_dsn: str,
+) -> None:
+    env = _pg_env(pg_cluster, pg_dsn)
+    procs = []
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+        procs.append(DaemonProcess(tmp_path / name, env=env).start())
+    clients_per_daemon, batches = 4, 50
+    try:
+        with procs[0].client() as c0:
+            sid = c0.create_session()["sessionId"]
+        # one subscriber on each daemon, counting the batches it is told of
+        told: list[list[int]] = [[] for _ in procs]
+        subs = [d.client("jsonrpc") for d in procs]
+        for sub, seen in zip(subs, told, strict=True):
+            sub.subscribe(sid)
+            sub.on_notification(lambda m, p, seen=seen: seen.append(p["batchId"])
+                                if m == "session/didAppend" else None)
+        acked: dict[str, int] = {}
+        errors: list[BaseException] = []
+
+        def writer(d: DaemonProcess, tag: str) -> None:
+            try:
+                with d.client() as c:
+                    for i in range(batches):
+                        msgs = [{"role": "user", "content": f"{tag} {i} {k}"} for k in range(2)]
+                        got = c.append(sid, msgs, client_batch_id=f"{tag}-{i}")
+                        if i % 10 == 0:  # a retried batch is not stored twice
+                            again = c.append(sid, msgs, client_batch_id=f"{tag}-{i}")
+                            assert again["batchId"] == got["batchId"]
+                        acked[f"{tag}-{i}"] = got["batchId"]
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(d, f"{n}{k}"))
+                   for n, d in zip("abc", procs, strict=True) for k in range(clients_per_daemon)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert not errors
+        total = len(procs) * clients_per_daemon * batches
+        assert len(acked) == total and len(set(acked.values())) == total
+        for d in procs:  # every daemon reads the whole archive, in one order
+            with d.client() as c:
+                msgs = _read_all(c, sid)
+                ids = [m["id"] for m in msgs]
+                assert ids == sorted(ids) and len(set(ids)) == len(ids) == 2 * total
+                assert sorted(m["content"] for m in msgs) == sorted(
+                    f"{n}{k} {i} {j}" for n in "abc" for k in range(clients_per_daemon)
+                    for i in range(batches) for j in range(2))
+                # batches stored whole: a batch's two messages are consecutive ids
+                by_batch: dict[int, list[int]] = {}
+                for m in msgs:
+                    by_batch.setdefault(m["batchId"], []).append(m["id"])
+                assert sorted(by_batch) == sorted(acked.values())
+                assert all(b[1] == b[0] + 1 for b in by_batch.values())
+                assert c.context_status(sid)["activeMessages"] == 2 * total
+        # every subscriber, whichever daemon it is on, was told of every batch once
+        deadline = time.monotonic() + 60
+        while any(len(seen) < total for seen in told) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for seen in told:
+            assert sorted(seen) == sorted(acked.values())
+        for sub in subs:
+            sub.close()
+    finally:
+        for d in procs:
+            if d.proc and d.proc.poll() is None:
+                d.stop()
+
+
+def test_kill_9_mid_append_loses_nothing_acknowledged(
+    tmp_path: Path, pg_cluster: PgCluster, pg_dsn: str,
+) -> None:
+    env = _pg_env(pg_cluster, pg_dsn)
+    procs = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        procs.append(DaemonProcess(tmp_path / name, env=env).start())
+    a, b = procs
+    batch = 50  # large batches: the kill finds one in flight
+    try:
+        with b.client() as cb:
+            sid = cb.create_session()["sessionId"]
+            acked: dict[str, int] = {}
+            in_flight: dict[str, list[dict]] = {}
+            started = threading.Event()
+
+            def writer(tag: str) -> None:
+                # JSON-RPC over TCP: the client sees its daemon die at once
+                with a.client("jsonrpc", timeout=30) as c:
+                    for i in range(10_000):
+                        key = f"{tag}-{i}"
+                        msgs = [{"role": "user", "content": f"{key} {k}"} for k in range(batch)]
+                        in_flight[tag] = [key, msgs]
+                        try:
+                            got = c.append(sid, msgs, client_batch_id=key)
+                        except (CtxdError, ConnectionError, OSError):
+                            return  # the daemon is gone: this batch is unacknowledged
+                        acked[key] = got["batchId"]
+                        started.set()
+
+            threads = [threading.Thread(target=writer, args=(f"w{k}",)) for k in range(3)]
+            for t in threads:
+                t.start()
+            assert started.wait(60)
+            time.sleep(1.0)
+            a.kill()  # SIGKILL: no shutdown of any kind
+            for t in threads:
+                t.join(60)
+            assert acked
+            # B carries on: every acknowledged batch is there, whole
+            msgs = _read_all(cb, sid)
+            have: dict[int, list[str]] = {}
+            for m in msgs:
+                have.setdefault(m["batchId"], []).append(m["content"])
+            for key, bid in acked.items():
+                assert have[bid] == [f"{key} {k}" for k in range(batch)]
+            # the batches that were in flight, retried through B with the same
+            # clientBatchId: stored exactly once, whether A committed them or not
+            for key, msgs_ in in_flight.values():
+                if key in acked:
+                    continue
+                first = cb.append(sid, msgs_, client_batch_id=key)
+                second = cb.append(sid, msgs_, client_batch_id=key)
+                assert first["batchId"] == second["batchId"]
+                acked[key] = first["batchId"]
+            cb.append(sid, [{"role": "user", "content": "after the kill"}])
+            msgs = _read_all(cb, sid)
+            contents = [m["content"] for m in msgs]
+            assert len(contents) == len(set(contents)) == batch * len(acked) + 1
+            assert contents[-1] == "after the kill"
+            assert cb.context_status(sid)["activeMessages"] == len(msgs)
+            assert len(cb.context_get(sid)["messages"]) == len(msgs)
+    finally:
+        for d in procs:
+            if d.proc and d.proc.poll() is None:
+                d.stop()
