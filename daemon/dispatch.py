@@ -2,7 +2,9 @@
 
 Each handler validates (against the protocol table), calls one engine function and
 shapes the result. Appends are handled synchronously up to the engine call, so the
-order in which a client sent them is the order they are archived in.
+order in which a client sent them is the order they are archived in. A large batch
+(`messages/append`, `run/finish` with `messages`) is prepared and committed beside the
+event loop (see offload.py) while the other clients are served.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ctxd import __version__
 from ctxd.daemon import context_edit, projection, recall
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.messages import PreparedBatch, text_size
+from ctxd.daemon.offload import READS, LargeWrites
 from ctxd.daemon.scheduler import Scheduler
 from ctxd.daemon.servers.base import Connection, EventHub
 from ctxd.protocol import auth
@@ -34,7 +37,7 @@ from ctxd.protocol.methods import (
 
 log = logging.getLogger("ctxd.dispatch")
 
-# an append carrying this much text is validated and counted in a worker thread
+# a batch carrying this much text is validated, counted and committed beside the loop
 OFFLOAD_TEXT_CHARS = 256 * 1024
 
 Handler = Callable[[Connection, dict[str, Any]], Any]
@@ -44,6 +47,14 @@ SHUTDOWN_REPLY_DELAY = 0.1
 
 def _snake(name: str) -> str:
     return re.sub(r"[A-Z]", lambda m: "_" + m.group(0).lower(), name)
+
+
+def _large_batch(method: str, p: dict[str, Any]) -> bool:
+    """A batch to prepare and commit beside the loop (the same rule for both methods
+    that carry one)."""
+    if method not in ("messages/append", "run/finish") or p["messages"] is None:
+        return False
+    return text_size(p["messages"]) >= OFFLOAD_TEXT_CHARS
 
 
 async def _wrap_later(result: Any, key: str) -> dict[str, Any]:
@@ -71,6 +82,7 @@ class Dispatcher:
         self.started_at = self.scheduler.started_at
         self.auth_timeout = auth_timeout
         self.run_lease = run_lease
+        self.large = LargeWrites(engine, lambda: bool(self.scheduler.running()))
         self._live: set[Connection] = set()
         # per connection: the request (behind a large append) the next one waits for
         self._in_turn: dict[Connection, asyncio.Future[None]] = {}
@@ -109,38 +121,49 @@ class Dispatcher:
             raise Unauthorized("send initialize with the token from the connection file first")
         p = validate_params(method, params)
         before = self._in_turn.get(conn)
-        if before is not None or (
-            method == "messages/append" and text_size(p["messages"]) >= OFFLOAD_TEXT_CHARS
-        ):
-            return await self._after(conn, before, method, p)
+        large = _large_batch(method, p)
+        if before is not None or large or (self.large.gate.busy and method not in READS):
+            return await self._after(conn, before, method, p, large)
         result = self._handlers[method](conn, p)
         if inspect.isawaitable(result):
             result = await result
         return result
 
     async def _after(
-        self, conn: Connection, before: asyncio.Future[None] | None, method: str, p: Any
+        self,
+        conn: Connection,
+        before: asyncio.Future[None] | None,
+        method: str,
+        p: Any,
+        large: bool,
     ) -> Any:
-        """A large append, or any request behind one from the same connection.
+        """A large batch, a request behind one from the same connection, or a write
+        while a large batch is being committed.
 
-        The append's batch is validated and its tokens counted in a worker thread, so
-        the event loop serves other clients meanwhile (the commit stays on the loop).
-        Requests of the same connection still start in the order they came: each one
-        waits until the one before it has started.
+        The batch is validated and its tokens counted in a worker thread, and committed
+        in one (see offload.py), so the event loop serves other clients meanwhile; other
+        writes wait until that commit is over. Requests of the same connection still
+        start in the order they came: each one waits until the one before it has started,
+        and behind a large batch until its reply is out (so replies keep their order).
         """
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._in_turn[conn] = turn
         try:
             prepared = None
-            if method == "messages/append" and text_size(p["messages"]) >= OFFLOAD_TEXT_CHARS:
-                self.engine.require_session(p["sessionId"])
+            if large:
+                if method == "messages/append":
+                    self.engine.require_session(p["sessionId"])
                 prepared = await asyncio.to_thread(self.engine.prepare_append, p["messages"])
             if before is not None:
                 await before
             if prepared is not None:
-                result = self.append(conn, p, prepared)
-            else:
-                result = self._handlers[method](conn, p)
+                # not cancelled with the request: the write gate opens only once the
+                # commit and the engine's state after it are done
+                work = asyncio.ensure_future(self._large_write(conn, method, p, prepared))
+                return await asyncio.shield(work)
+            if method not in READS:
+                await self.large.gate.wait_open()
+            result = self._handlers[method](conn, p)
         finally:
             turn.set_result(None)
             if self._in_turn.get(conn) is turn:
@@ -148,6 +171,26 @@ class Dispatcher:
         if inspect.isawaitable(result):
             result = await result
         return result
+
+    async def _large_write(
+        self,
+        conn: Connection,
+        method: str,
+        p: dict[str, Any],
+        prepared: PreparedBatch,
+    ) -> dict[str, Any]:
+        async with self.large.gate.held():
+            if method == "messages/append":
+                self._claim(conn, p["runId"])
+                result = await self.large.append(
+                    p["sessionId"], p["messages"], prepared,
+                    run_id=p["runId"], client_batch_id=p["clientBatchId"],
+                )
+                return self._appended(p, result)
+            finished = await self.large.finish_run(
+                p["runId"], p["outcome"], p["messages"], prepared, p["clientBatchId"]
+            )
+            return self._run_finished(conn, p, finished)
 
     def check_token(self, token: Any) -> bool:
         return isinstance(token, str) and hmac.compare_digest(
@@ -179,8 +222,20 @@ class Dispatcher:
                 conn,
                 sorted(conn.open_runs),
             )
-            self.scheduler.client_gone(set(conn.open_runs))
+            runs = set(conn.open_runs)
             conn.open_runs.clear()
+            if self.large.gate.busy:
+                # a write, like any other: after the large commit under way
+                asyncio.get_running_loop().create_task(self._client_gone_later(runs))
+            else:
+                self.scheduler.client_gone(runs)
+
+    async def _client_gone_later(self, runs: set[str]) -> None:
+        await self.large.gate.wait_open()
+        try:
+            self.scheduler.client_gone(runs)
+        except Exception:
+            log.exception("marking runs %s interrupted failed", sorted(runs))
 
     def lease_stale_runs(self, run_ids: set[str]) -> None:
         """Runs left open by a daemon that died (see Scheduler.lease_stale_runs)."""
@@ -248,18 +303,18 @@ class Dispatcher:
         conn.subscriptions.discard(p["sessionId"])
         return {}
 
-    def append(
-        self, conn: Connection, p: dict[str, Any], prepared: PreparedBatch | None = None
-    ) -> dict[str, Any]:
-        sid = p["sessionId"]
+    def append(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
         self._claim(conn, p["runId"])
         result = self.engine.append(
-            sid,
+            p["sessionId"],
             p["messages"],
             run_id=p["runId"],
             client_batch_id=p["clientBatchId"],
-            prepared=prepared,
         )
+        return self._appended(p, result)
+
+    def _appended(self, p: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+        sid = p["sessionId"]
         self.scheduler.after_append(sid, p["runId"], result["status"])
         if p["returnContext"]:
             result["context"] = self.engine.get_context(sid, status=result["status"])
@@ -317,6 +372,11 @@ class Dispatcher:
         result = self.engine.finish_run(
             p["runId"], p["outcome"], messages=p["messages"], client_batch_id=p["clientBatchId"]
         )
+        return self._run_finished(conn, p, result)
+
+    def _run_finished(
+        self, conn: Connection, p: dict[str, Any], result: dict[str, Any]
+    ) -> dict[str, Any]:
         if p["returnContext"]:
             result["context"] = self.engine.get_context(result["run"]["sessionId"])
         conn.open_runs.discard(p["runId"])

@@ -1,0 +1,224 @@
+"""Large appends committed beside the event loop.
+
+A batch of tens of megabytes costs SQLite about a second to insert, index and write to
+the WAL; on the daemon's connection, on the event loop, that second is every other
+client's wait. Here the batch (validated and counted in a worker thread beforehand) is
+committed in a worker thread on a SQLite connection of its own, opened for that commit
+and closed after it: no connection is ever used from two threads, and APSW releases
+the GIL while SQLite works, so the loop serves other clients meanwhile.
+
+What keeps this as safe as a commit on the loop:
+
+- `WriteGate`: one large commit at a time, and while it runs no other write starts on
+  the loop. The dispatcher lets only the methods in `READS` run beside it; any other
+  request waits for the gate, so the checks made before the commit (session, run,
+  tool-call pairing) still hold when it commits, and appends to one session stay in the
+  order they were acknowledged.
+- A compaction commits on the loop's connection whenever its summary is ready, so no
+  large commit is started while one runs (that batch is committed on the loop, as
+  before); compactions start only from requests that wait for the gate.
+- The reply is built after the commit returned: what is acknowledged is durable. The
+  engine's in-memory state is brought up to date on the loop right after the commit,
+  in a task that is not cancelled with the request.
+- Only the embedded store: a store shared by several daemons (PostgreSQL) commits on
+  the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ctxd.daemon.archive import ArchiveStore
+from ctxd.daemon.context_store import ContextState, bump_counts
+from ctxd.daemon.engine import Engine
+from ctxd.daemon.messages import PreparedBatch
+from ctxd.daemon.pairing import check_tool_pairs
+from ctxd.daemon.runs import RUN_OUTCOMES
+from ctxd.daemon.schema import open_database, transaction
+from ctxd.daemon.stores.sqlite import SqliteStore
+
+# the requests that write nothing: they run while a large commit is under way (any other
+# request waits for it, a method added later included)
+READS = frozenset({
+    "initialize", "session/list", "session/get", "session/subscribe", "session/unsubscribe",
+    "archive/read", "archive/search", "context/get", "context/status", "context/explain",
+    "context/compactions", "context/pins/list", "approval/list", "tools/list", "tools/call",
+    "heartbeat", "shutdown",
+})
+
+
+class WriteGate:
+    """Open unless a large commit is under way; one large commit at a time."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self._open = asyncio.Event()
+        self._open.set()
+
+    @property
+    def busy(self) -> bool:
+        return not self._open.is_set()
+
+    async def wait_open(self) -> None:
+        while not self._open.is_set():
+            await self._open.wait()
+
+    @asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        async with self._lock:
+            self._open.clear()
+            try:
+                yield
+            finally:
+                self._open.set()
+
+
+def _commit(
+    db_path: Path,
+    durability: str,
+    st: ContextState,
+    rows: list[tuple[dict[str, Any], str, int]],
+    batch: PreparedBatch,
+    run_id: str | None,
+    client_batch_id: str | None,
+) -> tuple[int, list[int], ContextState]:
+    """In a worker thread: the write transaction of `Engine.append`, on a connection of
+    its own. Returns the batch id, the message ids and the session's new context state."""
+    conn = open_database(db_path, durability=durability)
+    try:
+        archive = ArchiveStore(conn)
+        new = replace(st, system_ids=list(st.system_ids))
+        new.active_messages += len(rows)
+        new.active_tokens += sum(tokens for _, _, tokens in rows)
+        with transaction(conn):
+            batch_id, ids, _ = archive.append(
+                st.session_id,
+                rows,
+                digest=batch.digest,
+                run_id=run_id,
+                client_batch_id=client_batch_id,
+                index_texts=batch.index_texts,
+            )
+            for (m, _, _), mid in zip(rows, ids, strict=True):
+                if new.tail_start_id is None:
+                    if m["role"] == "system":
+                        new.system_ids.append(mid)
+                    else:
+                        new.tail_start_id = mid
+            bump_counts(conn, new)
+        return batch_id, ids, new
+    finally:
+        conn.close()
+
+
+class LargeWrites:
+    """`append` and `finish_run` of the engine for large batches, committed beside the
+    loop when they can be (see the module docstring)."""
+
+    def __init__(self, engine: Engine, compacting: Callable[[], bool]) -> None:
+        self.engine = engine
+        self.gate = WriteGate()
+        # whether a compaction runs or is about to: it would commit on the loop meanwhile
+        self._compacting = compacting
+
+    def _beside_loop(self) -> bool:
+        eng = self.engine
+        return (
+            isinstance(eng.store, SqliteStore)
+            and not eng.shared
+            and not eng.compactor.running
+            and not self._compacting()
+        )
+
+    async def append(
+        self,
+        session_id: str,
+        messages: list[Any],
+        prepared: PreparedBatch,
+        *,
+        run_id: str | None = None,
+        client_batch_id: str | None = None,
+        run: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """`Engine.append` of a prepared batch; call it holding the gate."""
+        eng = self.engine
+        eng.require_session(session_id)
+        if run_id is not None and (run is None or run["runId"] != run_id):
+            run = eng.runs.get(run_id)
+
+        def on_loop() -> dict[str, Any]:
+            return eng.append(session_id, messages, run_id=run_id,
+                              client_batch_id=client_batch_id, prepared=prepared, run=run)
+
+        if not self._beside_loop() or not prepared.tokens:
+            return on_loop()
+        if client_batch_id is not None and eng.archive.find_batch(
+            session_id, client_batch_id
+        ) is not None:
+            return on_loop()  # a repeated batch: its stored ids, or the conflict
+        if run_id is not None and (
+            run is None or run["sessionId"] != session_id or run["status"] != "open"
+        ):
+            return on_loop()  # refused there, with the engine's words
+        st = eng.context_state(session_id)
+        pending = check_tool_pairs(eng.archive, eng.runs, st, [m for m, _ in prepared.normalized])
+        rows = [(m, body, n) for (m, body), n in
+                zip(prepared.normalized, prepared.tokens, strict=True)]
+        store = eng.store
+        assert isinstance(store, SqliteStore)
+        work = asyncio.to_thread(_commit, store.db_path, eng.config.durability, st, rows,
+                                 prepared, run_id, client_batch_id)
+        # the engine's state follows the commit even when the request is cancelled
+        done = asyncio.ensure_future(self._committed(work, session_id, run_id, pending))
+        return await asyncio.shield(done)
+
+    async def _committed(
+        self, work: Any, session_id: str, run_id: str | None, pending: int
+    ) -> dict[str, Any]:
+        batch_id, ids, new = await work
+        eng = self.engine
+        eng.set_context_state(new)
+        # the engine keeps each session's archive count once counted (Engine.append adds
+        # to it the same way)
+        counts: dict[str, int] = eng._archive_counts
+        if session_id in counts:
+            counts[session_id] += len(ids)
+        if run_id is None:
+            status = eng.status(session_id, pending=pending)
+        else:
+            status = eng.status(session_id, open_run_id=run_id, pending=pending)
+        eng.emit(session_id, "session/didAppend", {
+            "sessionId": session_id,
+            "batchId": batch_id,
+            "messageIds": ids,
+            "runId": run_id,
+            "status": status,
+        })
+        return {"batchId": batch_id, "messageIds": ids, "status": status}
+
+    async def finish_run(
+        self,
+        run_id: str,
+        outcome: str,
+        messages: list[Any],
+        prepared: PreparedBatch,
+        client_batch_id: str | None = None,
+    ) -> dict[str, Any]:
+        """`Engine.finish_run` with messages, their batch prepared; call it holding the
+        gate."""
+        eng = self.engine
+        run = eng.runs.get(run_id)
+        if run is None or run["status"] != "open" or outcome not in RUN_OUTCOMES:
+            # refused before anything is appended, with the engine's words
+            return eng.finish_run(run_id, outcome, messages=messages,
+                                  client_batch_id=client_batch_id)
+        appended = await self.append(run["sessionId"], messages, prepared, run_id=run_id,
+                                     client_batch_id=client_batch_id, run=run)
+        result = eng.finish_run(run_id, outcome)
+        result["append"] = appended
+        return result
