@@ -345,7 +345,7 @@ class Compactor:
         """The summarizer raised: log it, tell the session, raise SummarizerFailed."""
         reason = f"{type(exc).__name__}: {exc}"
         with self.store.transaction():
-            self._log(a, before, None, False, False, leaving, reason)
+            commit.record(self.store, a, self._name(), before, None, False, False, leaving, reason)
         self.emit(
             a.session_id,
             "context/compactionFailed",
@@ -377,15 +377,9 @@ class Compactor:
                 self.store, a, snapshot, summary, tail_start_id, self.contexts.summary_tokens
             )
             if not a.dry_run:
-                self._log(
-                    a,
-                    o.before,
-                    o.after,
-                    o.effective,
-                    o.committed,
-                    leaving,
-                    None,
-                    summary.summarizer or None,
+                name = self._name(summary.summarizer)
+                commit.record(
+                    self.store, a, name, o.before, o.after, o.effective, o.committed, leaving, None
                 )
         if a.dry_run:
             self._progress(session_id, a.cid, {"kind": "end", "message": "dry run"})
@@ -406,7 +400,7 @@ class Compactor:
 
     def _not_effective(self, a: Attempt, before: dict[str, int], reason: str) -> dict[str, Any]:
         with self.store.transaction():
-            self._log(a, before, before, False, False, [], None)
+            commit.record(self.store, a, self._name(), before, before, False, False, [], None)
         if a.trigger == "auto":
             self._retry_later(a.session_id, before)
         self._progress(a.session_id, a.cid, {"kind": "end", "message": "not effective"})
@@ -423,20 +417,10 @@ class Compactor:
             session_id, "$/progress", {"sessionId": session_id, "token": token, "value": value}
         )
 
-    def _log(
-        self,
-        a: Attempt,
-        before: dict[str, int],
-        after: dict[str, int] | None,
-        effective: bool,
-        committed: bool,
-        leaving: list[dict[str, Any]],
-        error: str | None,
-        summarizer: str | None = None,
-    ) -> None:
-        # the summary's own word wins: it says when a fallback wrote it
-        name = summarizer or getattr(self.summarizer, "name", type(self.summarizer).__name__)
-        commit.record(self.store, a, name, before, after, effective, committed, leaving, error)
+    def _name(self, written_by: str = "") -> str:
+        """The summarizer a log entry names: the summary's own word wins (it says when a
+        fallback wrote it), else the configured one's."""
+        return written_by or getattr(self.summarizer, "name", type(self.summarizer).__name__)
 
     def history(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
         return [r.to_wire() for r in self.store.compactions.history(session_id, limit)]
