@@ -9,6 +9,7 @@ running on the embedded SQLite store.
 from __future__ import annotations
 
 import inspect
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from helpers import make_config
 
 from ctxd.daemon import context_edit
 from ctxd.daemon.engine import Engine
+from ctxd.daemon.pg import events
 from ctxd.daemon.pg.store import APPEND_LOCK, PostgresStore
 
 SUITES = (test_archive, test_search, test_compaction, test_context_edit)
@@ -111,3 +113,45 @@ def test_context_edits_read_what_another_daemon_wrote_meanwhile(
         got = e.get_context(sid)
         assert [m["content"] for m in got["messages"]] == ["after"]
         assert got["status"]["activeMessages"] == 1
+
+
+def test_events_too_large_for_a_notification_still_cross(
+    two_engines: tuple[Engine, Engine], pg_dsn: str,
+) -> None:
+    a, b = two_engines
+    refs: list[dict] = []
+    b.store.listen(refs.append)  # B's listening thread, as in a daemon
+    with psycopg.connect(pg_dsn, autocommit=True) as watch:
+        deadline = time.monotonic() + 30
+        while not watch.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query LIKE 'LISTEN %'"
+        ).fetchone()[0]:
+            assert time.monotonic() < deadline, "B never listened"
+            time.sleep(0.02)
+    local: list[tuple] = []
+    relayed: list[tuple] = []
+    a.add_listener(lambda sid, m, p: local.append((m, p)))
+    b.add_listener(lambda sid, m, p: relayed.append((m, p)))
+    sid = a.create_session()["sessionId"]
+    a.append(sid, [{"role": "user", "content": f"m{i}"} for i in range(1200)])
+    context_edit.pop(a, sid, 1000)  # 1000 ids would not fit in one notification
+    deadline = time.monotonic() + 30
+    while not any(r["m"] == "context/didChange" for r in refs):
+        assert time.monotonic() < deadline, "no notification of the pop"
+        time.sleep(0.02)
+    change = next(r for r in refs if r["m"] == "context/didChange")
+    assert isinstance(change["v"]["messageIds"], dict)  # sent as a range
+    events.relay(b, change)
+    assert relayed == [local[-1]] and len(local[-1][1]["messageIds"]) == 1000
+
+    # a long error text is cut to fit; the rest of the event is whole
+    failed = {"sessionId": sid, "trigger": "manual", "compactionId": "cmp_x",
+              "error": {"code": -32016, "message": "e" * 20_000}}
+    text = events.reference(a.store.origin, sid, "context/compactionFailed", failed)
+    assert text is not None and len(text.encode()) < 8000
+    events.relay(b, json.loads(text))
+    m, params = relayed[-1]
+    assert m == "context/compactionFailed"
+    assert params["error"]["message"] == "e" * events.CUT_CHARS + "…"
+    assert {**params, "error": failed["error"]} == failed

@@ -19,7 +19,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
+from collections.abc import Callable
 from typing import Any
+
+import psycopg
 
 log = logging.getLogger("ctxd.pg.events")
 
@@ -121,6 +125,29 @@ def _params(engine: Any, method: str, sid: str, ref: dict[str, Any]) -> dict[str
     if ref.get("st"):
         params["status"] = engine.status(sid)
     return params
+
+
+def listen_forever(
+    dsn: str, password: str | None, channel: str, origin: str, stop: threading.Event,
+    on_event: Callable[[dict[str, Any]], None],
+) -> None:
+    """Until `stop`, call `on_event(reference)` for every event on `channel` not sent by
+    `origin` (this daemon); reconnects by itself when the server comes back."""
+    kw = {"password": password} if password is not None else {}
+    while not stop.is_set():
+        try:
+            with psycopg.connect(dsn, autocommit=True, **kw) as conn:
+                conn.execute(f"LISTEN {channel}")
+                while not stop.is_set():
+                    for n in conn.notifies(timeout=0.5):
+                        try:
+                            ref = json.loads(n.payload)
+                        except ValueError:
+                            continue
+                        if isinstance(ref, dict) and ref.get("o") != origin:
+                            on_event(ref)
+        except psycopg.Error:
+            stop.wait(1.0)  # the server is away: try again shortly
 
 
 def start_relay(engine: Any, loop: Any) -> None:

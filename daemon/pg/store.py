@@ -38,7 +38,7 @@ from ctxd.daemon.compaction_log import CompactionLog
 from ctxd.daemon.context_store import ContextState, ContextStore, PinStore
 from ctxd.daemon.messages import message_text
 from ctxd.daemon.pg import events, schema, tsearch
-from ctxd.daemon.runs import RunStore
+from ctxd.daemon.pg.runs import PgRuns
 from ctxd.protocol.errors import InvalidParams, SearchTooBroad, StorageError
 
 log = logging.getLogger("ctxd.pg.store")
@@ -51,9 +51,6 @@ APPEND_LOCK = 0x63747861
 # compactor per session across daemons; a daemon that dies drops its connection and with
 # it the lock, so another daemon's next compaction goes ahead at once
 COMPACTION_LOCK = 0x63747863
-# the class of the session-level advisory locks a daemon holds on each open run it
-# serves ("ctxr"): a run whose lock is free was opened through a daemon that is gone
-RUN_LOCK = 0x63747872
 # the channel appends are announced on (ids only; listeners read the rows)
 EVENTS_CHANNEL = "ctxd_events"
 SEARCH_WORKERS = 2
@@ -346,52 +343,6 @@ class PgArchive(ArchiveStore):
         ]
 
 
-class PgRuns(RunStore):
-    """Runs, each open one held by a session-level advisory lock of the daemon serving it
-    (released when the run finishes, or by PostgreSQL when that daemon's connection
-    ends)."""
-
-    conn: PgConnection  # type: ignore[assignment]
-
-    def __init__(self, conn: PgConnection) -> None:
-        super().__init__(conn)  # type: ignore[arg-type]
-        self.owned: set[str] = set()
-        conn.on_connect.append(self._relock)
-
-    def _relock(self, raw: psycopg.Connection) -> None:
-        # a new connection holds none of the old one's locks: take back those still free
-        for rid in list(self.owned):
-            got = raw.execute(
-                "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (RUN_LOCK, rid)
-            ).fetchone()
-            if not got or not got[0]:
-                self.owned.discard(rid)  # another daemon adopted it meanwhile
-
-    def _lock(self, run_id: str) -> bool:
-        got = self.conn.execute(
-            "SELECT pg_try_advisory_lock(?, hashtext(?))", (RUN_LOCK, run_id)
-        ).fetchone()[0]
-        if got:
-            self.owned.add(run_id)
-        return bool(got)
-
-    def start(self, run_id: str, session_id: str) -> dict[str, Any]:
-        run = super().start(run_id, session_id)
-        self._lock(run_id)
-        return run
-
-    def finish(self, run_id: str, status: str) -> dict[str, Any]:
-        run = super().finish(run_id, status)
-        if run_id in self.owned:
-            self.owned.discard(run_id)
-            self.conn.execute("SELECT pg_advisory_unlock(?, hashtext(?))", (RUN_LOCK, run_id))
-        return run
-
-    def adopt_orphans(self) -> set[str]:
-        """Open runs no live daemon holds, now held by this one (to lease them out)."""
-        return {rid for rid in self.open_run_ids() - self.owned if self._lock(rid)}
-
-
 _CONTEXT_COLUMNS = (
     "session_id, version, system_ids, tail_start_id, summary, summary_tokens, "
     "active_messages, active_tokens, compaction_count, last_compacted_at, base_id, "
@@ -492,21 +443,9 @@ class PostgresStore:
         self._listener.start()
 
     def _listen(self, on_event: Callable[[dict[str, Any]], None]) -> None:
-        while not self._stop.is_set():
-            try:
-                kw = {"password": self.password} if self.password is not None else {}
-                with psycopg.connect(self.dsn, autocommit=True, **kw) as conn:
-                    conn.execute(f"LISTEN {EVENTS_CHANNEL}")
-                    while not self._stop.is_set():
-                        for n in conn.notifies(timeout=0.5):
-                            try:
-                                p = json.loads(n.payload)
-                            except ValueError:
-                                continue
-                            if isinstance(p, dict) and p.get("o") != self.origin:
-                                on_event(p)
-            except psycopg.Error:
-                self._stop.wait(1.0)  # the server is away: try again shortly
+        events.listen_forever(
+            self.dsn, self.password, EVENTS_CHANNEL, self.origin, self._stop, on_event
+        )
 
     def _reader(self) -> PgArchive:
         if self._local is None:
