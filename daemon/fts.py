@@ -32,10 +32,25 @@ _TOKEN = re.compile(r"\w+")
 MAX_QUERY_TERMS = QUERY_TERMS_MAX
 
 
+# a long text is marked in slices of this many characters: one regular-expression pass
+# over megabytes holds the GIL (and the event loop, when a worker thread indexes) for
+# a tenth of a second
+_SLICE = 1 << 16
+
+
 def index_text(text: str) -> str:
     """The text stored in the FTS table for a message."""
     # FTS5 reads a string only up to a NUL character
-    return _AFTER_CJK.sub(SEP, text.replace("\x00", " "))
+    text = text.replace("\x00", " ")
+    if text.isascii():  # no CJK to mark (and Python knows it without a scan)
+        return text
+    if len(text) <= _SLICE:
+        return _AFTER_CJK.sub(SEP, text)
+    # a slice's start has nothing behind it, and a CJK character ending a slice gets its
+    # separator at that slice's end: the same text as one pass
+    return "".join(
+        _AFTER_CJK.sub(SEP, text[i : i + _SLICE]) for i in range(0, len(text), _SLICE)
+    )
 
 
 def clean_snippet(snippet: str) -> str:
