@@ -155,3 +155,26 @@ def test_events_too_large_for_a_notification_still_cross(
     assert m == "context/compactionFailed"
     assert params["error"]["message"] == "e" * events.CUT_CHARS + "…"
     assert {**params, "error": failed["error"]} == failed
+
+
+def test_archive_count_counts_on_across_daemons_and_rollbacks(
+    two_engines: tuple[Engine, Engine],
+) -> None:
+    """Each status reports the session's archived count, counted on from the last one:
+    appends through another daemon on the same database are seen, rows of a transaction
+    that rolls back are not kept."""
+    a, b = two_engines
+    sid = a.create_session()["sessionId"]
+    for i in range(3):
+        a.append(sid, [{"role": "user", "content": f"a {i}"}])
+    assert a.status(sid)["archiveMessages"] == 3
+    b.append(sid, [{"role": "user", "content": "b 0"}, {"role": "user", "content": "b 1"}])
+    assert a.status(sid)["archiveMessages"] == 5
+    row = ({"role": "user", "content": "rolled back"}, '{"role":"user"}', 1)
+    with pytest.raises(RuntimeError), a.store.transaction():
+        a.archive.append(sid, [row], digest="x", run_id=None, client_batch_id=None)
+        assert a.archive.message_count(sid) == 6  # its own uncommitted row
+        raise RuntimeError("roll back")
+    assert a.status(sid)["archiveMessages"] == b.status(sid)["archiveMessages"] == 5
+    a.append(sid, [{"role": "user", "content": "a 3"}])
+    assert b.status(sid)["archiveMessages"] == a.status(sid)["archiveMessages"] == 6

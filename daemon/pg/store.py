@@ -92,6 +92,8 @@ class PgConnection:
         self._conn: psycopg.Connection | None = None
         self._sql: dict[str, str] = {}
         self._depth = 0
+        # whether the open transaction holds APPEND_LOCK (an append need not ask again)
+        self.write_locked = False
         # called with each new connection (after a server restart, say)
         self.on_connect: list[Any] = []
 
@@ -139,9 +141,22 @@ class PgConnection:
                 try:
                     if write_lock and self._depth == 1:
                         conn.execute("SELECT pg_advisory_xact_lock(%s)", (APPEND_LOCK,))
+                        self.write_locked = True
                     yield
                 finally:
                     self._depth -= 1
+                    if self._depth == 0:
+                        self.write_locked = False
+        except _STORAGE as exc:
+            raise _reraise(exc) from None
+
+    @contextmanager
+    def pipeline(self) -> Iterator[None]:
+        """Statements sent together and answered together: one round trip for those
+        whose results are not read (a failure surfaces when the block ends)."""
+        try:
+            with self.raw().pipeline():
+                yield
         except _STORAGE as exc:
             raise _reraise(exc) from None
 
@@ -154,6 +169,24 @@ class PgConnection:
 class PgArchive(ArchiveStore):
     conn: PgConnection  # type: ignore[assignment]
 
+    def __init__(self, conn: PgConnection) -> None:
+        super().__init__(conn)  # type: ignore[arg-type]
+        # session -> (highest message id counted, count): see message_count
+        self._counts: dict[str, tuple[int, int]] = {}
+
+    def message_count(self, session_id: str) -> int:
+        """Every status asks this, so it must not walk the session's whole history: rows
+        are never deleted and ids grow in commit order (the append lock), so the count is
+        the last one plus the rows past the highest id it counted."""
+        last, base = self._counts.get(session_id, (0, 0))
+        n, top = self.conn.execute(
+            "SELECT count(*), max(id) FROM messages WHERE session_id = ? AND id > ?",
+            (session_id, last),
+        ).fetchone()
+        if self.conn._depth == 0:  # inside a transaction the rows may still roll back
+            self._counts[session_id] = (top or last, base + n)
+        return base + n
+
     def append(
         self,
         session_id: str,
@@ -165,59 +198,66 @@ class PgArchive(ArchiveStore):
         index_texts: Sequence[str] | None = None,
     ) -> tuple[int, list[int], float]:
         c = self.conn
-        c.execute("SELECT pg_advisory_xact_lock(?)", (APPEND_LOCK,))  # held already: cheap
+        if not c.write_locked:  # the store's write transaction takes it first
+            c.execute("SELECT pg_advisory_xact_lock(?)", (APPEND_LOCK,))
         now = time.time()
-        first = (c.execute("SELECT max(id) FROM messages").fetchone()[0] or 0) + 1
-        ids = list(range(first, first + len(messages)))
-        batch_id = (c.execute("SELECT max(id) FROM batches").fetchone()[0] or 0) + 1
-        c.execute(
-            "INSERT INTO batches(id, session_id, client_batch_id, run_id, digest, "
-            "first_message_id, last_message_id, created_at) VALUES (?,?,?,?,?,?,?,?)",
-            (batch_id, session_id, client_batch_id, run_id, digest, ids[0], ids[-1], now),
-        )
-        c.executemany(
-            "INSERT INTO messages(id, session_id, batch_id, role, body, tokens, created_at) "
-            "VALUES (?,?,?,?,?,?,?)",
-            [
-                (i, session_id, batch_id, m["role"], body, tokens, now)
-                for i, (m, body, tokens) in zip(ids, messages, strict=True)
-            ],
-        )
-        c.executemany(
-            "INSERT INTO messages_search(message_id, part, tsv) VALUES (?, ?, ?::tsvector)",
-            [
-                (i, part, lit)
+        # a round trip is most of a statement's cost here: one for both ids (read after
+        # the lock, so no other writer is between), one for every row the batch writes
+        last_message, last_batch = c.execute(
+            "SELECT (SELECT max(id) FROM messages), (SELECT max(id) FROM batches)"
+        ).fetchone()
+        ids = list(range((last_message or 0) + 1, (last_message or 0) + 1 + len(messages)))
+        batch_id = (last_batch or 0) + 1
+        with c.pipeline():
+            c.execute(
+                "INSERT INTO batches(id, session_id, client_batch_id, run_id, digest, "
+                "first_message_id, last_message_id, created_at) VALUES (?,?,?,?,?,?,?,?)",
+                (batch_id, session_id, client_batch_id, run_id, digest, ids[0], ids[-1], now),
+            )
+            c.executemany(
+                "INSERT INTO messages(id, session_id, batch_id, role, body, tokens, created_at) "
+                "VALUES (?,?,?,?,?,?,?)",
+                [
+                    (i, session_id, batch_id, m["role"], body, tokens, now)
+                    for i, (m, body, tokens) in zip(ids, messages, strict=True)
+                ],
+            )
+            c.executemany(
+                "INSERT INTO messages_search(message_id, part, tsv) VALUES (?, ?, ?::tsvector)",
+                [
+                    (i, part, lit)
+                    for i, (m, _, _) in zip(ids, messages, strict=True)
+                    for part, lit in enumerate(tsearch.tsvector_parts(message_text(m)))
+                ],
+            )
+            calls = [
+                (session_id, call["id"], i)
                 for i, (m, _, _) in zip(ids, messages, strict=True)
-                for part, lit in enumerate(tsearch.tsvector_parts(message_text(m)))
-            ],
-        )
-        calls = [
-            (session_id, call["id"], i)
-            for i, (m, _, _) in zip(ids, messages, strict=True)
-            for call in m.get("tool_calls") or ()
-        ]
-        if calls:
-            c.executemany(
-                "INSERT INTO tool_calls(session_id, tool_call_id, call_message_id) VALUES (?,?,?)",
-                calls,
+                for call in m.get("tool_calls") or ()
+            ]
+            if calls:
+                c.executemany(
+                    "INSERT INTO tool_calls(session_id, tool_call_id, call_message_id) "
+                    "VALUES (?,?,?)",
+                    calls,
+                )
+            results = [
+                (session_id, m["tool_call_id"], i)
+                for i, (m, _, _) in zip(ids, messages, strict=True)
+                if m["role"] == "tool"
+            ]
+            if results:
+                c.executemany(
+                    "INSERT INTO tool_results(session_id, tool_call_id, result_message_id) "
+                    "VALUES (?,?,?)",
+                    results,
+                )
+            # delivered to every listening daemon when (and only if) this transaction commits
+            c.execute(
+                "SELECT pg_notify(?, ?)",
+                (EVENTS_CHANNEL, json.dumps({"m": "session/didAppend", "s": session_id,
+                                             "b": batch_id, "o": self.origin})),
             )
-        results = [
-            (session_id, m["tool_call_id"], i)
-            for i, (m, _, _) in zip(ids, messages, strict=True)
-            if m["role"] == "tool"
-        ]
-        if results:
-            c.executemany(
-                "INSERT INTO tool_results(session_id, tool_call_id, result_message_id) "
-                "VALUES (?,?,?)",
-                results,
-            )
-        # delivered to every listening daemon when (and only if) this transaction commits
-        c.execute(
-            "SELECT pg_notify(?, ?)",
-            (EVENTS_CHANNEL, json.dumps({"m": "session/didAppend", "s": session_id,
-                                         "b": batch_id, "o": self.origin})),
-        )
         return batch_id, ids, now
 
     origin = ""
