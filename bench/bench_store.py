@@ -93,6 +93,7 @@ class Stores:
         self.scratch = scratch
         self.sessions: dict[int, list[str]] = {}
         self.runs = 0
+        self.baseline: Path | None = None
 
     def prepare(self, history: int) -> None:
         from ctxd.daemon.pg.copy import copy_sqlite_to_postgres
@@ -126,6 +127,8 @@ def start_daemons(stores: Stores, kind: str, history: int, n: int) -> list[Daemo
     env = {"CTXD_LOG_LEVEL": "WARNING"}
     if kind == "sqlite":
         return [DaemonProcess(stores.sqlite_dir(history), env=env).start()]
+    if kind == "pg-baseline":  # another ctxd's code, ahead of this checkout's on the path
+        env["PYTHONPATH"] = str(stores.baseline)
     db = stores.pg_database(history)
     env.update({"CTXD_STORE": "postgres", "CTXD_POSTGRES_DSN": stores.cluster.tcp_dsn(db),
                 "CTXD_POSTGRES_PASSWORD_ENV": PW_VAR, PW_VAR: PASSWORD})
@@ -237,15 +240,25 @@ def probe(daemon: DaemonProcess, sids: list[str], seconds: float = 5.0) -> dict[
             "busy_max": max(busy), "append_p50": statistics.median(app)}
 
 
-CASES = (("embedded SQLite", "sqlite", 1), ("PostgreSQL", "pg", 1), ("PostgreSQL", "pg", 2),
-         ("PostgreSQL", "pg", 4))
+Case = tuple[str, str, int]  # label, store kind, daemons
+BEFORE = "PostgreSQL, baseline"
+
+
+def cases(baseline: bool) -> list[Case]:
+    out: list[Case] = [("embedded SQLite", "sqlite", 1)]
+    for n in (1, 2, 4):
+        out.append(("PostgreSQL", "pg", n))
+        if baseline:  # side by side, so both see the same moment's load
+            out.append((BEFORE, "pg-baseline", n))
+    return out
 
 
 def load_average() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def plot(results: dict[tuple[int, str, int], dict[str, Any]], out_dir: Path) -> str | None:
+def plot(results: dict[tuple[int, str, int], dict[str, Any]], all_cases: list[Case],
+         out_dir: Path) -> str | None:
     try:
         import matplotlib
     except ImportError:
@@ -255,27 +268,28 @@ def plot(results: dict[tuple[int, str, int], dict[str, Any]], out_dir: Path) -> 
     import matplotlib.pyplot as plt
 
     histories = sorted({h for h, _, _ in results})
-    labels = [("SQLite" if k == "sqlite" else f"PG x{n}") for _, k, n in CASES]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    labels = [("SQLite" if k == "sqlite" else f"PG{'*' if k != 'pg' else ''} x{n}")
+              for _, k, n in all_cases]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     width = 0.8 / len(histories)
     for j, (key, title) in enumerate((("msgs_per_s", "append throughput (messages/s)"),
                                       ("append_p50", "append p50 (ms)"),
                                       ("get_p50", "context/get p50 (ms)"))):
         ax = axes[j]
         for i, h in enumerate(histories):
-            ys = [results[(h, k, n)][key] for _, k, n in CASES]
-            xs = [x + i * width for x in range(len(CASES))]
+            ys = [results[(h, k, n)][key] for _, k, n in all_cases]
+            xs = [x + i * width for x in range(len(all_cases))]
             ax.bar(xs, ys, width, label=f"{h:,} archived")
             if key != "msgs_per_s":
-                p95 = [results[(h, k, n)][key.replace("p50", "p95")] for _, k, n in CASES]
+                p95 = [results[(h, k, n)][key.replace("p50", "p95")] for _, k, n in all_cases]
                 ax.scatter(xs, p95, marker="_", color="black", s=200,
                            label="p95" if i == 0 else None)
-        ax.set_xticks([x + width * (len(histories) - 1) / 2 for x in range(len(CASES))])
-        ax.set_xticklabels(labels)
+        ax.set_xticks([x + width * (len(histories) - 1) / 2 for x in range(len(all_cases))])
+        ax.set_xticklabels(labels, rotation=30)
         ax.set_title(title)
         ax.legend()
     fig.suptitle(f"{AGENTS} agents appending steps and reading context/get, default "
-                 "compaction policy")
+                 "compaction policy" + ("; PG*: the baseline" if len(all_cases) > 4 else ""))
     fig.tight_layout()
     fig.savefig(out_dir / PLOT, dpi=110)
     plt.close(fig)
@@ -289,6 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only-profile", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--no-profile", action="store_true", help="skip store_profile.py")
     parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--baseline", type=Path, help="a directory holding another ctxd "
+                        "package (ctxd/, ctxd/daemon/, ...): its daemons run the PostgreSQL "
+                        "cases beside this checkout's, in the same run")
+    parser.add_argument("--baseline-label", default="the baseline's code",
+                        help="what the baseline is, for the report")
     args = parser.parse_args(argv)
     steps = 40 if args.quick else args.steps
     histories = [10_000] if args.quick else [10_000, 100_000]
@@ -297,15 +316,17 @@ def main(argv: list[str] | None = None) -> int:
     cluster = PgCluster().start()
     loads = [load_average()]
     results: dict[tuple[int, str, int], dict[str, Any]] = {}
+    all_cases = cases(args.baseline is not None)
     probes: dict[str, dict[str, Any]] = {}
     profile_md = ""
     t_start = time.perf_counter()
     try:
         stores = Stores(cluster, scratch)
+        stores.baseline = args.baseline
         for h in histories:
             stores.prepare(h)
         for h in histories if not args.only_profile else []:
-            for label, kind, n in CASES:
+            for label, kind, n in all_cases:
                 daemons = start_daemons(stores, kind, h, n)
                 try:
                     r = results[(h, kind, n)] = measure(daemons, stores.sessions[h], steps)
@@ -330,19 +351,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.only_profile:
         print(profile_md)
         return 0
-    png = plot(results, out.parent) if not args.quick else None
-    report = render(results, probes, profile_md, histories, steps, loads, elapsed, png)
+    png = plot(results, all_cases, out.parent) if not args.quick else None
+    report = render(results, all_cases, probes, profile_md, histories, steps, loads, elapsed,
+                    png, args.baseline, args.baseline_label)
     out.write_text(report)
     print(report)
     return 0
 
 
-def render(results: dict[tuple[int, str, int], dict[str, Any]],
+def render(results: dict[tuple[int, str, int], dict[str, Any]], all_cases: list[Case],
            probes: dict[str, dict[str, Any]], profile_md: str, histories: list[int],
-           steps: int, loads: list[str], elapsed: float, png: str | None) -> str:
+           steps: int, loads: list[str], elapsed: float, png: str | None,
+           baseline: Path | None, baseline_label: str = "") -> str:
     rows = []
     for h in histories:
-        for label, kind, n in CASES:
+        for label, kind, n in all_cases:
             r = results[(h, kind, n)]
             rows.append(
                 f"| {h:,} | {label} | {n} | {r['msgs_per_s']:,.0f} | {r['append_p50']:.2f} | "
@@ -351,14 +374,14 @@ def render(results: dict[tuple[int, str, int], dict[str, Any]],
     flat = []
     if len(histories) > 1:
         lo, hi = histories[0], histories[-1]
-        for label, kind, n in CASES:
+        for label, kind, n in all_cases:
             a, b = results[(lo, kind, n)], results[(hi, kind, n)]
             flat.append(f"| {label} | {n} | {a['step_p50']:.2f} | {b['step_p50']:.2f} | "
                         f"{b['step_p50'] / a['step_p50']:.2f} |")
     base = {h: results[(h, "sqlite", 1)] for h in histories}
     ratios = []
     for h in histories:
-        for label, kind, n in CASES[1:]:
+        for label, kind, n in all_cases[1:]:
             r = results[(h, kind, n)]
             ratios.append(
                 f"| {h:,} | {label} x{n} | {r['append_p50'] / base[h]['append_p50']:.1f}x | "
@@ -383,7 +406,9 @@ def render(results: dict[tuple[int, str, int], dict[str, Any]],
         "Daemons are `ctxd serve` processes with the default compaction policy; agent i "
         "talks to daemon i mod N. The archive is preloaded to the given size (a quarter "
         "in each session, compacted); PostgreSQL is a scratch cluster on loopback TCP "
-        "(fsync off).",
+        "(fsync off)." + (
+            f" `{BEFORE}`: the PostgreSQL daemons again, running {baseline_label} "
+            "(`--baseline`), in the same run." if baseline else ""),
         "",
         "| archived | store | daemons | messages/s (all agents) | append p50 ms | "
         "append p95 ms | context/get p50 ms | context/get p95 ms | last/first tenth |",
