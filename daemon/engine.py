@@ -265,6 +265,12 @@ class Engine:
         counts = batch.tokens or [self.tokens.count_message(m) for m, _ in normalized]
         rows = [(m, body, n) for (m, body), n in zip(normalized, counts, strict=True)]
         with self.store.transaction():
+            if self.shared and client_batch_id is not None:
+                # the same batch may have come through another daemon meanwhile (a
+                # client's retry): it is stored once, and both get its result
+                found = self.archive.find_batch(session_id, client_batch_id)
+                if found is not None:
+                    return self._repeat_batch(session_id, client_batch_id, found, digest)
             # read inside the write transaction: on a shared store another daemon may
             # have appended to this session since this daemon last looked
             st = self.context_state(session_id)

@@ -533,3 +533,68 @@ def test_kill_9_mid_append_loses_nothing_acknowledged(
         for d in procs:
             if d.proc and d.proc.poll() is None:
                 d.stop()
+
+
+def test_one_batch_sent_through_two_daemons_at_once_is_stored_once(
+    daemons: list[DaemonProcess],
+) -> None:
+    a, b = daemons
+    rounds = 30
+    with a.client() as ca, b.client() as cb:
+        sid = ca.create_session()["sessionId"]
+        barrier = threading.Barrier(2)
+        got: dict[str, list[object]] = {"a": [], "b": []}
+
+        def send(name: str, c) -> None:
+            for i in range(rounds):
+                barrier.wait(30)
+                msgs = [{"role": "user", "content": f"retry {i}"}]
+                try:
+                    got[name].append(c.append(sid, msgs, client_batch_id=f"r{i}")["batchId"])
+                except CtxdError as exc:
+                    got[name].append(exc)
+
+        ts = [threading.Thread(target=send, args=(n, c)) for n, c in (("a", ca), ("b", cb))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        # both clients were answered, with the one batch
+        assert got["a"] == got["b"] and all(isinstance(x, int) for x in got["a"])
+        msgs = _read_all(cb, sid)
+        assert [m["content"] for m in msgs] == [f"retry {i}" for i in range(rounds)]
+        assert cb.context_status(sid)["activeMessages"] == rounds
+
+
+def test_one_tool_call_sent_through_two_daemons_at_once_is_refused_with_a_typed_error(
+    daemons: list[DaemonProcess],
+) -> None:
+    a, b = daemons
+    rounds = 20
+    with a.client() as ca, b.client() as cb:
+        sid = ca.create_session()["sessionId"]
+        barrier = threading.Barrier(2)
+        got: dict[str, list[object]] = {"a": [], "b": []}
+
+        def send(name: str, c) -> None:
+            for i in range(rounds):
+                call = {"id": f"call_same_{i}", "type": "function",
+                        "function": {"name": "ls", "arguments": "{}"}}
+                barrier.wait(30)
+                try:
+                    c.append(sid, [{"role": "assistant", "content": None,
+                                    "tool_calls": [call]}])
+                    got[name].append("stored")
+                except CtxdError as exc:
+                    got[name].append(type(exc).__name__)
+
+        ts = [threading.Thread(target=send, args=(n, c)) for n, c in (("a", ca), ("b", cb))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        for x, y in zip(got["a"], got["b"], strict=True):
+            # one stored it; the other was told why not, in a typed error
+            assert sorted([x, y])[1] == "stored"
+            assert sorted([x, y])[0] in ("Conflict", "InvalidMessage")
+        assert len(_read_all(cb, sid)) == rounds

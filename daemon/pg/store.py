@@ -39,7 +39,7 @@ from ctxd.daemon.context_store import ContextState, ContextStore, PinStore
 from ctxd.daemon.messages import message_text
 from ctxd.daemon.pg import events, schema, tsearch
 from ctxd.daemon.pg.runs import PgRuns
-from ctxd.protocol.errors import InvalidParams, SearchTooBroad, StorageError
+from ctxd.protocol.errors import Conflict, InvalidParams, SearchTooBroad, StorageError
 
 log = logging.getLogger("ctxd.pg.store")
 
@@ -80,6 +80,17 @@ def _reraise(exc: Exception) -> StorageError | Exception:
     """A search's statement_timeout stays itself (it becomes SearchTooBroad); the rest of
     the server's and the connection's failures become StorageError."""
     return exc if isinstance(exc, pgerr.QueryCanceled) else _storage(exc)
+
+
+def _duplicate(exc: pgerr.UniqueViolation) -> Conflict:
+    """A row another daemon stored at the same moment (the engine checked before the
+    write lock that none existed): the retry is answered as any duplicate is."""
+    what = getattr(exc.diag, "constraint_name", None) or "a unique key"
+    return Conflict(
+        f"another daemon stored the same ids at the same moment ({what}); nothing of this "
+        "request was written: read the session (archive/read) before sending it again",
+        {"reason": "UniqueViolation"},
+    )
 
 
 class PgConnection:
@@ -124,6 +135,8 @@ class PgConnection:
             return self.raw().execute(self._convert(sql), params or None)
         except _STORAGE as exc:
             raise _reraise(exc) from None
+        except pgerr.UniqueViolation as exc:
+            raise _duplicate(exc) from None
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         try:
@@ -131,6 +144,8 @@ class PgConnection:
                 cur.executemany(self._convert(sql), rows)
         except _STORAGE as exc:
             raise _reraise(exc) from None
+        except pgerr.UniqueViolation as exc:
+            raise _duplicate(exc) from None
 
     @contextmanager
     def transaction(self, *, write_lock: bool = False) -> Iterator[None]:
