@@ -39,7 +39,7 @@ from ctxd.daemon.engine import Engine
 from ctxd.daemon.messages import PreparedBatch
 from ctxd.daemon.pairing import check_tool_pairs
 from ctxd.daemon.runs import RUN_OUTCOMES
-from ctxd.daemon.schema import open_database, transaction
+from ctxd.daemon.schema import open_database, thread_transaction
 from ctxd.daemon.stores.sqlite import SqliteStore
 
 # the requests that write nothing: they run while a large commit is under way (any other
@@ -95,7 +95,7 @@ def _commit(
         new = replace(st, system_ids=list(st.system_ids))
         new.active_messages += len(rows)
         new.active_tokens += sum(tokens for _, _, tokens in rows)
-        with transaction(conn):
+        with thread_transaction(conn):
             batch_id, ids, _ = archive.append(
                 st.session_id,
                 rows,
