@@ -115,6 +115,14 @@ class Dispatcher:
     # the RequestHandler interface
 
     async def handle(self, conn: Connection, method: str, params: Any) -> Any:
+        result = self.handle_now(conn, method, params)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    def handle_now(self, conn: Connection, method: str, params: Any) -> Any:
+        """`handle` without a task: the result, or an awaitable the wire awaits in a task
+        of its own (most methods answer here, so the wires skip a task per request)."""
         if not conn.authenticated and method != "initialize":
             # the same answer for every method, known or not: before login the list of
             # methods (which an unknown-method error names) is nobody's business
@@ -123,11 +131,8 @@ class Dispatcher:
         before = self._in_turn.get(conn)
         large = _large_batch(method, p)
         if before is not None or large or (self.large.gate.busy and method not in READS):
-            return await self._after(conn, before, method, p, large)
-        result = self._handlers[method](conn, p)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
+            return self._after(conn, before, method, p, large)
+        return self._handlers[method](conn, p)
 
     async def _after(
         self,

@@ -35,6 +35,9 @@ class Connection:
         # runs opened through this connection: marked interrupted when it closes
         self.open_runs: set[str] = set()
         self.closed = False
+        # requests handed to a task that has not started yet: the connection's next
+        # requests queue behind them, so each client's requests start in the order sent
+        self.queued = 0
 
     def send_notification(self, method: str, params: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -59,7 +62,24 @@ class RequestHandler(Protocol):
 
     def connection_opened(self, conn: Connection) -> None: ...
 
+    # A handler may also offer `handle_now(conn, method, params)`: the same work without
+    # a task, returning the result or an awaitable (see `now_or_later`).
+
     def connection_closed(self, conn: Connection) -> None: ...
+
+
+def now_or_later(handler: RequestHandler, conn: Connection, method: str, params: Any) -> Any:
+    """Serve a request at once when its handler can: the result (or the `CtxdError` it
+    raises), or an awaitable that the wire must await in a task of its own.
+
+    Most methods are synchronous, so a wire answers them without a task and without an
+    event-loop hop. A request behind one that still waits for its task to start also
+    waits (it gets a task too): the handler sees a connection's requests in order.
+    """
+    now = getattr(handler, "handle_now", None)
+    if now is None or conn.queued:
+        return handler.handle(conn, method, params)
+    return now(conn, method, params)
 
 
 EventSink = Callable[[str, str, dict[str, Any]], None]

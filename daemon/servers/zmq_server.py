@@ -5,12 +5,9 @@ Requests are msgpack maps `{id, method, params, token}`; replies are `{id, resul
 came with, so REQ clients (empty delimiter frame) and DEALER clients (with or without a
 delimiter) both work. ZeroMQ has no handshake, so every request carries the token.
 
-Events go out on the PUB socket as `[b"session/<id>", msgpack {method, params}]`.
-The PUB side is an XPUB socket so the daemon sees subscriptions: when a subscriber
-subscribes to a topic starting with `probe/`, the server answers with one `$/probe`
-message on that topic. Subscriptions travel in order on one connection, so once a
-subscriber receives its probe, every subscription it made before is in effect: this is
-how clients wait out ZeroMQ's slow-joiner problem without sleeping.
+Events go out on the PUB socket (`zmq_events`). Requests are read from a plain socket
+on the event loop (`SocketPump`): a request whose handler answers synchronously (most
+do) is answered on the spot, without a task or a future; the others run as tasks.
 
 Over TCP (`curve_token`), both sockets are CURVE servers and a ZAP handler admits only
 peers holding the client key derived from the token (`ctxd.protocol.auth`): a peer that
@@ -30,18 +27,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
-import threading
 import time
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
-from ctxd.daemon.servers.base import EventHub, RequestHandler
+from ctxd.daemon.servers.base import EventHub, RequestHandler, now_or_later
 from ctxd.daemon.servers.zmq_auth import ZapHandler
+from ctxd.daemon.servers.zmq_events import EventPublisher
 from ctxd.daemon.servers.zmq_frames import (
+    SocketPump,
     ZmqConnection,
     endpoint_of,
     error_payload,
@@ -126,13 +125,14 @@ class ZmqServer:
         self._zap: ZapHandler | None = None
         self._own_context = context is None
         self._ctx: zmq.asyncio.Context | None = context
-        self._router: zmq.asyncio.Socket | None = None
-        self._pub: zmq.asyncio.Socket | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
+        self._router: zmq.Socket[Any] | None = None
+        self._pub: zmq.Socket[Any] | None = None
+        self._pump: SocketPump | None = None
+        self._events: EventPublisher | None = None
         self._bg: list[asyncio.Task[None]] = []
         self._tasks: set[asyncio.Task[None]] = set()
-        self._slots: asyncio.Semaphore | None = None
+        # requests running as tasks; at max_inflight reading pauses
+        self._running = 0
         self._peers: dict[bytes, ZmqConnection] = {}
         self._ipc_paths: list[str] = []
         self._sink_added = False
@@ -154,15 +154,16 @@ class ZmqServer:
     async def start(self) -> None:
         if self._router is not None:
             raise RuntimeError("ZmqServer already started")
-        self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
+        loop = asyncio.get_running_loop()
         if self._ctx is None:
             self._ctx = zmq.asyncio.Context()
         ctx = self._ctx
         if self._curve_token is not None:
             self._zap = ZapHandler(ctx, self._curve_token, self.stats)
-        router = ctx.socket(zmq.ROUTER)
-        pub = ctx.socket(zmq.XPUB)
+        # plain sockets, read by a SocketPump: zmq.asyncio's futures cost more than the
+        # request itself
+        router: zmq.Socket[Any] = zmq.Socket(ctx, zmq.ROUTER)
+        pub: zmq.Socket[Any] = zmq.Socket(ctx, zmq.XPUB)
         try:
             for sock in (router, pub):
                 # a peer that does not complete the handshake in time is disconnected
@@ -203,15 +204,14 @@ class ZmqServer:
             for ep in (self.router_endpoint, self.pub_endpoint)
             if ep.startswith("ipc://") and not ep.startswith("ipc://@")
         ]
-        self._slots = asyncio.Semaphore(self.max_inflight)
+        self._events = EventPublisher(loop, pub, self.stats)
+        self._pump = SocketPump(loop, router, self._accept, "ROUTER")
         if not self._sink_added:
             self.hub.add_sink(self.publish)
             self._sink_added = True
-        self._bg = [
-            asyncio.create_task(self._serve_requests(), name="zmq-router"),
-            asyncio.create_task(self._serve_subscriptions(), name="zmq-xpub"),
-            asyncio.create_task(self._reap_idle_peers(), name="zmq-reaper"),
-        ]
+        self._pump.start()
+        self._events.start()
+        self._bg = [asyncio.create_task(self._reap_idle_peers(), name="zmq-reaper")]
         if self._zap is not None:
             self._bg.append(asyncio.create_task(self._zap.serve(), name="zmq-zap"))
         log.info("ZeroMQ wire on %s (events on %s)", self.router_endpoint, self.pub_endpoint)
@@ -221,6 +221,10 @@ class ZmqServer:
         if self._closed:
             return
         self._closed = True
+        if self._pump is not None:
+            self._pump.close()
+        if self._events is not None:
+            self._events.close()
         for task in self._bg:
             task.cancel()
         for task in self._bg:
@@ -247,6 +251,7 @@ class ZmqServer:
         if self._zap is not None:
             self._zap.close()
         self._router = self._pub = self._zap = None
+        self._pump = self._events = None
         if self._own_context and self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -271,76 +276,19 @@ class ZmqServer:
 
     def publish(self, session_id: str, method: str, params: dict[str, Any]) -> None:
         """Send one event to the session's subscribers; never blocks (drops at the HWM)."""
-        if self._closed or self._pub is None:
+        events = self._events
+        if self._closed or events is None:
             return
-        if threading.get_ident() != self._loop_thread:
-            # ZeroMQ sockets are not thread-safe: hop onto the loop that owns them.
-            assert self._loop is not None
-            try:
-                self._loop.call_soon_threadsafe(self.publish, session_id, method, params)
-            except RuntimeError:  # the loop is already closed: the server is gone
-                self.stats["events_dropped"] += 1
-            return
-        try:
-            payload = packb({"method": method, "params": params})
-        except Exception:
-            log.exception("event %s for session %s cannot be encoded", method, session_id)
-            self.stats["events_dropped"] += 1
-            return
-        try:
-            send_now(self._pub, [session_topic(session_id), payload])
-        except zmq.Again:
-            self.stats["events_dropped"] += 1
-            log.warning("event queue full: dropped %s for session %s", method, session_id)
-        except zmq.ZMQError as exc:
-            self.stats["events_dropped"] += 1
-            log.warning("could not publish %s: %s", method, exc)
-        else:
-            self.stats["events_published"] += 1
-
-    async def _serve_subscriptions(self) -> None:
-        """Answer `probe/...` subscriptions so subscribers know theirs are in effect."""
-        assert self._pub is not None
-        pub = self._pub
-        while True:
-            try:
-                frames = await pub.recv_multipart()
-            except zmq.ZMQError as exc:
-                if exc.errno in (zmq.ETERM, zmq.ENOTSOCK):
-                    return
-                log.warning("XPUB receive failed: %s", exc)
-                continue
-            msg = frames[0] if frames else b""
-            if len(msg) < 2 or msg[0] != 1 or not msg[1:].startswith(PROBE_PREFIX):
-                continue
-            topic = msg[1:]
-            payload = packb({"method": PROBE_METHOD, "params": {"topic": topic.decode("latin-1")}})
-            with contextlib.suppress(zmq.ZMQError):
-                send_now(pub, [topic, payload])
+        events.publish(session_id, method, params)
 
     # requests
 
-    async def _serve_requests(self) -> None:
-        assert self._router is not None and self._slots is not None
-        router = self._router
-        while True:
-            try:
-                frames = await router.recv_multipart()
-            except zmq.ZMQError as exc:
-                if exc.errno in (zmq.ETERM, zmq.ENOTSOCK):
-                    return
-                log.warning("ROUTER receive failed: %s", exc)
-                continue
-            try:
-                await self._accept(frames)
-            except Exception:  # one bad message must never stop the server
-                log.exception("unexpected failure handling a ZeroMQ message")
+    def _accept(self, frames: list[bytes]) -> None:
+        """Check one request and answer it, at once when its handler is synchronous.
 
-    async def _accept(self, frames: list[bytes]) -> None:
-        """Validate one request synchronously, then run it as its own task.
-
-        Tasks are created in arrival order and asyncio starts them in that order, so the
-        handler's synchronous part sees each client's requests in the order they were sent.
+        Otherwise it runs as a task; tasks start in the order they were created, and a
+        peer's requests wait behind its requests still waiting for their task, so the
+        handler sees each client's requests in the order they were sent.
         """
         if len(frames) < 2:
             return  # only an identity: nothing to answer
@@ -364,17 +312,15 @@ class ZmqServer:
         except CtxdError as err:
             self._reply_error(envelope, msg.get("id") if isinstance(msg, dict) else None, err)
             return
-        conn = self._peers.get(identity)
-        if method == "initialize" and not self._token_ok(msg.get("token")):
+        token_ok = self._token_ok(msg.get("token"))
+        if method == "initialize" and not token_ok:
             # Mutual authentication: the client proves the token in the params and waits
             # for the daemon's proof before sending the token. Answered on a connection of
             # its own; the peer is registered only once it sends the token.
-            probe = ZmqConnection(identity)
-            probe.inflight += 1
-            await self._slots.acquire()
-            self._start_task(self._run(probe, envelope, req_id, method, params))
+            self._serve(ZmqConnection(identity), envelope, req_id, method, params)
             return
-        if not self._token_ok(msg.get("token")):
+        conn = self._peers.get(identity)
+        if not token_ok:
             if conn is not None:
                 conn.authenticated = False
             self._reply_error(
@@ -392,14 +338,65 @@ class ZmqServer:
             conn = self._open_peer(identity)
         conn.authenticated = True
         conn.last_seen = time.monotonic()
-        conn.inflight += 1
-        await self._slots.acquire()  # bounded: beyond this, back-pressure via RCVHWM
-        self._start_task(self._run(conn, envelope, req_id, method, params))
+        self._serve(conn, envelope, req_id, method, params)
 
-    def _start_task(self, coro: Any) -> None:
-        task = asyncio.create_task(coro)
+    def _serve(
+        self, conn: ZmqConnection, envelope: list[bytes], req_id: Any, method: str, params: Any
+    ) -> None:
+        try:
+            result = now_or_later(self.handler, conn, method, params)
+            if inspect.isawaitable(result):
+                self._start_task(conn, envelope, req_id, method, result)
+                return
+            reply = packb({"id": req_id, "result": result})
+        except Exception as exc:
+            reply = self._failure(conn, req_id, method, exc)
+        conn.last_seen = time.monotonic()
+        if not self._try_send(envelope, reply):
+            self._start_send(envelope, reply)
+
+    def _failure(self, conn: ZmqConnection, req_id: Any, method: str, exc: Exception) -> bytes:
+        self.stats["errors"] += 1
+        if isinstance(exc, CtxdError):
+            return error_payload(req_id, exc)
+        log.error("%s failed for %r", method, conn, exc_info=exc)
+        return error_payload(
+            req_id,
+            InternalError(f"internal error in {method}: {type(exc).__name__}; see the daemon log"),
+        )
+
+    def _start_task(
+        self,
+        conn: ZmqConnection,
+        envelope: list[bytes],
+        req_id: Any,
+        method: str,
+        work: Any,
+    ) -> None:
+        # Until this task starts, the peer's next requests queue behind it (`work` may
+        # not have begun: a coroutine of an async handler, or of `handle` itself).
+        conn.inflight += 1
+        conn.queued += 1
+        self._running += 1
+        if self._running >= self.max_inflight and self._pump is not None:
+            # bounded: beyond this, back-pressure through the peers' RCVHWM
+            self._pump.pause()
+        started: list[bool] = []
+        task = asyncio.create_task(self._run(conn, envelope, req_id, method, work, started))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._tasks.discard(task)
+            if not started:  # cancelled before its first step
+                conn.queued -= 1
+                if inspect.iscoroutine(work):
+                    work.close()
+            conn.inflight -= 1
+            self._running -= 1
+            if self._running < self.max_inflight and self._pump is not None:
+                self._pump.resume()
+
+        task.add_done_callback(done)
 
     def _token_ok(self, token: Any) -> bool:
         if token is None:
@@ -411,40 +408,36 @@ class ZmqServer:
             return False
 
     async def _run(
-        self, conn: ZmqConnection, envelope: list[bytes], req_id: Any, method: str, params: Any
+        self,
+        conn: ZmqConnection,
+        envelope: list[bytes],
+        req_id: Any,
+        method: str,
+        work: Any,
+        started: list[bool],
     ) -> None:
+        started.append(True)
+        conn.queued -= 1
         try:
-            try:
-                result = await self.handler.handle(conn, method, params)
-                reply = packb({"id": req_id, "result": result})
-            except CtxdError as err:
-                self.stats["errors"] += 1
-                reply = error_payload(req_id, err)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.stats["errors"] += 1
-                log.exception("%s failed for %r", method, conn)
-                reply = error_payload(
-                    req_id,
-                    InternalError(
-                        f"internal error in {method}: {type(exc).__name__}; see the daemon log",
-                    ),
-                )
-            conn.last_seen = time.monotonic()
-            await self._send_reply(envelope, reply)
-        finally:
-            conn.inflight -= 1
-            assert self._slots is not None
-            self._slots.release()
+            result = await work
+            reply = packb({"id": req_id, "result": result})
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            reply = self._failure(conn, req_id, method, exc)
+        conn.last_seen = time.monotonic()
+        await self._send_reply(envelope, reply)
 
     def _reply_error(self, envelope: list[bytes], req_id: Any, err: CtxdError) -> None:
         self.stats["errors"] += 1
         reply = error_payload(req_id, err)
         if not self._try_send(envelope, reply):
-            task = asyncio.create_task(self._send_reply(envelope, reply))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._start_send(envelope, reply)
+
+    def _start_send(self, envelope: list[bytes], reply: bytes) -> None:
+        task = asyncio.create_task(self._send_reply(envelope, reply))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _try_send(self, envelope: list[bytes], reply: bytes) -> bool:
         """Send now if possible. False: the peer's queue is full, try again later."""
@@ -452,7 +445,7 @@ class ZmqServer:
         if sock is None:
             return True  # closing: nothing more to do
         try:
-            send_now(sock, [*envelope, reply])
+            send_now(sock, [*envelope, reply], self._pump)
             return True
         except zmq.Again:
             return False

@@ -1,0 +1,83 @@
+"""The ZeroMQ wire's event side: session events out on an XPUB socket, probes answered.
+
+Events go out as `[b"session/<id>", msgpack {method, params}]`. The daemon sees
+subscriptions (XPUB): when a subscriber subscribes to a topic starting with `probe/`, it
+answers with one `$/probe` message on that topic. Subscriptions travel in order on one
+connection, so once a subscriber receives its probe, every subscription it made before
+is in effect: this is how clients wait out ZeroMQ's slow-joiner problem without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from typing import Any
+
+import zmq
+
+from ctxd.daemon.servers.zmq_frames import SocketPump, send_now
+from ctxd.protocol.codec import packb
+from ctxd.protocol.envelope import PROBE_METHOD, PROBE_PREFIX, session_topic
+
+log = logging.getLogger("ctxd.servers.zmq")
+
+
+class EventPublisher:
+    """Publishes on `pub` from the loop that owns it; answers subscription probes."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, pub: zmq.Socket[Any], stats: dict[str, int]
+    ) -> None:
+        self._loop = loop
+        self._loop_thread = threading.get_ident()
+        self._pub: zmq.Socket[Any] | None = pub
+        self.stats = stats
+        self._pump = SocketPump(loop, pub, self._on_subscription, "XPUB")
+
+    def start(self) -> None:
+        self._pump.start()
+
+    def close(self) -> None:
+        self._pump.close()
+        self._pub = None
+
+    def publish(self, session_id: str, method: str, params: dict[str, Any]) -> None:
+        """Send one event to the session's subscribers; never blocks (drops at the HWM)."""
+        if self._pub is None:
+            return
+        if threading.get_ident() != self._loop_thread:
+            # ZeroMQ sockets are not thread-safe: hop onto the loop that owns them.
+            try:
+                self._loop.call_soon_threadsafe(self.publish, session_id, method, params)
+            except RuntimeError:  # the loop is already closed: the server is gone
+                self.stats["events_dropped"] += 1
+            return
+        try:
+            payload = packb({"method": method, "params": params})
+        except Exception:
+            log.exception("event %s for session %s cannot be encoded", method, session_id)
+            self.stats["events_dropped"] += 1
+            return
+        try:
+            send_now(self._pub, [session_topic(session_id), payload], self._pump)
+        except zmq.Again:
+            self.stats["events_dropped"] += 1
+            log.warning("event queue full: dropped %s for session %s", method, session_id)
+        except zmq.ZMQError as exc:
+            self.stats["events_dropped"] += 1
+            log.warning("could not publish %s: %s", method, exc)
+        else:
+            self.stats["events_published"] += 1
+
+    def _on_subscription(self, frames: list[bytes]) -> None:
+        """Answer `probe/...` subscriptions so subscribers know theirs are in effect."""
+        pub = self._pub
+        msg = frames[0] if frames else b""
+        if pub is None or len(msg) < 2 or msg[0] != 1 or not msg[1:].startswith(PROBE_PREFIX):
+            return
+        topic = msg[1:]
+        payload = packb({"method": PROBE_METHOD, "params": {"topic": topic.decode("latin-1")}})
+        with contextlib.suppress(zmq.ZMQError):
+            send_now(pub, [topic, payload], self._pump)
