@@ -32,9 +32,11 @@ than the pygls path as well (see bench/bench_wire_jsonrpc.py).
 
 Behaviour shared by both wires
 ------------------------------
-* Each request runs as its own task, created in arrival order as soon as its frame is
-  parsed: the handler does its synchronous work before its first await, so per-client
-  order of appends is kept while a slow request does not block the next one.
+* Each request is served as soon as its frame is parsed, in arrival order: a method whose
+  handler is synchronous (most are: `handle_now`) is answered on the spot, without a
+  task; the others run as their own task, and a client's next requests wait for that
+  task to start. So per-client order of appends is kept while a slow request does not
+  block the next one.
 * Notifications from the client go to the handler as well and get no reply.
 * Batches (a JSON array) are supported: every element runs as its own task, the replies
   come back as one array in request order; an empty array gets a single -32600 error;

@@ -7,11 +7,12 @@ four transport hooks that `rpc_tcp` and `rpc_websocket` provide.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from typing import Any
 
 from ctxd.daemon.servers.admission import Gate
-from ctxd.daemon.servers.base import Connection, EventHub, RequestHandler
+from ctxd.daemon.servers.base import Connection, EventHub, RequestHandler, now_or_later
 from ctxd.protocol.codec import (
     check_request,
     dumps_json,
@@ -385,12 +386,31 @@ class JsonRpcConnection(Connection):
             self._idle()
 
     def _start(self, id_: Any, method: str, params: Any, is_notification: bool) -> None:
-        # created right away, in arrival order: see the module docstring
-        self._track(self._run(id_, method, params, is_notification))
-
-    async def _run(self, id_: Any, method: str, params: Any, is_notification: bool) -> None:
+        """Answer now when the handler can (most methods); otherwise a task, created
+        right away, in arrival order (see the module docstring)."""
         try:
-            reply = await self._call(id_, method, params, is_notification)
+            result = now_or_later(self._core.handler, self, method, params)
+        except Exception as exc:
+            reply = self._failed(id_, method, is_notification, exc)
+        else:
+            if inspect.isawaitable(result):
+                # until it starts, this connection's next requests queue behind it
+                self.queued += 1
+                self._track(self._run(id_, method, result, is_notification))
+                return
+            reply = None if is_notification else response(id_, result)
+        if reply is not None:
+            self._send(self._encode(reply))
+
+    async def _run(self, id_: Any, method: str, work: Any, is_notification: bool) -> None:
+        self.queued -= 1
+        try:
+            try:
+                result = await work
+            except Exception as exc:
+                reply = self._failed(id_, method, is_notification, exc)
+            else:
+                reply = None if is_notification else response(id_, result)
             if reply is not None:
                 self._send(self._encode(reply))
         finally:
@@ -417,7 +437,9 @@ class JsonRpcConnection(Connection):
                 entries.append(error_response(item_id, err))
                 continue
             entries.append(self._track(self._call_untrack(id_, method, params, is_notification)))
-        # the batch reply counts as running work too, so a half-close waits for it
+        # the batch reply counts as running work too, so a half-close waits for it; the
+        # connection's next requests wait for it to start, so they are answered after it
+        self.queued += 1
         self._track(self._finish_batch(entries))
 
     async def _call_untrack(
@@ -429,6 +451,7 @@ class JsonRpcConnection(Connection):
             self._untrack()
 
     async def _finish_batch(self, entries: list[Any]) -> None:
+        self.queued -= 1
         try:
             parts: list[bytes] = []
             size = 2
@@ -451,15 +474,21 @@ class JsonRpcConnection(Connection):
         """Run one request through the handler; return its reply (None for a notification)."""
         try:
             result = await self._core.handler.handle(self, method, params)
-        except CtxdError as err:
-            if is_notification:
-                log.info("notification %s from %r failed: %r", method, self, err)
-                return None
-            return error_response(id_, err)
         except Exception as exc:
-            log.exception("%s from %r failed", method, self)
-            return None if is_notification else error_response(id_, internal(exc))
+            return self._failed(id_, method, is_notification, exc)
         return None if is_notification else response(id_, result)
+
+    def _failed(
+        self, id_: Any, method: str, is_notification: bool, exc: Exception
+    ) -> dict[str, Any] | None:
+        """The error reply to a request that raised `exc` (None for a notification)."""
+        if isinstance(exc, CtxdError):
+            if is_notification:
+                log.info("notification %s from %r failed: %r", method, self, exc)
+                return None
+            return error_response(id_, exc)
+        log.error("%s from %r failed", method, self, exc_info=exc)
+        return None if is_notification else error_response(id_, internal(exc))
 
     def _encode(self, reply: dict[str, Any], room: int | None = None) -> bytes:
         """The reply's bytes; an error in its place when it cannot be encoded or is
