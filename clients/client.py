@@ -32,7 +32,9 @@ the daemon (a subscription probe, see `_zmq`), so no event sent afterwards is mi
 
 `AsyncClient` matches replies to concurrent awaits by request id. `Client` runs an
 `AsyncClient` on its own I/O thread, so any number of threads may call it at once;
-notification callbacks of a `Client` run on that I/O thread.
+notification callbacks of a `Client` run on that I/O thread. On ZeroMQ and JSON-RPC TCP
+a `Client` also keeps a direct line (`_lane`): a call finding it free is sent and
+answered on the calling thread itself, without the two thread switches of the I/O thread.
 """
 
 from __future__ import annotations
@@ -45,12 +47,14 @@ import logging
 import os
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
 from ctxd.clients._jsonrpc import TcpTransport, WebSocketTransport
+from ctxd.clients._lane import VIA_IO_THREAD, NotSent, TcpLane, ZmqLane
 from ctxd.clients._zmq import ZmqTransport
 from ctxd.protocol import auth
 from ctxd.protocol.codec import DEFAULT_MAX_FRAME
@@ -908,6 +912,10 @@ class Client(_Methods[Any]):
         # replaced, never mutated: the I/O thread iterates snapshots without locking
         self._callbacks: list[NotificationCallback] = []
         self._streams: list[SyncNotificationStream] = []
+        # the calling threads' direct line (see `_lane`), made on the first call
+        self._lane: ZmqLane | TcpLane | None = None
+        self._lane_wanted = wire in ("zmq", "jsonrpc")
+        self._lane_beat: concurrent.futures.Future[None] | None = None
 
     @classmethod
     def connect(
@@ -950,6 +958,7 @@ class Client(_Methods[Any]):
             if io is None or client is None:
                 return
             self._io = None
+            self._close_lane()
             try:
                 io.run(client.close(), 10.0)
                 # Closing failed every waiting call; let them hand their ConnectionError to
@@ -1002,7 +1011,80 @@ class Client(_Methods[Any]):
         client = self._async
         if client is None:
             raise ConnectionError("the client is not open; use connect() or open()")
+        io = self._io
+        if (
+            method not in VIA_IO_THREAD
+            and io is not None
+            and not client.closed
+            and threading.get_ident() != io.ident
+        ):
+            lane = self._lane or self._open_lane(client, io)
+            # a lane another thread is using: this call goes through the I/O thread
+            if lane is not None and lane.lock.acquire(blocking=False):
+                try:
+                    if lane.lost is not None:
+                        raise ConnectionError(str(lane.lost))
+                    if not lane.closing:
+                        return lane.call(method, {} if params is None else params, limit)
+                except NotSent:
+                    pass  # not connected: the I/O thread waits for the connection
+                finally:
+                    lane.lock.release()
         return self._run(client.call(method, params, timeout=limit), limit)
+
+    def _open_lane(self, client: AsyncClient, io: _IoThread) -> ZmqLane | TcpLane | None:
+        if not self._lane_wanted or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self._lane is not None or self._io is not io:
+                return self._lane
+            self._lane_wanted = False  # one attempt: without a lane, calls still work
+            transport = client._transport
+            token = str(self._info.get("token", ""))
+            try:
+                if isinstance(transport, ZmqTransport) and transport._ctx is not None:
+                    lane: ZmqLane | TcpLane = ZmqLane(
+                        transport._ctx, transport.router_endpoint, token,
+                        connect_timeout=self.connect_timeout,
+                        max_message_size=client.max_message_size,
+                    )
+                    lease = (client.server_info or {}).get("capabilities", {}).get(
+                        "runLeaseSeconds"
+                    )
+                    if isinstance(lease, int | float) and lease > 0:
+                        self._lane_beat = asyncio.run_coroutine_threadsafe(
+                            _lane_heartbeats(lane, float(lease)), io.loop
+                        )
+                elif isinstance(transport, TcpTransport):
+                    lane = TcpLane(
+                        transport.endpoint, token, connect_timeout=self.connect_timeout,
+                        max_frame=client.max_message_size,
+                    )
+                else:
+                    return None
+            except Exception as exc:
+                log.debug("no direct line to the daemon (%s); calls use the I/O thread", exc)
+                return None
+            self._lane = lane
+            return lane
+        finally:
+            self._lock.release()
+
+    def _close_lane(self) -> None:
+        lane, self._lane = self._lane, None
+        if self._lane_beat is not None:
+            self._lane_beat.cancel()
+            self._lane_beat = None
+        if lane is None:
+            return
+        lane.closing = True
+        # a call on it sees `closing` within a slice of its wait and lets go
+        got = lane.lock.acquire(timeout=5.0)
+        try:
+            lane.close()
+        finally:
+            if got:
+                lane.lock.release()
 
     def subscribe(self, session_id: str) -> Any:
         """Receive the session's notifications; on ZeroMQ returns once they flow."""
@@ -1057,6 +1139,15 @@ class Client(_Methods[Any]):
     def _end_streams(self) -> None:
         for stream in self._streams:
             stream._put(_END)
+
+
+async def _lane_heartbeats(lane: ZmqLane, lease: float) -> None:
+    # runs opened through the lane belong to its socket: keep their lease like the main one
+    period = max(0.05, lease / 3)
+    while True:
+        await asyncio.sleep(period)
+        if time.monotonic() - lane.last_used >= period:
+            await asyncio.to_thread(lane.heartbeat, period)
 
 
 def connect(
