@@ -174,6 +174,8 @@ class PgConnection:
                 yield
         except _STORAGE as exc:
             raise _reraise(exc) from None
+        except pgerr.UniqueViolation as exc:
+            raise _duplicate(exc) from None
 
     def close(self) -> None:
         if self._conn is not None:
