@@ -598,3 +598,46 @@ def test_one_tool_call_sent_through_two_daemons_at_once_is_refused_with_a_typed_
             assert sorted([x, y])[1] == "stored"
             assert sorted([x, y])[0] in ("Conflict", "InvalidMessage")
         assert len(_read_all(cb, sid)) == rounds
+
+
+def test_events_cross_again_after_a_postgres_restart(tmp_path: Path) -> None:
+    cluster = PgCluster().start()
+    env = {"CTXD_STORE": "postgres", "CTXD_POSTGRES_DSN": cluster.tcp_dsn(),
+           "CTXD_POSTGRES_PASSWORD_ENV": PW_VAR, PW_VAR: PASSWORD}
+    procs = []
+    try:
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            procs.append(DaemonProcess(tmp_path / name, env=env).start())
+        a, b = procs
+        with a.client("jsonrpc") as ca, b.client("jsonrpc") as cb:
+            sid = cb.create_session()["sessionId"]
+            ca.subscribe(sid)
+            events = ca.notifications(timeout=0.5)
+            ids = cb.append(sid, [{"role": "user", "content": "before"}])["messageIds"]
+            wait_for(events, "session/didAppend", where=lambda p: p["messageIds"] == ids)
+            cluster.halt()
+            cluster.launch()
+            # A listens again by itself: B's appends reach A's subscriber once more (those
+            # made before A's listener is back are not replayed: a client re-reads)
+            deadline = time.monotonic() + 60
+            while True:
+                assert time.monotonic() < deadline, "A never listened again"
+                try:
+                    ids = cb.append(sid, [{"role": "user", "content": "after"}])["messageIds"]
+                except CtxdError:  # B's first request after the restart may fail
+                    continue
+                try:
+                    wait_for(events, "session/didAppend", timeout=1.0,
+                             where=lambda p, ids=ids: p["messageIds"] == ids)
+                    break
+                except AssertionError:
+                    continue
+            ids = cb.append(sid, [{"role": "user", "content": "and on"}])["messageIds"]
+            got = wait_for(events, "session/didAppend", where=lambda p: p["messageIds"] == ids)
+            assert got["status"]["archiveMessages"] == len(ca.read(sid)["messages"])
+    finally:
+        for d in procs:
+            if d.proc and d.proc.poll() is None:
+                d.stop()
+        cluster.stop()
