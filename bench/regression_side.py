@@ -1,0 +1,257 @@
+"""One side of bench/bench_regression.py: ctxd of one revision, measured in its own process.
+
+    python -m bench.regression_side        (started by bench_regression, not by hand)
+
+bench_regression starts one of these per revision, each with the interpreter whose
+`ctxd` is that revision, and the current tree's root on PYTHONPATH for `bench.workload`
+and `bench.peers`. It reads one JSON command a line on stdin and answers one JSON line on
+stdout, so the two sides can be driven in turn (before, after, before, ...):
+
+    {"cmd": "setup", "root": DIR, "preload": N, "batch": B}   fill, start the daemon
+    {"cmd": "round", "turns": [...], "requests": N, "gets": N} one round of every measure
+    {"cmd": "close"}
+
+Everything here must work against both revisions, so it uses only what both have: the
+Engine as a library (create_session, append, get_context, compact,
+auto_compaction_due), the Python client's create_session/append/context_get, the
+connection file and the two wires' envelopes. bench_turn's plain clients cannot be
+imported here (that module imports the current login's proof helpers), so the two
+plain clients below are their minimal form, with the login each daemon accepts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import shutil
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import zmq
+
+from bench.peers import Daemon
+from bench.workload import turns
+from ctxd.clients.client import connect
+from ctxd.daemon.config import Config
+from ctxd.daemon.engine import Engine
+from ctxd.protocol.codec import FrameReader, dumps_json, frame, loads_json
+
+
+class ZmqPlain:
+    """A blocking DEALER packing each request itself: the daemon's cost, no client's."""
+
+    def __init__(self, endpoint: str, token: str) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.connect(endpoint)
+        self.token = token
+        self.n = 0
+
+    def call(self, method: str, params: dict[str, Any]) -> Any:
+        self.n += 1
+        msg = {"id": self.n, "method": method, "params": params, "token": self.token}
+        self.sock.send_multipart([b"", msgpack.packb(msg, use_bin_type=True)])
+        reply = msgpack.unpackb(self.sock.recv_multipart()[-1], raw=False)
+        if "result" not in reply:
+            raise RuntimeError(f"{method}: {reply}")
+        return reply["result"]
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+class TcpPlain:
+    """A blocking socket sending Content-Length frames of JSON-RPC."""
+
+    def __init__(self, address: str, token: str) -> None:
+        host, _, port = address.rpartition(":")
+        self.sock = socket.create_connection((host.strip("[]"), int(port)))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = FrameReader()
+        self.n = 0
+        self.call("initialize", login_params(token))
+
+    def call(self, method: str, params: dict[str, Any]) -> Any:
+        self.n += 1
+        req = {"jsonrpc": "2.0", "id": self.n, "method": method, "params": params}
+        self.sock.sendall(frame(dumps_json(req)))
+        while True:
+            bodies = self.reader.feed(self.sock.recv(1 << 20))
+            if bodies:
+                reply = loads_json(bodies[0])
+                if "result" not in reply:
+                    raise RuntimeError(f"{method}: {reply}")
+                return reply["result"]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def login_params(token: str) -> dict[str, Any]:
+    """`initialize` as this revision's daemon takes it: a nonce and a proof of the token
+    where the protocol has them, the token itself before."""
+    if importlib.util.find_spec("ctxd.protocol.auth") is None:
+        return {"token": token}
+    from ctxd.protocol import auth
+
+    nonce = auth.new_nonce()
+    return {"nonce": nonce, "proof": auth.client_proof(token, nonce)}
+
+
+def timed(fn: Callable[[], Any], n: int, warmup: int = 10) -> list[float]:
+    """Seconds of each of `n` calls, after `warmup` untimed ones."""
+    for _ in range(min(warmup, n)):
+        fn()
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+class Side:
+    def __init__(self) -> None:
+        self.runner = asyncio.Runner()
+        self.daemon: Daemon | None = None
+        self.closers: list[Callable[[], Any]] = []
+
+    def setup(self, root: str, preload: int, batch: int) -> dict[str, Any]:
+        self.root = Path(root)
+        data = self.root / "daemon" / "data"
+        data.mkdir(parents=True)
+        t0 = time.perf_counter()
+        big_sid, compactions = self._preload(data, preload, batch)
+        preload_s = time.perf_counter() - t0
+        # the in-process reads get a copy: the daemon owns its data dir, and both read the
+        # same archive and context
+        shutil.copytree(data, self.root / "copy")
+        self.daemon = Daemon(self.root / "daemon").start(timeout=120)
+        self.closers.append(self.daemon.stop)
+        info = json.loads(self.daemon.connection_file.read_text())
+        self.big = Engine(Config(data_dir=self.root / "copy"))
+        self.closers.append(self.big.close)
+        self.big_sid = big_sid
+        self.engine = Engine(Config(data_dir=self.root / "append"))
+        self.closers.append(self.engine.close)
+        self.clients = {w: connect(connection_file=self.daemon.connection_file, wire=w)
+                        for w in ("zmq", "jsonrpc")}
+        for c in self.clients.values():
+            self.closers.append(c.close)
+        self.status_sid = self.clients["zmq"].create_session(title="status")["sessionId"]
+        self.zmq = ZmqPlain(info["zmq_router"], info["token"])
+        self.tcp = TcpPlain(info["jsonrpc_tcp"], info["token"])
+        self.closers += [self.zmq.close, self.tcp.close]
+        status = self.big.get_context(big_sid)
+        st = status.get("status", status)
+        return {
+            "preload_s": preload_s,
+            "compactions": compactions,
+            "archived": st.get("archiveMessages"),
+            "active": st.get("activeMessages", len(status["messages"])),
+            "ctxd": str(Path(sys.modules["ctxd"].__file__ or "").parent),
+        }
+
+    def _preload(self, data: Path, n: int, batch: int) -> tuple[str, int]:
+        """`n` archived messages in one session, whole turns in batches of about `batch`,
+        compacting when due after each batch so the context stays bounded; then the
+        context brought down by a forced compaction."""
+        config = Config(data_dir=data)
+        # re-derivation would summarize the whole archive again every few compactions
+        if hasattr(config.compaction, "rederive_after"):
+            config.compaction.rederive_after = 0
+        engine = Engine(config)
+        try:
+            sid = engine.create_session(title="archive")["sessionId"]
+            compactions = 0
+            pending: list[dict[str, Any]] = []
+            for t in turns(n, seed=301):
+                pending.extend(t)
+                if len(pending) >= batch:
+                    engine.append(sid, pending)
+                    pending = []
+                    if engine.auto_compaction_due(sid):
+                        self.runner.run(engine.compact(sid, trigger="auto"))
+                        compactions += 1
+            if pending:
+                engine.append(sid, pending)
+            self.runner.run(engine.compact(sid, force=True))
+        finally:
+            engine.close()
+        return sid, compactions + 1
+
+    def round(self, turn_list: list[list[dict[str, Any]]], session_turns: int, requests: int,
+              gets: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        params = {"sessionId": self.status_sid}
+        out["status zmq"] = timed(lambda: self.zmq.call("context/status", params), requests)
+        out["status tcp"] = timed(lambda: self.tcp.call("context/status", params), requests)
+        n_msgs = sum(len(t) for t in turn_list)
+        appenders: dict[str, tuple[Callable[[str], Any], Callable[[str, Any], Any]]] = {
+            "append inproc": (lambda title: self.engine.create_session(title=title),
+                              self.engine.append),
+        }
+        for w, c in self.clients.items():
+            appenders[f"append {w}"] = (lambda title, c=c: c.create_session(title=title),
+                                        c.append)
+        for key, (create, append) in appenders.items():
+            seconds = 0.0
+            sid = ""
+            # CPU of this process and of the daemon: what an append costs, whatever the
+            # machine's other work and the disk's flushes add to the wall time
+            cpu0 = time.process_time() + self._daemon_cpu(key)
+            for i, t in enumerate(turn_list):
+                if i % session_turns == 0:
+                    # fresh sessions under the compaction limits: the constant cost of
+                    # an append, not a compaction's
+                    sid = create("append")["sessionId"]
+                t0 = time.perf_counter()
+                append(sid, t)
+                seconds += time.perf_counter() - t0
+            cpu = time.process_time() + self._daemon_cpu(key) - cpu0
+            out[key] = [n_msgs, seconds, cpu]
+        sid = self.big_sid
+        out["get inproc"] = timed(lambda: self.big.get_context(sid), gets)
+        for w, c in self.clients.items():
+            out[f"get {w}"] = timed(lambda c=c: c.context_get(sid), gets)
+        return out
+
+    def _daemon_cpu(self, key: str) -> float:
+        assert self.daemon is not None
+        return 0.0 if key.endswith("inproc") else self.daemon.cpu_seconds()
+
+    def close(self) -> None:
+        for fn in reversed(self.closers):
+            try:
+                fn()
+            except Exception as exc:  # a failing close must not hide the others
+                print(f"close: {exc!r}", file=sys.stderr)
+        self.runner.close()
+
+
+def main() -> int:
+    side = Side()
+    try:
+        for line in sys.stdin:
+            cmd = json.loads(line)
+            if cmd["cmd"] == "setup":
+                reply = side.setup(cmd["root"], cmd["preload"], cmd["batch"])
+            elif cmd["cmd"] == "round":
+                reply = side.round(cmd["turns"], cmd["session_turns"], cmd["requests"],
+                                   cmd["gets"])
+            else:
+                break
+            sys.stdout.write(json.dumps(reply) + "\n")
+            sys.stdout.flush()
+    finally:
+        side.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
