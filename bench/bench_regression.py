@@ -241,8 +241,9 @@ def plot(result_rows: list[list[str]], path: Path) -> bool:
     # speed" so that every bar reads the same way (above 1 = after is faster)
     speed = [1 / x if "µs" in lbl else x for lbl, x in zip(labels, ratios, strict=True)]
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(labels) + 1.2))
-    ax.barh(range(len(labels)), speed,
-            color=["tab:green" if s >= 0.95 else "tab:red" for s in speed])
+    colors = ["tab:gray" if abs(s - 1) < 0.05 else "tab:green" if s > 1 else "tab:red"
+              for s in speed]
+    ax.barh(range(len(labels)), speed, color=colors)
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.invert_yaxis()
