@@ -26,6 +26,7 @@ from ctxd.daemon.scheduler import Scheduler
 from ctxd.daemon.servers.base import Connection, EventHub
 from ctxd.protocol import auth
 from ctxd.protocol.errors import SearchTooBroad, Unauthorized
+from ctxd.protocol.large import JSON_WIRES, MSGPACK_WIRES, encode_sliced
 from ctxd.protocol.methods import (
     METHODS,
     NOTIFICATIONS,
@@ -55,6 +56,22 @@ def _large_batch(method: str, p: dict[str, Any]) -> bool:
     if method not in ("messages/append", "run/finish") or p["messages"] is None:
         return False
     return text_size(p["messages"]) >= OFFLOAD_TEXT_CHARS
+
+
+# the results that carry messages (`messages`, or `context.messages`), and the wires whose
+# encoding protocol/large.py knows
+_MESSAGE_REPLIES = frozenset({"context/get", "archive/read", "messages/append", "run/finish"})
+_ENCODED_WIRES = JSON_WIRES | MSGPACK_WIRES
+
+
+def _large_reply(result: Any) -> bool:
+    """A result carrying this much text is encoded beside the loop."""
+    if not isinstance(result, dict):
+        return False
+    msgs = result.get("messages")
+    if msgs is None and isinstance(result.get("context"), dict):
+        msgs = result["context"].get("messages")
+    return isinstance(msgs, list) and text_size(msgs) >= OFFLOAD_TEXT_CHARS
 
 
 async def _wrap_later(result: Any, key: str) -> dict[str, Any]:
@@ -132,7 +149,39 @@ class Dispatcher:
         large = _large_batch(method, p)
         if before is not None or large or (self.large.gate.busy and method not in READS):
             return self._after(conn, before, method, p, large)
-        return self._handlers[method](conn, p)
+        result = self._handlers[method](conn, p)
+        if method in _MESSAGE_REPLIES and conn.wire in _ENCODED_WIRES:
+            if inspect.isawaitable(result):
+                return self._encoded(conn, method, result, hold=False)
+            if _large_reply(result):
+                return self._encoded(conn, method, result, hold=True)
+        return result
+
+    async def _encoded(self, conn: Connection, method: str, result: Any, hold: bool) -> Any:
+        """The result, encoded in a worker thread when it is large (see `_maybe_encoded`).
+        With `hold`, the connection's next requests wait for it: a reply answered at once
+        before is not overtaken by the ones after it."""
+        turn: asyncio.Future[None] | None = None
+        if hold:
+            turn = asyncio.get_running_loop().create_future()
+            self._in_turn[conn] = turn
+        try:
+            if inspect.isawaitable(result):
+                result = await result
+            return await self._maybe_encoded(conn, method, result)
+        finally:
+            if turn is not None:
+                turn.set_result(None)
+                if self._in_turn.get(conn) is turn:
+                    del self._in_turn[conn]
+
+    async def _maybe_encoded(self, conn: Connection, method: str, result: Any) -> Any:
+        """A result carrying megabytes of messages is encoded here, beside the loop and
+        piece by piece, into the bytes the wire would send (protocol/large.py): one
+        encoder call on the loop would hold every client for its whole length."""
+        if method in _MESSAGE_REPLIES and conn.wire in _ENCODED_WIRES and _large_reply(result):
+            return await asyncio.to_thread(encode_sliced, result, conn.wire)
+        return result
 
     async def _after(
         self,
@@ -165,17 +214,17 @@ class Dispatcher:
                 # not cancelled with the request: the write gate opens only once the
                 # commit and the engine's state after it are done
                 work = asyncio.ensure_future(self._large_write(conn, method, p, prepared))
-                return await asyncio.shield(work)
+                return await self._maybe_encoded(conn, method, await asyncio.shield(work))
             if method not in READS:
                 await self.large.gate.wait_open()
             result = self._handlers[method](conn, p)
+            if not inspect.isawaitable(result):
+                return await self._maybe_encoded(conn, method, result)
         finally:
             turn.set_result(None)
             if self._in_turn.get(conn) is turn:
                 del self._in_turn[conn]
-        if inspect.isawaitable(result):
-            result = await result
-        return result
+        return await self._maybe_encoded(conn, method, await result)
 
     async def _large_write(
         self,

@@ -16,6 +16,8 @@ from ctxd.daemon.config import Config
 from ctxd.daemon.dispatch import Dispatcher
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.servers.base import Connection, EventHub
+from ctxd.protocol.codec import dumps_json, packb, response
+from ctxd.protocol.large import encode_sliced, pack_reply
 
 
 def _client() -> Connection:
@@ -123,8 +125,30 @@ def test_run_finish_with_a_large_batch_lets_other_clients_in_first(tmp_path: Pat
         read = tcp.call("archive/read", {"sessionId": sid, "maxBytes": 64 << 20})["result"]
         assert [m["id"] for m in read["messages"]] == ids
         assert _digest(read["messages"]) == _digest(messages)
+        # large replies are encoded beside the loop, to the same bytes on both wires
+        got = tcp.call("context/get", {"sessionId": sid})["result"]
+        assert (got["messageIds"], _digest(got["messages"])) == (ids, _digest(messages))
+        got = zc.call("context/get", {"sessionId": sid})
+        assert (got["messageIds"], _digest(got["messages"])) == (ids, _digest(messages))
         zc.close()
         big.sock.close()
         tcp.sock.close()
     finally:
         assert d.stop() == 0
+
+
+def test_large_results_are_encoded_to_the_wires_bytes() -> None:
+    text = "x" * 600_000 + '"\\\n\t\x00压缩😀\u2028' + "é" * 300_000
+    result = {
+        "messages": [
+            {"role": "user", "content": text, "metadata": {"k": [1, 2.5, None, True]}},
+            {"role": "tool", "content": [{"type": "text", "text": text[:10]}]},
+        ],
+        "messageIds": [1, None],
+        "status": {"sessionId": "s", "estimatedTokens": -1, "version": 0},
+    }
+    for wire in ("jsonrpc-tcp", "websocket"):
+        sliced = encode_sliced(result, wire)
+        assert dumps_json(response(7, sliced)) == dumps_json(response(7, result))
+    assert pack_reply("r1", encode_sliced(result, "zmq")) == packb({"id": "r1", "result": result})
+    assert pack_reply(2, result) == packb({"id": 2, "result": result})

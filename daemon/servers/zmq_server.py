@@ -48,7 +48,7 @@ from ctxd.daemon.servers.zmq_frames import (
     split_envelope,
 )
 from ctxd.protocol.auth import curve_server_keys
-from ctxd.protocol.codec import DEFAULT_MAX_FRAME, packb, unpackb
+from ctxd.protocol.codec import DEFAULT_MAX_FRAME, unpackb
 from ctxd.protocol.envelope import (  # noqa: F401 (the topics are part of this module's API)
     PROBE_METHOD,
     PROBE_PREFIX,
@@ -62,6 +62,7 @@ from ctxd.protocol.errors import (
     InvalidRequest,
     Unauthorized,
 )
+from ctxd.protocol.large import pack_reply
 
 log = logging.getLogger("ctxd.servers.zmq")
 
@@ -348,7 +349,7 @@ class ZmqServer:
             if inspect.isawaitable(result):
                 self._start_task(conn, envelope, req_id, method, result)
                 return
-            reply = packb({"id": req_id, "result": result})
+            reply = pack_reply(req_id, result)
         except Exception as exc:
             reply = self._failure(conn, req_id, method, exc)
         conn.last_seen = time.monotonic()
@@ -420,7 +421,7 @@ class ZmqServer:
         conn.queued -= 1
         try:
             result = await work
-            reply = packb({"id": req_id, "result": result})
+            reply = pack_reply(req_id, result)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
