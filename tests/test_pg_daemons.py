@@ -354,10 +354,14 @@ def test_auto_compaction_leaves_a_session_another_daemon_is_compacting(
             for i in range(3):  # inside a run: nothing is compacted before run/finish
                 ca.append(sid, agent_turn(i), run_id=run)
             results: list[object] = []
+            ca.subscribe(sid)
+            events = ca.notifications(timeout=0.5)
             slow_llm.script("slow")  # B's summary takes its time
             t = threading.Thread(target=lambda: results.append(cb.compact(sid, force=True)))
             t.start()
-            time.sleep(0.7)  # B is waiting for its summary, holding the session
+            # B has begun (it holds the session) and waits for its summary
+            wait_for(events, "$/progress", timeout=30,
+                     where=lambda p: p["value"]["kind"] == "begin")
             # A finds auto-compaction due, and leaves the session to B
             assert ca.finish_run(run, "completed")["run"]["status"] == "completed"
             t.join(30)
