@@ -216,9 +216,12 @@ class ArchiveStore:
         (batch id, message ids, created_at). Must run inside a transaction.
         `index_texts` are the messages' `fts.index_text`, when computed beforehand."""
         now = time.time()
-        first = (self.conn.execute("SELECT max(id) FROM messages").fetchone()[0] or 0) + 1
+        last_message, last_batch = self.conn.execute(
+            "SELECT (SELECT max(id) FROM messages), (SELECT max(id) FROM batches)"
+        ).fetchone()
+        first = (last_message or 0) + 1
         ids = list(range(first, first + len(messages)))
-        batch_id = (self.conn.execute("SELECT max(id) FROM batches").fetchone()[0] or 0) + 1
+        batch_id = (last_batch or 0) + 1
         self.conn.execute(
             "INSERT INTO batches(id, session_id, client_batch_id, run_id, digest, "
             "first_message_id, last_message_id, created_at) VALUES (?,?,?,?,?,?,?,?)",

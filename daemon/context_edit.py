@@ -70,7 +70,8 @@ def pop(engine: Engine, session_id: str, count: int) -> dict[str, Any]:
             "status": status,
         },
     )
-    return {"messages": popped, "status": status}
+    # copies: the tail's dicts are kept for later reads
+    return {"messages": [dict(m) for m in popped], "status": status}
 
 
 def _pop_locked(
@@ -111,7 +112,7 @@ def _refuse_pending(engine: Engine, session_id: str, call_ids: set[str] | None) 
     """A tool call awaiting a human decision must stay in front of that human."""
     pending = [
         a
-        for a in engine.runs.list_approvals(session_id, "pending")
+        for a in engine.pending_approvals(session_id)
         if call_ids is None or a["toolCallId"] in call_ids
     ]
     if pending:

@@ -35,6 +35,14 @@ class ContextState:
     base_id: int = 0  # messages with id <= base_id were cleared out by context/clear
     dropped_ids: list[int] = field(default_factory=list)  # tail ids left out by context/pop
 
+    def with_own_system_ids(self) -> ContextState:
+        """A copy whose `system_ids` can grow apart from this one's (what an append
+        changes; `dataclasses.replace` does the same at several times the cost)."""
+        new = object.__new__(ContextState)
+        new.__dict__.update(self.__dict__)
+        new.system_ids = list(self.system_ids)
+        return new
+
     @property
     def has_summary_message(self) -> bool:
         return self.summary_tokens > 0

@@ -4,39 +4,37 @@ The engine knows nothing of sockets. It is used from one thread (the daemon's ev
 loop, or a library user's thread): APSW connections refuse concurrent use. Every write
 is one explicit transaction; in-memory state is updated only after the commit, so a
 crash at any moment leaves the database as of the last acknowledged call.
+
+This module holds sessions, appends, status and compaction; the reads (the model input,
+the archive, search, pins) are in engine_reads.py, runs and approvals in engine_runs.py.
+What the engine keeps between requests (contexts, rendered model inputs, open runs and
+pending approvals) it keeps only on a store no other daemon writes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
-from ctxd.daemon.compaction import render_summary_message
+from ctxd.daemon.archive_sizes import ArchiveSizes
 from ctxd.daemon.compactor import Compactor
 from ctxd.daemon.config import Config
 from ctxd.daemon.context_store import ContextState
-from ctxd.daemon.corrections import mark_superseded
+from ctxd.daemon.context_view import ContextView
+from ctxd.daemon.engine_reads import ContextReads
+from ctxd.daemon.engine_runs import RunsAndApprovals
 from ctxd.daemon.ids import new_id
-from ctxd.daemon.messages import PreparedBatch, prepare_batch, strip_archive_fields
+from ctxd.daemon.messages import PreparedBatch, prepare_batch
 from ctxd.daemon.pairing import check_tool_pairs
-from ctxd.daemon.projection import project
-from ctxd.daemon.runs import RUN_OUTCOMES
+from ctxd.daemon.run_book import RunBook
 from ctxd.daemon.stores.base import Store
 from ctxd.daemon.stores.sqlite import SqliteStore
 from ctxd.daemon.summarizers import make_summarizer
-from ctxd.daemon.summary import Summarizer, Summary
+from ctxd.daemon.summary import Summarizer
 from ctxd.daemon.tokens import TokenCounter
-from ctxd.protocol.errors import (
-    Conflict,
-    InvalidParams,
-    NotFound,
-    RunActive,
-    SessionNotFound,
-)
+from ctxd.protocol.errors import Conflict, InvalidParams, NotFound, SessionNotFound
 
 log = logging.getLogger("ctxd.engine")
 
@@ -47,7 +45,7 @@ EventListener = Callable[[str, str, dict[str, Any]], None]
 _ASK: Any = object()
 
 
-class Engine:
+class Engine(ContextReads, RunsAndApprovals):
     def __init__(
         self,
         config: Config | None = None,
@@ -78,10 +76,9 @@ class Engine:
         self._contexts: dict[str, ContextState] = {}
         # archived messages per session: counted once, then kept current by appends
         self._archive_counts: dict[str, int] = {}
-        # (messages, tokens) of the archive when each compaction ran, and per session the
-        # scan's checkpoint (time, (last id, messages, tokens)): see compaction_history
-        self._archive_sizes: dict[str, dict[str, tuple[int, int]]] = {}
-        self._size_checkpoints: dict[str, tuple[float, tuple[int, int, int]]] = {}
+        # the rendered model inputs, and each session's open run and pending approvals
+        self.view = ContextView(store, shared=self.shared)
+        self.run_book = RunBook(store.runs, shared=self.shared)
         self._listeners: list[EventListener] = []
         # a store shared with other daemons tells them of each event (ids; they read the
         # rest from the database); None on the embedded store, which has nothing to do
@@ -94,12 +91,14 @@ class Engine:
             policy=self.policy,
             emit=self.emit,
         )
+        self.archive_sizes = ArchiveSizes(store, self.compactor.history)
 
     new_id = staticmethod(new_id)
 
     def set_context_state(self, st: ContextState) -> None:
         """After a committed replacement of the stored context."""
         self._contexts[st.session_id] = st
+        self.view.context_replaced(st.session_id)
 
     @property
     def conn(self) -> Any:
@@ -147,6 +146,9 @@ class Engine:
             st = ContextState(session_id=sid)
             self.store.contexts.save(st)
         self._contexts[sid] = st
+        if not self.shared:
+            self._archive_counts[sid] = 0
+            self.run_book.created(sid)
         return self.get_session(sid)["session"]
 
     def get_session(self, session_id: str) -> dict[str, Any]:
@@ -189,6 +191,12 @@ class Engine:
                 {"sessionId": session_id},
             )
         return session
+
+    def check_session(self, session_id: str) -> None:
+        """`require_session` without the query for a session whose context is kept: a
+        kept context is of a stored session, and sessions are never deleted."""
+        if session_id not in self._contexts:
+            self.require_session(session_id)
 
     def context_state(self, session_id: str) -> ContextState:
         st = None if self.shared else self._contexts.get(session_id)
@@ -236,8 +244,7 @@ class Engine:
         """Archive a batch. `prepared` is `prepare_append(messages)` done beforehand (the
         daemon does it in a worker thread for large batches); `run`, the run `run_id`
         names, when the caller has just read it."""
-        if session_id not in self._contexts:  # a cached context is of a stored session
-            self.require_session(session_id)
+        self.check_session(session_id)
         batch = prepared or self.prepare_append(messages, count_tokens=False)
         normalized, digest = batch.normalized, batch.digest
         if client_batch_id is not None:
@@ -246,7 +253,7 @@ class Engine:
                 return self._repeat_batch(session_id, client_batch_id, found, digest)
         if run_id is not None:
             if run is None or run["runId"] != run_id:
-                run = self.runs.get(run_id)
+                run = self.run_book.get(run_id)
             if run is None or run["sessionId"] != session_id:
                 raise NotFound(
                     f"no run {run_id!r} in session {session_id!r}; start one with run/start",
@@ -256,11 +263,9 @@ class Engine:
                 raise InvalidParams(
                     f"run {run_id!r} is {run['status']}; start a new run", {"runId": run_id}
                 )
-        pending = check_tool_pairs(
-            self.archive,
-            self.runs,
-            self.context_state(session_id),
-            [m for m, _ in normalized],
+        pending = self.run_book.pending(session_id)
+        check_tool_pairs(
+            self.archive, pending, self.context_state(session_id), [m for m, _ in normalized]
         )
         counts = batch.tokens or [self.tokens.count_message(m) for m, _ in normalized]
         rows = [(m, body, n) for (m, body), n in zip(normalized, counts, strict=True)]
@@ -274,7 +279,7 @@ class Engine:
             # read inside the write transaction: on a shared store another daemon may
             # have appended to this session since this daemon last looked
             st = self.context_state(session_id)
-            new = replace(st, system_ids=list(st.system_ids))
+            new = st.with_own_system_ids()
             new.active_messages += len(rows)
             new.active_tokens += sum(tokens for _, _, tokens in rows)
             batch_id, ids, created = self.archive.append(
@@ -293,12 +298,13 @@ class Engine:
                         new.tail_start_id = mid
             self.store.contexts.bump_counts(new)
         self._contexts[session_id] = new
+        self.view.appended(session_id, rows, ids, batch_id, created)
         if session_id in self._archive_counts:
             self._archive_counts[session_id] += len(ids)
         # what this append already asked is not asked again: the run it names is the
         # session's open one, and the pending approvals are those it checked against
         status = self.status(
-            session_id, open_run_id=run_id if run_id is not None else _ASK, pending=pending
+            session_id, open_run_id=run_id if run_id is not None else _ASK, pending=len(pending)
         )
         self.emit(
             session_id,
@@ -333,32 +339,6 @@ class Engine:
         ids = list(range(first, last + 1))
         return {"batchId": batch_id, "messageIds": ids, "status": self.status(session_id)}
 
-    # reading
-
-    def read_archive(
-        self,
-        session_id: str,
-        after_id: int = 0,
-        limit: int = 200,
-        before_id: int | None = None,
-        max_bytes: int | None = None,
-    ) -> dict[str, Any]:
-        """A page of the archive: at most `limit` messages and `max_bytes` of them."""
-        self.require_session(session_id)
-        if before_id is not None:
-            msgs = self.archive.read_before(session_id, before_id, after_id, limit, max_bytes)
-            more = len(msgs) == limit or (
-                bool(msgs) and self.archive.has_between(session_id, after_id, msgs[0]["id"])
-            )
-            next_before = msgs[0]["id"] if more else None
-            return {"messages": msgs, "nextAfterId": None, "nextBeforeId": next_before}
-        msgs = self.archive.read(session_id, after_id, limit, max_bytes)
-        more = len(msgs) == limit or (
-            bool(msgs) and self.archive.has_between(session_id, msgs[-1]["id"], None)
-        )
-        next_after = msgs[-1]["id"] if more else None
-        return {"messages": msgs, "nextAfterId": next_after}
-
     def archive_count(self, session_id: str) -> int:
         if self.shared:
             return self.archive.message_count(session_id)
@@ -374,10 +354,9 @@ class Engine:
         approvals when the caller has just read them."""
         st = self.context_state(session_id)
         if open_run_id is _ASK:
-            run = self.runs.open_run(session_id)
-            open_run_id = run["runId"] if run else None
+            open_run_id = self.run_book.open_run_id(session_id)
         if pending is None:
-            pending = self.runs.pending_count(session_id)
+            pending = self.run_book.pending_count(session_id)
         return {
             "sessionId": session_id,
             "activeMessages": st.rendered_messages,
@@ -392,282 +371,6 @@ class Engine:
             "version": st.version,
         }
 
-    def pins(self, session_id: str) -> list[dict[str, Any]]:
-        self.require_session(session_id)
-        return self.store.pins.list(session_id)
-
-    def context_messages(self, session_id: str) -> list[dict[str, Any]]:
-        """The model input: leading system messages, pins + summary, the exact tail."""
-        return self.render(session_id, self.context_state(session_id))
-
-    def render(self, session_id: str, st: ContextState) -> list[dict[str, Any]]:
-        return self.render_with_ids(session_id, st)[0]
-
-    def render_with_ids(
-        self, session_id: str, st: ContextState
-    ) -> tuple[list[dict[str, Any]], list[int | None]]:
-        """The model input and, for each message, its archive id (None for the summary)."""
-        out = self.system_messages(st)
-        ids: list[int | None] = list(st.system_ids[: len(out)])
-        text = render_summary_message(self.pin_texts(session_id), st.summary)
-        if text:
-            out.append({"role": "system", "content": text})
-            ids.append(None)
-        for m in self.tail_messages(session_id, st):
-            out.append(strip_archive_fields(m))
-            ids.append(m["id"])
-        return out, ids
-
-    def system_messages(self, st: ContextState) -> list[dict[str, Any]]:
-        by_id = self.archive.get_many(st.system_ids) if st.system_ids else {}
-        return [strip_archive_fields(by_id[i]) for i in st.system_ids if i in by_id]
-
-    def tail_messages(self, session_id: str, st: ContextState) -> list[dict[str, Any]]:
-        """The exact tail, as archived (with ids and token counts)."""
-        if st.tail_start_id is None:
-            return []
-        tail = self.archive.read_from(session_id, st.tail_start_id)
-        if st.dropped_ids:
-            dropped = set(st.dropped_ids)
-            tail = [m for m in tail if m["id"] not in dropped]
-        return tail
-
-    def pin_texts(self, session_id: str) -> list[str]:
-        return [p["text"] for p in self.store.pins.list(session_id)]
-
-    def get_context(
-        self,
-        session_id: str,
-        budget_tokens: int | None = None,
-        query: str | None = None,
-        include_metadata: bool = False,
-        recall_hits: list[dict[str, Any]] | None = None,
-        status: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """`recall_hits`: the search for `query`, when the caller already ran it (the
-        daemon does, beside its event loop); `status`, the session's status when the
-        caller has just read it (an append with `returnContext`)."""
-        if budget_tokens is None and not query:
-            messages, ids = self.render_with_ids(session_id, self.context_state(session_id))
-            result = {"messages": messages, "messageIds": ids}
-        else:
-            # a step projection: the stored context is never changed by it
-            result = project(self, session_id, budget_tokens, query, recall_hits)
-        if include_metadata:
-            self._attach_metadata(result["messages"], result["messageIds"])
-        return {**result, "status": status or self.status(session_id)}
-
-    def _attach_metadata(self, messages: list[dict[str, Any]], ids: list[int | None]) -> None:
-        """Give back each archived message's `metadata`, where a client keeps its own form
-        of the message (an agent framework's item, say)."""
-        by_id = self.archive.get_many([i for i in ids if i is not None])
-        for i, mid in enumerate(ids):
-            meta = by_id.get(mid, {}).get("metadata") if mid is not None else None
-            if meta is not None:
-                messages[i] = {**messages[i], "metadata": meta}
-
-    def search(
-        self, query: str, *, session_id: str | None = None, **kw: Any
-    ) -> list[dict[str, Any]]:
-        """The hits of `search_result`, for library users."""
-        return self.search_result(query, session_id=session_id, **kw)["hits"]
-
-    def search_result(
-        self, query: str, *, session_id: str | None = None, **kw: Any
-    ) -> dict[str, Any]:
-        """`{hits, matched}` on this thread's connection, within the search budget."""
-        if session_id is not None:
-            self.require_session(session_id)
-        hits, matched = self.archive.search(
-            query, session_id=session_id, budget_seconds=self.config.search_budget_seconds, **kw
-        )
-        return {"hits": self._annotate(hits), "matched": matched}
-
-    async def search_async(
-        self, query: str, *, session_id: str | None = None, **kw: Any
-    ) -> dict[str, Any]:
-        """`search_result` run beside the event loop, so other requests go on meanwhile."""
-        if session_id is not None:
-            self.require_session(session_id)
-        hits, matched = await self.store.search_async(query, session_id=session_id, **kw)
-        return {"hits": self._annotate(hits), "matched": matched}
-
-    def _supersessions(self, session_id: str) -> dict[int, int]:
-        return self.context_state(session_id).summary.supersessions
-
-    def _annotate(self, hits: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        for hit in hits:
-            st = self.context_state(hit["sessionId"])
-            hit["inActiveContext"] = st.in_active_context(hit["messageId"])
-        return mark_superseded(self._supersessions, hits)
-
-    # pins
-
-    def add_pin(self, session_id: str, text: str) -> dict[str, Any]:
-        self.require_session(session_id)
-        if not isinstance(text, str) or not text.strip():
-            raise InvalidParams("a pin needs non-empty text")
-        with self.store.transaction():
-            pin = self.store.pins.add(new_id("pin"), session_id, text.strip())
-            self._refresh_summary_tokens(session_id)
-        return pin
-
-    def remove_pin(self, session_id: str, pin_id: str) -> dict[str, Any]:
-        self.require_session(session_id)
-        with self.store.transaction():
-            pin = self.store.pins.remove(session_id, pin_id)
-            if pin is None:
-                raise NotFound(
-                    f"no pin {pin_id!r} in session {session_id!r}; "
-                    "context/pins/list shows the pins",
-                    {"pinId": pin_id},
-                )
-            self._refresh_summary_tokens(session_id)
-        return pin
-
-    def summary_tokens(self, session_id: str, summary: Summary) -> int:
-        text = render_summary_message(self.pin_texts(session_id), summary)
-        return self.tokens.count_message({"role": "system", "content": text}) if text else 0
-
-    def _refresh_summary_tokens(self, session_id: str) -> None:
-        st = self.context_state(session_id)
-        tokens = self.summary_tokens(session_id, st.summary)
-        self.store.contexts.set_summary_tokens(session_id, tokens)
-        self._contexts[session_id] = replace(st, summary_tokens=tokens)
-
-    # runs and approvals
-
-    def start_run(self, session_id: str) -> dict[str, Any]:
-        self.require_session(session_id)
-        with self.store.transaction():
-            current = self.runs.open_run(session_id)
-            if current is not None:
-                raise RunActive(
-                    f"run {current['runId']} is still open in this session; finish it with "
-                    "run/finish first",
-                    {"runId": current["runId"]},
-                )
-            run = self.runs.start(new_id("run"), session_id)
-        self.emit(
-            session_id, "run/didStart", {"sessionId": session_id, "runId": run["runId"], "run": run}
-        )
-        return run
-
-    def finish_run(
-        self,
-        run_id: str,
-        outcome: str,
-        *,
-        messages: list[Any] | None = None,
-        client_batch_id: str | None = None,
-    ) -> dict[str, Any]:
-        """Close a run; returns the run and whether auto-compaction is now due. With
-        `messages`, the run's last messages are appended in it first (their result is
-        `append`); when they are refused, the run stays open."""
-        if outcome not in RUN_OUTCOMES + ("interrupted",):
-            raise InvalidParams(f"outcome must be one of {', '.join(RUN_OUTCOMES)}")
-        run = self.runs.get(run_id)
-        if run is None:
-            raise NotFound(
-                f"no run {run_id!r}; run/start returns the id to finish", {"runId": run_id}
-            )
-        if run["status"] != "open":
-            raise Conflict(
-                f"run {run_id!r} is already {run['status']}",
-                {"runId": run_id, "status": run["status"]},
-            )
-        appended = None
-        if messages is not None:
-            appended = self.append(
-                run["sessionId"], messages, run_id=run_id, client_batch_id=client_batch_id, run=run
-            )
-        with self.store.transaction():
-            run = self.runs.finish(run_id, outcome)
-        sid = run["sessionId"]
-        due = outcome == "completed" and self.auto_compaction_due(sid)
-        self.emit(
-            sid, "run/didFinish", {"sessionId": sid, "run": run, "autoCompactionScheduled": due}
-        )
-        result = {"run": run, "autoCompactionScheduled": due}
-        if appended is not None:
-            result["append"] = appended
-        return result
-
-    def request_approval(
-        self,
-        session_id: str,
-        run_id: str,
-        tool_call_id: str,
-        tool_name: str | None = None,
-        arguments: Any = None,
-    ) -> dict[str, Any]:
-        self.require_session(session_id)
-        run = self.runs.get(run_id)
-        if run is None or run["sessionId"] != session_id:
-            raise NotFound(f"no run {run_id!r} in session {session_id!r}", {"runId": run_id})
-        if run["status"] != "open":
-            raise InvalidParams(f"run {run_id!r} is {run['status']}; approvals need an open run")
-        if not self.archive.existing_tool_calls(session_id, [tool_call_id]):
-            raise NotFound(
-                f"no tool call {tool_call_id!r} in session {session_id!r}; append "
-                "the assistant message with that call first",
-                {"toolCallId": tool_call_id},
-            )
-        if self.archive.answered_tool_calls(session_id, [tool_call_id]):
-            raise Conflict(f"tool call {tool_call_id!r} already has a result")
-        for a in self.runs.list_approvals(session_id, "pending"):
-            if a["toolCallId"] == tool_call_id:
-                raise Conflict(
-                    f"tool call {tool_call_id!r} already awaits approval {a['approvalId']}",
-                    {"approvalId": a["approvalId"]},
-                )
-        with self.store.transaction():
-            approval = self.runs.request_approval(
-                new_id("apr"), session_id, run_id, tool_call_id, tool_name, arguments
-            )
-        self.emit(
-            session_id,
-            "approval/didRequest",
-            {"sessionId": session_id, "approval": _event_approval(approval)},
-        )
-        return approval
-
-    def resolve_approval(
-        self, approval_id: str, decision: str, reason: str | None = None
-    ) -> dict[str, Any]:
-        if decision not in ("approved", "denied"):
-            raise InvalidParams("decision must be 'approved' or 'denied'")
-        with self.store.transaction():
-            approval = self.runs.get_approval(approval_id)
-            if approval is None:
-                raise NotFound(
-                    f"no approval {approval_id!r}; approval/list shows them",
-                    {"approvalId": approval_id},
-                )
-            if approval["status"] != "pending":
-                raise Conflict(
-                    f"approval {approval_id!r} was already {approval['status']}; the first "
-                    "decision stands",
-                    {"approvalId": approval_id, "status": approval["status"]},
-                )
-            approval = self.runs.resolve_approval(approval_id, decision, reason)
-        sid = approval["sessionId"]
-        self.emit(
-            sid, "approval/didResolve", {"sessionId": sid, "approval": _event_approval(approval)}
-        )
-        return approval
-
-    def list_approvals(self, session_id: str, status: str | None = None) -> list[dict[str, Any]]:
-        self.require_session(session_id)
-        return self.runs.list_approvals(session_id, status)
-
-    def interrupt_runs(self, run_ids: set[str]) -> None:
-        """Runs whose client went away without run/finish."""
-        for rid in run_ids:
-            run = self.runs.get(rid)
-            if run and run["status"] == "open":
-                self.finish_run(rid, "interrupted")
-
     # compaction (the Compactor does the work)
 
     def over_limits(self, session_id: str) -> bool:
@@ -678,6 +381,12 @@ class Engine:
     ) -> bool:
         """`status`: the session's status just read, if the caller has it (its open run and
         pending approvals need not be asked for again)."""
+        if status is None and not self.shared:
+            # what the compactor would ask the store, answered from memory
+            status = {
+                "pendingApprovals": self.run_book.pending_count(session_id),
+                "activeRunId": self.run_book.open_run_id(session_id),
+            }
         return self.compactor.auto_due(session_id, status)
 
     async def compact(
@@ -704,71 +413,13 @@ class Engine:
 
     def compaction_history(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
         """The attempts, newest first, each with the archive's size when it ran."""
-        rows, missing, times, checkpoint = self._history_todo(session_id, limit)
-        if missing:
-            self._sizes_counted(session_id, missing, times,
-                                self.archive.sizes_at(session_id, times, checkpoint))
-        return self._with_sizes(session_id, rows)
+        self.check_session(session_id)
+        return self.archive_sizes.rows(session_id, limit)
 
     async def compaction_history_async(
         self, session_id: str, limit: int = 50
     ) -> list[dict[str, Any]]:
         """`compaction_history` with the archive's sizes counted beside the event loop:
         the first call on a session scans its whole archive (200 ms at 100,000 messages)."""
-        rows, missing, times, checkpoint = self._history_todo(session_id, limit)
-        if missing:
-            counted = await self.store.read_async(
-                lambda archive: archive.sizes_at(session_id, times, checkpoint))
-            self._sizes_counted(session_id, missing, times, counted)
-        return self._with_sizes(session_id, rows)
-
-    def _history_todo(self, session_id: str, limit: int) -> tuple[
-        list[dict[str, Any]], list[dict[str, Any]], list[float], tuple[int, int, int]
-    ]:
-        """The attempts, those whose archive size is not known yet, their times, and the
-        checkpoint to count them from."""
-        self.require_session(session_id)
-        rows = self.compactor.history(session_id, limit)
-        # the archive before a compaction never changes: each size is counted once, and
-        # later compactions continue the count from the newest one (a checkpoint)
-        known = self._archive_sizes.get(session_id, {})
-        missing = [r for r in rows if r["compactionId"] not in known]
-        times = [r["startedAt"] for r in missing]
-        at, checkpoint = self._size_checkpoints.get(session_id, (0.0, (0, 0, 0)))
-        if times and min(times) < at:
-            checkpoint = (0, 0, 0)  # older than the checkpoint: count from the start
-        return rows, missing, times, checkpoint
-
-    def _sizes_counted(
-        self, session_id: str, missing: list[dict[str, Any]], times: list[float],
-        counted: tuple[list[tuple[int, int]], tuple[int, int, int]],
-    ) -> None:
-        sizes, end = counted
-        known = self._archive_sizes.setdefault(session_id, {})
-        for row, size in zip(missing, sizes, strict=True):
-            known[row["compactionId"]] = size
-        # (another call may have moved the checkpoint meanwhile: keep the later one)
-        at, _ = self._size_checkpoints.get(session_id, (0.0, (0, 0, 0)))
-        if max(times) >= at:
-            self._size_checkpoints[session_id] = (max(times), end)
-
-    def _with_sizes(self, session_id: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        known = self._archive_sizes[session_id] if rows else {}
-        for row in rows:
-            row["archiveMessages"], row["archiveTokens"] = known[row["compactionId"]]
-        return rows
-
-
-# Events go to every subscriber, and a subscriber that stops reading holds them in the
-# daemon until its queue limit: keep them small. approval/list has the full arguments.
-EVENT_ARGUMENTS_CHARS = 2048
-
-
-def _event_approval(approval: dict[str, Any]) -> dict[str, Any]:
-    args = approval.get("arguments")
-    if args is None:
-        return approval
-    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    if len(text) <= EVENT_ARGUMENTS_CHARS:
-        return approval
-    return {**approval, "arguments": text[:EVENT_ARGUMENTS_CHARS] + "…", "argumentsTruncated": True}
+        self.check_session(session_id)
+        return await self.archive_sizes.rows_async(session_id, limit)

@@ -9,28 +9,32 @@ bookkeeping is read once per table for the whole batch.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ctxd.daemon.context_store import ContextState
-from ctxd.daemon.stores.base import ArchiveStore, RunStore
+from ctxd.daemon.stores.base import ArchiveStore
 from ctxd.protocol.errors import ApprovalPending, InvalidMessage
 
 
 def check_tool_pairs(
-    archive: ArchiveStore, runs: RunStore, st: ContextState, msgs: list[dict[str, Any]]
-) -> int:
-    """Refuses a batch that would break a tool call's pairing; returns how many
-    approvals are pending in the session."""
+    archive: ArchiveStore,
+    pending: Mapping[str, dict[str, Any]],
+    st: ContextState,
+    msgs: list[dict[str, Any]],
+) -> None:
+    """Refuses a batch that would break a tool call's pairing. `pending`: the session's
+    pending approvals by tool call id, oldest first."""
     session_id = st.session_id
     call_ids = [c["id"] for m in msgs for c in m.get("tool_calls") or ()]
     result_ids = [m["tool_call_id"] for m in msgs if m["role"] == "tool"]
-    existing = archive.call_message_ids(session_id, call_ids + result_ids)
+    # a batch without tool calls or results (a user message, an answer) asks nothing
+    existing = archive.call_message_ids(session_id, call_ids + result_ids) if (
+        call_ids or result_ids) else {}
     tail_start = st.tail_start_id
     # calls that left the context without a summary: cleared or popped
     gone = set(st.dropped_ids)
-    answered = archive.answered_tool_calls(session_id, result_ids)
-    approvals = runs.list_approvals(session_id, "pending")
-    pending = {a["toolCallId"]: a for a in approvals}
+    answered = archive.answered_tool_calls(session_id, result_ids) if result_ids else set()
     seen_calls: set[str] = set()
     seen_results: set[str] = set()
     for i, m in enumerate(msgs):
@@ -85,4 +89,3 @@ def check_tool_pairs(
                     {"index": i, "approvalId": pending[cid]["approvalId"]},
                 )
             seen_results.add(cid)
-    return len(approvals)

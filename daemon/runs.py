@@ -40,6 +40,13 @@ def _approval(row: Any) -> dict[str, Any]:
     }
 
 
+def _only(rows: Any) -> Any:
+    """The one row of a RETURNING statement, read to its end so the statement is done
+    before its transaction commits."""
+    (row,) = list(rows)
+    return row
+
+
 _RUN_COLS = "id, session_id, status, started_at, finished_at"
 _APPROVAL_COLS = (
     "id, session_id, run_id, tool_call_id, tool_name, arguments, status, reason, "
@@ -52,11 +59,12 @@ class RunStore:
         self.conn = conn
 
     def start(self, run_id: str, session_id: str) -> dict[str, Any]:
+        now = time.time()
         self.conn.execute(
             "INSERT INTO runs(id, session_id, status, started_at) VALUES (?, ?, 'open', ?)",
-            (run_id, session_id, time.time()),
+            (run_id, session_id, now),
         )
-        return self.get(run_id)  # type: ignore[return-value]
+        return _run((run_id, session_id, "open", now, None))
 
     def get(self, run_id: str) -> dict[str, Any] | None:
         row = self.conn.execute(f"SELECT {_RUN_COLS} FROM runs WHERE id = ?", (run_id,)).fetchone()
@@ -72,11 +80,11 @@ class RunStore:
         return {r[0] for r in self.conn.execute("SELECT id FROM runs WHERE status = 'open'")}
 
     def finish(self, run_id: str, status: str) -> dict[str, Any]:
-        self.conn.execute(
-            "UPDATE runs SET status = ?, finished_at = ? WHERE id = ?",
+        row = self.conn.execute(
+            f"UPDATE runs SET status = ?, finished_at = ? WHERE id = ? RETURNING {_RUN_COLS}",
             (status, time.time(), run_id),
         )
-        return self.get(run_id)  # type: ignore[return-value]
+        return _run(_only(row))
 
     # approvals
 
@@ -89,20 +97,24 @@ class RunStore:
         tool_name: str | None,
         arguments: Any,
     ) -> dict[str, Any]:
-        self.conn.execute(
-            "INSERT INTO approvals(id, session_id, run_id, tool_call_id, tool_name, arguments, "
-            "status, created_at) VALUES (?,?,?,?,?,?, 'pending', ?)",
-            (
-                approval_id,
-                session_id,
-                run_id,
-                tool_call_id,
-                tool_name,
-                None if arguments is None else strict_json(arguments, "arguments"),
-                time.time(),
-            ),
+        row = (
+            approval_id,
+            session_id,
+            run_id,
+            tool_call_id,
+            tool_name,
+            None if arguments is None else strict_json(arguments, "arguments"),
+            "pending",
+            None,
+            time.time(),
+            None,
         )
-        return self.get_approval(approval_id)  # type: ignore[return-value]
+        stored = self.conn.execute(
+            f"INSERT INTO approvals({_APPROVAL_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?) "
+            f"RETURNING {_APPROVAL_COLS}",
+            row,
+        )
+        return _approval(_only(stored))
 
     def get_approval(self, approval_id: str) -> dict[str, Any] | None:
         row = self.conn.execute(
@@ -113,11 +125,12 @@ class RunStore:
     def resolve_approval(
         self, approval_id: str, decision: str, reason: str | None
     ) -> dict[str, Any]:
-        self.conn.execute(
-            "UPDATE approvals SET status = ?, reason = ?, resolved_at = ? WHERE id = ?",
+        row = self.conn.execute(
+            "UPDATE approvals SET status = ?, reason = ?, resolved_at = ? WHERE id = ? "
+            f"RETURNING {_APPROVAL_COLS}",
             (decision, reason, time.time(), approval_id),
         )
-        return self.get_approval(approval_id)  # type: ignore[return-value]
+        return _approval(_only(row))
 
     def list_approvals(self, session_id: str, status: str | None = None) -> list[dict[str, Any]]:
         if status is None:
