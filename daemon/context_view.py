@@ -38,6 +38,8 @@ from ctxd.daemon.summary import Summary
 # sessions kept, and the approximate characters of their kept tails
 MAX_SESSIONS = 256
 MAX_CHARS = 64 * 1024 * 1024
+# a batch with more characters of JSON than this drops the kept tail instead of extending it
+DECODE_CHARS = 1024 * 1024
 
 
 @dataclass
@@ -247,6 +249,12 @@ class ContextView:
         their bodies, so nothing is shared with the caller's objects)."""
         kept = self._kept.get(session_id)
         if kept is None or kept.tail_from is None:
+            return
+        if sum(len(body) for _, body, _ in rows) > DECODE_CHARS:
+            # a large batch is not decoded here, on the event loop: the next read of the
+            # context reads the tail again
+            self._chars -= kept.chars
+            kept.tail_from, kept.ids, kept.archived, kept.model, kept.chars = None, [], [], [], 0
             return
         for (_, body, tokens), mid in zip(rows, ids, strict=True):
             msg = json.loads(body)

@@ -24,7 +24,10 @@ from ctxd.daemon.config import Config
 from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.context_view import ContextView
 from ctxd.daemon.engine_reads import ContextReads
-from ctxd.daemon.engine_runs import RunsAndApprovals
+from ctxd.daemon.engine_runs import (
+    RunsAndApprovals,
+    _event_approval,  # noqa: F401 (pg/events.py imports it here)
+)
 from ctxd.daemon.ids import new_id
 from ctxd.daemon.messages import PreparedBatch, prepare_batch
 from ctxd.daemon.pairing import check_tool_pairs
@@ -263,10 +266,10 @@ class Engine(ContextReads, RunsAndApprovals):
                 raise InvalidParams(
                     f"run {run_id!r} is {run['status']}; start a new run", {"runId": run_id}
                 )
-        pending = self.run_book.pending(session_id)
-        check_tool_pairs(
-            self.archive, pending, self.context_state(session_id), [m for m, _ in normalized]
-        )
+        msgs = [m for m, _ in normalized]
+        if not self.shared:
+            pending = self.run_book.pending(session_id)
+            check_tool_pairs(self.archive, pending, self.context_state(session_id), msgs)
         counts = batch.tokens or [self.tokens.count_message(m) for m, _ in normalized]
         rows = [(m, body, n) for (m, body), n in zip(normalized, counts, strict=True)]
         with self.store.transaction():
@@ -279,6 +282,11 @@ class Engine(ContextReads, RunsAndApprovals):
             # read inside the write transaction: on a shared store another daemon may
             # have appended to this session since this daemon last looked
             st = self.context_state(session_id)
+            if self.shared:
+                # checked under the store's write lock: a call id another daemon stored a
+                # moment ago is refused here as a repeated one, not by a unique key
+                pending = self.run_book.pending(session_id)
+                check_tool_pairs(self.archive, pending, st, msgs)
             new = st.with_own_system_ids()
             new.active_messages += len(rows)
             new.active_tokens += sum(tokens for _, _, tokens in rows)
@@ -297,14 +305,31 @@ class Engine(ContextReads, RunsAndApprovals):
                     else:
                         new.tail_start_id = mid
             self.store.contexts.bump_counts(new)
+        return self.append_committed(new, rows, ids, batch_id, created, run_id, len(pending))
+
+    def append_committed(
+        self,
+        new: ContextState,
+        rows: list[tuple[dict[str, Any], str, int]],
+        ids: list[int],
+        batch_id: int,
+        created_at: float,
+        run_id: str | None,
+        pending: int,
+    ) -> dict[str, Any]:
+        """What follows a committed batch (on this connection or, for a large batch, on
+        another one beside the event loop): the kept state, the event and the result.
+        `new`: the session's context with the batch; `pending`, the pending approvals
+        the batch was checked against."""
+        session_id = new.session_id
         self._contexts[session_id] = new
-        self.view.appended(session_id, rows, ids, batch_id, created)
+        self.view.appended(session_id, rows, ids, batch_id, created_at)
         if session_id in self._archive_counts:
             self._archive_counts[session_id] += len(ids)
         # what this append already asked is not asked again: the run it names is the
         # session's open one, and the pending approvals are those it checked against
         status = self.status(
-            session_id, open_run_id=run_id if run_id is not None else _ASK, pending=len(pending)
+            session_id, open_run_id=run_id if run_id is not None else _ASK, pending=pending
         )
         self.emit(
             session_id,

@@ -86,9 +86,10 @@ def _commit(
     batch: PreparedBatch,
     run_id: str | None,
     client_batch_id: str | None,
-) -> tuple[int, list[int], ContextState]:
+) -> tuple[int, list[int], float, ContextState]:
     """In a worker thread: the write transaction of `Engine.append`, on a connection of
-    its own. Returns the batch id, the message ids and the session's new context state."""
+    its own. Returns the batch id, the message ids, their createdAt and the session's new
+    context state."""
     conn = open_database(db_path, durability=durability)
     try:
         archive = ArchiveStore(conn)
@@ -96,7 +97,7 @@ def _commit(
         new.active_messages += len(rows)
         new.active_tokens += sum(tokens for _, _, tokens in rows)
         with thread_transaction(conn):
-            batch_id, ids, _ = archive.append(
+            batch_id, ids, created_at = archive.append(
                 st.session_id,
                 rows,
                 digest=batch.digest,
@@ -111,7 +112,7 @@ def _commit(
                     else:
                         new.tail_start_id = mid
             bump_counts(conn, new)
-        return batch_id, ids, new
+        return batch_id, ids, created_at, new
     finally:
         conn.close()
 
@@ -166,7 +167,8 @@ class LargeWrites:
         ):
             return on_loop()  # refused there, with the engine's words
         st = eng.context_state(session_id)
-        pending = check_tool_pairs(eng.archive, eng.runs, st, [m for m, _ in prepared.normalized])
+        pending = eng.run_book.pending(session_id)
+        check_tool_pairs(eng.archive, pending, st, [m for m, _ in prepared.normalized])
         rows = [(m, body, n) for (m, body), n in
                 zip(prepared.normalized, prepared.tokens, strict=True)]
         store = eng.store
@@ -174,32 +176,15 @@ class LargeWrites:
         work = asyncio.to_thread(_commit, store.db_path, eng.config.durability, st, rows,
                                  prepared, run_id, client_batch_id)
         # the engine's state follows the commit even when the request is cancelled
-        done = asyncio.ensure_future(self._committed(work, session_id, run_id, pending))
+        done = asyncio.ensure_future(self._committed(work, rows, run_id, len(pending)))
         return await asyncio.shield(done)
 
     async def _committed(
-        self, work: Any, session_id: str, run_id: str | None, pending: int
+        self, work: Any, rows: list[tuple[dict[str, Any], str, int]], run_id: str | None,
+        pending: int,
     ) -> dict[str, Any]:
-        batch_id, ids, new = await work
-        eng = self.engine
-        eng.set_context_state(new)
-        # the engine keeps each session's archive count once counted (Engine.append adds
-        # to it the same way)
-        counts: dict[str, int] = eng._archive_counts
-        if session_id in counts:
-            counts[session_id] += len(ids)
-        if run_id is None:
-            status = eng.status(session_id, pending=pending)
-        else:
-            status = eng.status(session_id, open_run_id=run_id, pending=pending)
-        eng.emit(session_id, "session/didAppend", {
-            "sessionId": session_id,
-            "batchId": batch_id,
-            "messageIds": ids,
-            "runId": run_id,
-            "status": status,
-        })
-        return {"batchId": batch_id, "messageIds": ids, "status": status}
+        batch_id, ids, created_at, new = await work
+        return self.engine.append_committed(new, rows, ids, batch_id, created_at, run_id, pending)
 
     async def finish_run(
         self,
