@@ -120,6 +120,7 @@ class ZmqLane(Lane):
             sock.close(linger=0)
             raise
         self._sock = sock
+        self._poll = [(sock, zmq.POLLIN)]
 
     def _send(self, req_id: int, method: str, params: Any) -> None:
         payload = packb({"id": req_id, "method": method, "params": params, "token": self._token})
@@ -134,7 +135,7 @@ class ZmqLane(Lane):
             raise NotSent from None  # no connection (IMMEDIATE): the I/O thread waits for one
 
     def _receive(self, wait: float) -> Any:
-        if not self._sock.poll(int(wait * 1000) or 1, zmq.POLLIN):
+        if not zmq.zmq_poll(self._poll, int(wait * 1000) or 1):
             return None
         frames = self._sock.recv_multipart(zmq.NOBLOCK)
         try:

@@ -20,7 +20,8 @@ files sit in the daemon's private runtime dir.
 sends the token or anything else.
 
 Runs opened over ZeroMQ have a lease: a peer with open runs that sends nothing (no
-request, no `heartbeat`) for `run_lease` seconds is dropped and its runs are interrupted.
+request, no `heartbeat`) for `run_lease` seconds is dropped and its runs are interrupted
+(`zmq_peers`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from ctxd.daemon.servers.zmq_frames import (
     send_now,
     split_envelope,
 )
+from ctxd.daemon.servers.zmq_peers import PeerTable
 from ctxd.protocol.auth import curve_server_keys
 from ctxd.protocol.codec import DEFAULT_MAX_FRAME, unpackb
 from ctxd.protocol.envelope import (  # noqa: F401 (the topics are part of this module's API)
@@ -134,7 +136,6 @@ class ZmqServer:
         self._tasks: set[asyncio.Task[None]] = set()
         # requests running as tasks; at max_inflight reading pauses
         self._running = 0
-        self._peers: dict[bytes, ZmqConnection] = {}
         self._ipc_paths: list[str] = []
         self._sink_added = False
         self._closed = False
@@ -149,6 +150,7 @@ class ZmqServer:
             "zap_allowed": 0,
             "zap_denied": 0,
         }
+        self._peers = PeerTable(handler, hub, self.stats)
 
     # lifecycle
 
@@ -212,7 +214,9 @@ class ZmqServer:
             self._sink_added = True
         self._pump.start()
         self._events.start()
-        self._bg = [asyncio.create_task(self._reap_idle_peers(), name="zmq-reaper")]
+        self._bg = [asyncio.create_task(
+            self._peers.reap(self.idle_timeout, self.run_lease), name="zmq-reaper"
+        )]
         if self._zap is not None:
             self._bg.append(asyncio.create_task(self._zap.serve(), name="zmq-zap"))
         log.info("ZeroMQ wire on %s (events on %s)", self.router_endpoint, self.pub_endpoint)
@@ -238,11 +242,11 @@ class ZmqServer:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=grace)
-        for conn in list(self._peers.values()):
+        for conn in list(self._peers.peers.values()):
             # A ZeroMQ client outlives the daemon (its socket reconnects to the next one),
             # so its runs stay open: the next daemon leases them until it comes back.
             conn.open_runs.clear()
-            self._drop_peer(conn, "daemon closing")
+            self._peers.drop(conn, "daemon closing")
         # Replies already queued (the one to `shutdown` among them) still go out to a peer
         # that reads them, for at most REPLY_LINGER_SECONDS; events are best effort.
         if self._router is not None:
@@ -271,7 +275,7 @@ class ZmqServer:
 
     @property
     def connections(self) -> list[ZmqConnection]:
-        return list(self._peers.values())
+        return list(self._peers.peers.values())
 
     # events
 
@@ -336,7 +340,7 @@ class ZmqServer:
         if conn is None:
             # Peers that never authenticated never reach the handler, so a stream of
             # random identities cannot fill the connection table.
-            conn = self._open_peer(identity)
+            conn = self._peers.open(identity)
         conn.authenticated = True
         conn.last_seen = time.monotonic()
         self._serve(conn, envelope, req_id, method, params)
@@ -455,7 +459,7 @@ class ZmqServer:
             if exc.errno == zmq.EHOSTUNREACH:
                 conn = self._peers.get(envelope[0])
                 if conn is not None:
-                    self._drop_peer(conn, "unreachable")
+                    self._peers.drop(conn, "unreachable")
             else:
                 log.warning("reply not sent: %s", exc)
             return True
@@ -472,49 +476,3 @@ class ZmqServer:
                 return
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.1)
-
-    # peers
-
-    def _open_peer(self, identity: bytes) -> ZmqConnection:
-        conn = ZmqConnection(identity)
-        self._peers[identity] = conn
-        self.hub.add_connection(conn)
-        try:
-            self.handler.connection_opened(conn)
-        except Exception:
-            log.exception("connection_opened failed for %r", conn)
-        log.debug("new peer %r", conn)
-        return conn
-
-    def _drop_peer(self, conn: ZmqConnection, why: str) -> None:
-        if self._peers.get(conn.identity) is conn:
-            del self._peers[conn.identity]
-        if conn.closed:
-            return
-        log.debug("dropping %r: %s", conn, why)
-        conn.close()
-        self.hub.remove_connection(conn)
-        try:
-            self.handler.connection_closed(conn)
-        except Exception:
-            log.exception("connection_closed failed for %r", conn)
-
-    async def _reap_idle_peers(self) -> None:
-        # ZeroMQ never says when a peer goes away, so peers silent for `idle_timeout`
-        # (and with nothing in flight) are treated as gone; peers holding runs must show
-        # they are alive within the shorter `run_lease`, or their runs are interrupted.
-        period = max(0.05, min(self.idle_timeout / 4, self.run_lease / 4, 30.0))
-        while True:
-            await asyncio.sleep(period)
-            now = time.monotonic()
-            for conn in list(self._peers.values()):
-                if conn.inflight:
-                    continue
-                if conn.open_runs and conn.last_seen < now - self.run_lease:
-                    self.stats["runs_lease_expired"] += 1
-                    self._drop_peer(
-                        conn, f"silent for more than the run lease of {self.run_lease:g}s"
-                    )
-                elif conn.last_seen < now - self.idle_timeout:
-                    self.stats["peers_reaped"] += 1
-                    self._drop_peer(conn, f"idle for more than {self.idle_timeout:g}s")
