@@ -180,6 +180,26 @@ def test_a_big_frame_before_login_is_refused_from_its_header(daemon: DaemonProce
         assert closed_ws.value.rcvd is not None and closed_ws.value.rcvd.code == 1009
 
 
+def test_a_big_frame_sent_whole_before_login_gets_its_error_not_a_reset(
+    daemon: DaemonProcess,
+) -> None:
+    # refused from its header while the body is still coming: the daemon reads and drops
+    # the rest before it closes, or the kernel resets the connection and the reset can
+    # destroy the error before the client reads it
+    info = daemon.info()
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                       "params": {"token": "x" * 4_000_000}}).encode()
+    for _ in range(3):
+        conn = Tcp(info)
+        conn.sock.sendall(frame(body))  # a reset would fail this send or the reads below
+        replies: list[Any] = []
+        while data := conn.sock.recv(1 << 20):
+            replies += [json.loads(b) for b in conn.reader.feed(data)]
+        conn.close()
+        assert [error_code(r) for r in replies] == [PAYLOAD_TOO_LARGE], replies
+    alive(daemon)
+
+
 def test_a_pipelined_request_after_initialize_is_served(daemon: DaemonProcess) -> None:
     info = daemon.info()
     conn = Tcp(info)

@@ -25,6 +25,8 @@ from ctxd.daemon.servers.rpc_core import (
 from ctxd.protocol.codec import DEFAULT_MAX_FRAME, FrameReader, dumps_json, error_response, frame
 from ctxd.protocol.errors import CtxdError
 
+# how long a closing connection keeps reading (and dropping) what the client still sends
+LINGER_SECONDS = 2.0
 # "GET / HTTP/1.1", "POST http://host:port/ HTTP/1.1", "OPTIONS * HTTP/1.1": a method
 # token in capitals, then a space. A frame header starts with a name and a colon.
 _HTTP_METHOD = re.compile(rb"[A-Z]{1,16} ")
@@ -46,6 +48,8 @@ class TcpConnection(JsonRpcConnection, asyncio.Protocol):
         self._sniff: bytes | None = b""
         # frames already read while too many requests run: started once some finish
         self._backlog: deque[bytes] = deque()
+        # set while closing: input is drained until the client closes or this fires
+        self._linger: asyncio.TimerHandle | None = None
 
     # asyncio.Protocol
 
@@ -118,13 +122,15 @@ class TcpConnection(JsonRpcConnection, asyncio.Protocol):
     def eof_received(self) -> bool:
         # the client half-closed: finish running requests and deliver their replies
         self._eof = True
-        if self._inflight == 0:
+        if self._inflight == 0 or self._linger is not None:
             return False
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         if exc is not None:
             log.debug("%r lost: %s", self, exc)
+        if self._linger is not None:
+            self._linger.cancel()
         self._cleanup()
 
     # transport hooks
@@ -158,10 +164,29 @@ class TcpConnection(JsonRpcConnection, asyncio.Protocol):
             self.close()
 
     def close(self) -> None:
-        """Close after flushing what is already queued."""
+        """Close after flushing what is already queued.
+
+        The client may still be sending (a frame refused from its header, requests
+        pipelined behind a refused one): a socket closed with unread input makes the
+        kernel reset the connection, and the reset can destroy the error reply before
+        the client reads it. So the output is followed by an end of stream, and what
+        still comes in is read and dropped until the client closes too, for at most
+        `LINGER_SECONDS`.
+        """
+        if self.closed and self._linger is not None:
+            return
         self.closed = True
-        if self._transport is not None:
-            self._transport.close()
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if self._eof or not transport.can_write_eof():
+            transport.close()
+            return
+        # a connection on its way out no longer holds a place in the quota before login
+        self._core.gate.leave(self._gate_key)
+        transport.write_eof()
+        transport.resume_reading()
+        self._linger = asyncio.get_running_loop().call_later(LINGER_SECONDS, transport.close)
 
 
 class JsonRpcTcpServer:
