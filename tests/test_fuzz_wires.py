@@ -35,6 +35,7 @@ from outcomes import OutcomeCounts
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
+from ctxd.daemon.servers.rpc_core import PREAUTH_MAX_FRAME
 from ctxd.protocol.codec import FrameReader, check_request, frame
 from ctxd.protocol.errors import CtxdError
 from ctxd.protocol.methods import METHODS
@@ -476,6 +477,9 @@ def test_tcp_requests_of_every_wrong_shape_get_their_code(
     world: World, case: tuple[bool, Case]
 ) -> None:
     authenticated, c = case
+    # before login a frame above the smaller limit is refused for its size alone
+    # (test_attacks covers that); the expectations here are for what is read
+    assume(authenticated or len(dumps(c.msg)) <= PREAUTH_MAX_FRAME)
     replies, closed = tcp_exchange(
         world, [frame(dumps(c.msg)), frame(dumps(sentinel_request(world)))],
         authenticate=authenticated)
@@ -682,6 +686,9 @@ def test_ws_requests_of_every_wrong_shape_get_their_code(
     world: World, case: tuple[bool, Case]
 ) -> None:
     authenticated, c = case
+    # before login a frame above the smaller limit is refused for its size alone
+    # (test_attacks covers that); the expectations here are for what is read
+    assume(authenticated or len(dumps(c.msg)) <= PREAUTH_MAX_FRAME)
     with ws_open(world, authenticated) as ws:
         ws.send(dumps(c.msg).decode())
         if not authenticated:
