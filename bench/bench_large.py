@@ -20,8 +20,10 @@ longest wait (and median, and how many calls it made).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import platform
 import statistics
 import sys
 import tempfile
@@ -180,6 +182,8 @@ def main() -> int:
     ap.add_argument("--before", type=Path, help="another checkout to run first, for comparison")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--mb", type=float, default=40.0, help="size of the batch, megabytes")
+    ap.add_argument("--out", type=Path, help="also write the table here (e.g. "
+                    "bench/results/large.md)")
     args = ap.parse_args()
     per = int(args.mb * 1e6 / MESSAGES)
     text = _words(per, 7)
@@ -194,9 +198,15 @@ def main() -> int:
             for label, code in sides:
                 results[label].append(one(Path(tmp), label, code, messages))
                 print(json.dumps({label: results[label][-1]}), flush=True)
-    print(f"\n{MESSAGES} messages, {args.mb:g} MB in all; {args.rounds} round(s), medians; "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
-    print(table(results))
+    head = (f"{MESSAGES} messages, {args.mb:g} MB in all; {args.rounds} round(s), medians; "
+            f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, Python "
+            f"{platform.python_version()}; measured {datetime.date.today()} by `python -m "
+            f"bench.bench_large{' --before DIR' if args.before else ''} --mb {args.mb:g} "
+            f"--rounds {args.rounds}`")
+    print(f"\n{head}\n\n{table(results)}")
+    if args.out is not None:
+        args.out.write_text(f"# Large batches and replies\n\n{head}\n\n{table(results)}\n")
+        print(f"wrote {args.out}")
     return 0
 
 
