@@ -65,20 +65,35 @@ def _load(name: str) -> tiktoken.Encoding:
     )
 
 
+# Texts this short (roles, tool names, call ids) are counted once and then looked up:
+# every message has a role, and an agent calls the same few tools again and again.
+SHORT_CHARS = 32
+SHORT_KEPT = 4096
+
+
 class TokenCounter:
     def __init__(self, encoding: str = "cl100k_base") -> None:
         self.encoding_name = encoding
         self._enc = _load(encoding)
         self._pieces: dict[str, int] = {}
+        self._short: dict[str, int] = {}
 
     def count_text(self, text: str) -> int:
+        if len(text) <= SHORT_CHARS:
+            n = self._short.get(text)
+            if n is None:
+                if len(self._short) >= SHORT_KEPT:
+                    self._short.clear()
+                n = self._short[text] = self._count(text) if text else 0
+            return n
         if len(text) <= PIECE_CHARS:
-            return self._count(text) if text else 0
+            return self._count(text)
         return sum(self._count_piece(piece) for piece in pieces(text))
 
     def _count(self, text: str) -> int:
         # encode_ordinary: text that looks like a special token is counted as text
-        # instead of raising, as encode() would.
+        # instead of raising, as encode() would. (Its batch form starts a thread pool
+        # per call: slower than one call per text for the few texts of a message.)
         return len(self._enc.encode_ordinary(text))
 
     def _count_piece(self, piece: str) -> int:
