@@ -138,7 +138,9 @@ def packb(obj: Any) -> bytes:
 def unpackb(data: bytes, max_size: int = DEFAULT_MAX_FRAME) -> Any:
     if len(data) > max_size:
         raise PayloadTooLarge(f"message of {len(data)} bytes exceeds the limit of {max_size}")
-    if not any(mark in data for mark in _TIMESTAMPS):
+    # 0xff (the timestamp's type byte) never occurs in UTF-8 text: one memchr usually
+    # settles it
+    if b"\xff" not in data or not any(mark in data for mark in _TIMESTAMPS):
         try:
             return _decode_msgpack(data)
         except Exception:
