@@ -52,7 +52,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         import psycopg
 
         from ctxd.daemon.pg import schema
-        from ctxd.daemon.pg.store import PgConnection
+        from ctxd.daemon.pg.connection import PgConnection
     except ImportError:
         raise _startup_error("the postgres store needs psycopg: pip install 'ctxd[postgres]'") \
             from None

@@ -20,7 +20,7 @@ import apsw
 
 from ctxd.daemon.messages import message_text
 from ctxd.daemon.pg import schema, tsearch
-from ctxd.daemon.pg.store import PgConnection
+from ctxd.daemon.pg.connection import PgConnection
 from ctxd.daemon.schema import SCHEMA_VERSION as SQLITE_VERSION
 
 CHUNK_BATCHES = 200

@@ -11,7 +11,7 @@ import psycopg
 from ctxd.daemon.runs import RunStore
 
 if TYPE_CHECKING:
-    from ctxd.daemon.pg.store import PgConnection
+    from ctxd.daemon.pg.connection import PgConnection
 
 # the class of the session-level advisory locks a daemon holds on each open run it
 # serves ("ctxr"): a run whose lock is free was opened through a daemon that is gone
