@@ -110,7 +110,10 @@ def test_an_empty_params_array_means_no_params_on_every_wire(tmp_path: Path) -> 
 def test_a_projection_below_pins_and_summary_drops_summary_items_to_fit(
         tmp_path: Path) -> None:
     count = TokenCounter().count_message
-    daemon = start(tmp_path, **{"compaction.keep_messages": 4})
+    # no auto-compaction: one that commits just before the forced one would leave it
+    # nothing to do (appends without a run schedule one when over the limits)
+    daemon = start(tmp_path, **{"compaction.keep_messages": 4,
+                                "compaction.max_active_messages": 10_000})
     try:
         with daemon.client("jsonrpc") as c:
             sid = c.call("session/create", {})["sessionId"]
