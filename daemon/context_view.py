@@ -200,6 +200,22 @@ class ContextView:
             return [dict(m) for m, _ in pairs], [mid for _, mid in pairs]
         return [dict(m) for m in kept.model[i:]], kept.ids[i:]
 
+    def kept_messages(
+        self, session_id: str, ids: Sequence[int | None]
+    ) -> dict[int, dict[str, Any]]:
+        """Those of `ids` the session's kept tail holds, as archived (read-only)."""
+        kept = None if self.shared else self._kept.get(session_id)
+        if kept is None or not kept.ids:
+            return {}
+        out: dict[int, dict[str, Any]] = {}
+        first, kept_ids = kept.ids[0], kept.ids
+        for mid in ids:
+            if mid is not None and mid >= first:
+                j = bisect_left(kept_ids, mid)
+                if j < len(kept_ids) and kept_ids[j] == mid:
+                    out[mid] = kept.archived[j]
+        return out
+
     @staticmethod
     def _without_dropped(tail: list[dict[str, Any]], st: ContextState) -> list[dict[str, Any]]:
         if st.dropped_ids:

@@ -92,13 +92,19 @@ class ContextReads:
             # a step projection: the stored context is never changed by it
             result = project(self, session_id, budget_tokens, query, recall_hits)
         if include_metadata:
-            self._attach_metadata(result["messages"], result["messageIds"])
+            self._attach_metadata(session_id, result["messages"], result["messageIds"])
         return {**result, "status": status or self.status(session_id)}
 
-    def _attach_metadata(self, messages: list[dict[str, Any]], ids: list[int | None]) -> None:
+    def _attach_metadata(
+        self, session_id: str, messages: list[dict[str, Any]], ids: list[int | None]
+    ) -> None:
         """Give back each archived message's `metadata`, where a client keeps its own form
-        of the message (an agent framework's item, say)."""
-        by_id = self.archive.get_many([i for i in ids if i is not None])
+        of the message (an agent framework's item, say). The kept tail has it; the rest
+        (system messages, recalled ones) is read."""
+        by_id = self.view.kept_messages(session_id, ids)
+        missing = [i for i in ids if i is not None and i not in by_id]
+        if missing:
+            by_id.update(self.archive.get_many(missing))
         for i, mid in enumerate(ids):
             meta = by_id.get(mid, {}).get("metadata") if mid is not None else None
             if meta is not None:
