@@ -189,7 +189,7 @@ def main() -> int:
     text = _words(per, 7)
     messages = [{"role": "user", "content": text[i * 997:] + text[:i * 997]}
                 for i in range(MESSAGES)]
-    sides: list[tuple[str, Path | None]] = [("this", None)]
+    sides: list[tuple[str, Path | None]] = [("after" if args.before else "this", None)]
     if args.before is not None:
         sides.insert(0, ("before", args.before.resolve()))
     results: dict[str, list[dict[str, dict[str, Any]]]] = {label: [] for label, _ in sides}
