@@ -38,7 +38,8 @@ from ctxd.protocol.methods import (
 
 log = logging.getLogger("ctxd.dispatch")
 
-# a batch carrying this much text is validated, counted and committed beside the loop
+# a batch carrying this much text is validated, counted and committed beside the loop, and
+# a reply carrying this much is encoded beside it
 OFFLOAD_TEXT_CHARS = 256 * 1024
 
 Handler = Callable[[Connection, dict[str, Any]], Any]
@@ -101,7 +102,8 @@ class Dispatcher:
         self.run_lease = run_lease
         self.large = LargeWrites(engine, lambda: bool(self.scheduler.running()))
         self._live: set[Connection] = set()
-        # per connection: the request (behind a large append) the next one waits for
+        # per connection: the request (a large batch or reply, or one behind it) the next
+        # one waits for
         self._in_turn: dict[Connection, asyncio.Future[None]] = {}
         # bound from the protocol table: each entry names the function that serves it
         self._handlers: dict[str, Handler] = {
