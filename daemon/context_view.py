@@ -273,6 +273,10 @@ class ContextView:
             kept.tail_from, kept.ids, kept.archived, kept.model, kept.chars = None, [], [], [], 0
             return
         for (_, body, tokens), mid in zip(rows, ids, strict=True):
+            if kept.ids and mid <= kept.ids[-1]:
+                # already read from the file: a batch committed on another connection
+                # (daemon/offload.py) is visible to a read made before this call
+                continue
             msg = json.loads(body)
             msg["id"] = mid
             msg["batchId"] = batch_id

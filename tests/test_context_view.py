@@ -172,3 +172,27 @@ def test_messages_appended_by_the_caller_are_not_shared_with_the_kept_context(
     parts[0]["text"] = "changed after the append"
     last = engine.get_context(sid)["messages"][-1]
     assert last["content"] == [{"type": "text", "text": "second"}]
+
+
+def test_a_read_between_a_commit_elsewhere_and_its_bookkeeping_keeps_each_message_once(
+    engine: Engine,
+) -> None:
+    # a large batch is committed on a connection of its own (daemon/offload.py) and the
+    # engine is told on the event loop afterwards; a context/get may run in between
+    from ctxd.daemon import offload
+
+    sid = engine.create_session()["sessionId"]
+    engine.append(sid, [{"role": "user", "content": "first"}])
+    prepared = engine.prepare_append([{"role": "user", "content": "second"},
+                                      {"role": "assistant", "content": "answer"}])
+    assert prepared.tokens is not None
+    rows = [(m, body, n) for (m, body), n in
+            zip(prepared.normalized, prepared.tokens, strict=True)]
+    st = engine.context_state(sid)
+    batch_id, ids, created_at, new = offload._commit(
+        engine.config.db_path, engine.config.durability, st, rows, prepared, None, None)
+    engine.view.forget(sid)  # nothing kept: the read in between reads the file
+    engine.get_context(sid)
+    engine.append_committed(new, rows, ids, batch_id, created_at, None, 0)
+    contents = [m["content"] for m in engine.get_context(sid)["messages"]]
+    assert contents == ["first", "second", "answer"]
