@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -37,15 +36,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import store_profile, store_report
 from bench.workload import _Generator
 from tests.helpers import DaemonProcess
 from tests.pg import PASSWORD, PgCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "store.md"
-PLOT = "store.png"
 AGENTS = 4
-STEPS = 120  # per agent and run
+STEPS = 30  # per agent and round
+ROUNDS = 3  # the cases take turns, so a burst of load elsewhere hits them alike
 PW_VAR = "CTXD_BENCH_PG_PASSWORD"
 
 
@@ -94,6 +94,7 @@ class Stores:
         self.sessions: dict[int, list[str]] = {}
         self.runs = 0
         self.baseline: Path | None = None
+        self.last_db: str | None = None
 
     def prepare(self, history: int) -> None:
         from ctxd.daemon.pg.copy import copy_sqlite_to_postgres
@@ -124,12 +125,14 @@ class Stores:
 
 
 def start_daemons(stores: Stores, kind: str, history: int, n: int) -> list[DaemonProcess]:
+    """N daemons on a fresh copy of the archive; `stores.last_db` names a PostgreSQL one."""
     env = {"CTXD_LOG_LEVEL": "WARNING"}
+    stores.last_db = None
     if kind == "sqlite":
         return [DaemonProcess(stores.sqlite_dir(history), env=env).start()]
     if kind == "pg-baseline":  # another ctxd's code, ahead of this checkout's on the path
         env["PYTHONPATH"] = str(stores.baseline)
-    db = stores.pg_database(history)
+    db = stores.last_db = stores.pg_database(history)
     env.update({"CTXD_STORE": "postgres", "CTXD_POSTGRES_DSN": stores.cluster.tcp_dsn(db),
                 "CTXD_POSTGRES_PASSWORD_ENV": PW_VAR, PW_VAR: PASSWORD})
     out = []
@@ -205,25 +208,51 @@ def run_clients(specs: list[tuple[Any, tuple[Any, ...]]]) -> tuple[list[Any], fl
 # ------------------------------------------------------------------ the runs
 
 
-def measure(daemons: list[DaemonProcess], sids: list[str], steps: int) -> dict[str, Any]:
-    specs = [(agent, (str(daemons[i % len(daemons)].connection_file), sids[i], 7 + i, steps, 0))
-             for i in range(AGENTS)]
+def measure(daemons: list[DaemonProcess], sids: list[str], steps: int,
+            seed: int) -> dict[str, Any]:
+    """One round: every agent's steps, timed."""
+    specs = [(agent, (str(daemons[i % len(daemons)].connection_file), sids[i], seed + i,
+                      steps, 0)) for i in range(AGENTS)]
     results, _ = run_clients(specs)
     start = min(r[0][0] for r in results)
     end = max(r[-1][2] for r in results)
-    app = [(t1 - t0) * 1000 for r in results for t0, t1, _, _ in r]
-    get = [(t2 - t1) * 1000 for r in results for _, t1, t2, _ in r]
-    step = [(t2 - t0) * 1000 for r in results for t0, _, t2, _ in r]
-    tenth = max(1, steps // 10)
-    first = [(r[i][2] - r[i][0]) * 1000 for r in results for i in range(tenth)]
-    last = [(r[i][2] - r[i][0]) * 1000 for r in results for i in range(steps - tenth, steps)]
     return {
         "msgs_per_s": sum(n for r in results for *_, n in r) / (end - start),
+        "append": [(t1 - t0) * 1000 for r in results for t0, t1, _, _ in r],
+        "get": [(t2 - t1) * 1000 for r in results for _, t1, t2, _ in r],
+    }
+
+
+def summarize(rounds: list[dict[str, Any]], server: tuple[int, float, list[Any]] | None,
+              ) -> dict[str, Any]:
+    """Throughput: the median round's; latencies: over every step of every round;
+    `server`: (statements, execution ms) the database ran for them, if PostgreSQL."""
+    app = [x for r in rounds for x in r["append"]]
+    get = [x for r in rounds for x in r["get"]]
+    steps = len(app)
+    return {
+        "msgs_per_s": statistics.median(r["msgs_per_s"] for r in rounds),
         "append_p50": statistics.median(app), "append_p95": pct(app, 95),
         "get_p50": statistics.median(get), "get_p95": pct(get, 95),
-        "step_p50": statistics.median(step),
-        "flat": statistics.median(last) / statistics.median(first),
+        "step_p50": statistics.median(a + g for a, g in zip(app, get, strict=True)),
+        "statements": server[0] / steps if server else None,
+        "server_ms": server[1] / steps if server else None,
+        "server_top": [(q, c / steps, t / steps) for q, c, t in server[2]] if server else [],
     }
+
+
+def server_totals(cluster: PgCluster, db: str) -> tuple[int, float, list[Any]]:
+    """Statements (BEGIN and COMMIT included) and their execution ms in database `db`,
+    from pg_stat_statements; the three statements with the most, (text, calls, ms)."""
+    import psycopg
+
+    with psycopg.connect(cluster.socket_dsn(), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT query, calls, total_exec_time FROM pg_stat_statements s "
+            "JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %s "
+            "AND s.query NOT LIKE 'LISTEN%%' ORDER BY total_exec_time DESC", (db,)).fetchall()
+    top = [(" ".join(q.split()), c, t) for q, c, t in rows[:3]]
+    return sum(r[1] for r in rows), sum(r[2] for r in rows), top
 
 
 def probe(daemon: DaemonProcess, sids: list[str], seconds: float = 5.0) -> dict[str, Any]:
@@ -257,49 +286,11 @@ def load_average() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def plot(results: dict[tuple[int, str, int], dict[str, Any]], all_cases: list[Case],
-         out_dir: Path) -> str | None:
-    try:
-        import matplotlib
-    except ImportError:
-        log("matplotlib is not installed (pip install 'ctxd[bench]'): no plot")
-        return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    histories = sorted({h for h, _, _ in results})
-    labels = [("SQLite" if k == "sqlite" else f"PG{'*' if k != 'pg' else ''} x{n}")
-              for _, k, n in all_cases]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-    width = 0.8 / len(histories)
-    for j, (key, title) in enumerate((("msgs_per_s", "append throughput (messages/s)"),
-                                      ("append_p50", "append p50 (ms)"),
-                                      ("get_p50", "context/get p50 (ms)"))):
-        ax = axes[j]
-        for i, h in enumerate(histories):
-            ys = [results[(h, k, n)][key] for _, k, n in all_cases]
-            xs = [x + i * width for x in range(len(all_cases))]
-            ax.bar(xs, ys, width, label=f"{h:,} archived")
-            if key != "msgs_per_s":
-                p95 = [results[(h, k, n)][key.replace("p50", "p95")] for _, k, n in all_cases]
-                ax.scatter(xs, p95, marker="_", color="black", s=200,
-                           label="p95" if i == 0 else None)
-        ax.set_xticks([x + width * (len(histories) - 1) / 2 for x in range(len(all_cases))])
-        ax.set_xticklabels(labels, rotation=30)
-        ax.set_title(title)
-        ax.legend()
-    fig.suptitle(f"{AGENTS} agents appending steps and reading context/get, default "
-                 "compaction policy" + ("; PG*: the baseline" if len(all_cases) > 4 else ""))
-    fig.tight_layout()
-    fig.savefig(out_dir / PLOT, dpi=110)
-    plt.close(fig)
-    return PLOT
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10k only, 40 steps: a smoke run")
-    parser.add_argument("--steps", type=int, default=STEPS, help="steps per agent and run")
+    parser.add_argument("--steps", type=int, default=STEPS, help="steps per agent and round")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="rounds of every case")
     parser.add_argument("--only-profile", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--no-profile", action="store_true", help="skip store_profile.py")
     parser.add_argument("--out", default=str(OUT))
@@ -309,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-label", default="the baseline's code",
                         help="what the baseline is, for the report")
     args = parser.parse_args(argv)
-    steps = 40 if args.quick else args.steps
+    steps = 20 if args.quick else args.steps
     histories = [10_000] if args.quick else [10_000, 100_000]
     out = Path(args.out)
     scratch = Path(tempfile.mkdtemp(prefix="ctxd-bench-store-"))
@@ -325,25 +316,38 @@ def main(argv: list[str] | None = None) -> int:
         stores.baseline = args.baseline
         for h in histories:
             stores.prepare(h)
+        store_profile.enable_pg_stat_statements(cluster)
         for h in histories if not args.only_profile else []:
-            for label, kind, n in all_cases:
-                daemons = start_daemons(stores, kind, h, n)
-                try:
-                    r = results[(h, kind, n)] = measure(daemons, stores.sessions[h], steps)
-                    log(f"{h:,} {label} x{n}: {r['msgs_per_s']:.0f} msg/s, append "
-                        f"{r['append_p50']:.2f} ms, get {r['get_p50']:.2f} ms "
-                        f"(load {load_average()})")
+            running = {}
+            for case in all_cases:
+                running[case] = (start_daemons(stores, case[1], h, case[2]), stores.last_db)
+            try:
+                rounds: dict[Case, list[dict[str, Any]]] = {c: [] for c in all_cases}
+                for r in range(args.rounds):
+                    # each round in another order: no case always follows the same one
+                    order = all_cases[r % len(all_cases):] + all_cases[:r % len(all_cases)]
+                    for case in order if r % 2 == 0 else order[::-1]:
+                        rounds[case].append(measure(running[case][0], stores.sessions[h],
+                                                    steps, 1000 * (r + 1)))
+                    log(f"{h:,} round {r + 1} of {args.rounds} (load {load_average()})")
+                    loads.append(load_average())
+                for case in all_cases:
+                    label, kind, n = case
+                    db = running[case][1]
+                    res = results[(h, kind, n)] = summarize(
+                        rounds[case], server_totals(cluster, db) if db else None)
+                    log(f"{h:,} {label} x{n}: {res['msgs_per_s']:.0f} msg/s, append "
+                        f"{res['append_p50']:.2f} ms, get {res['get_p50']:.2f} ms; server "
+                        f"per step: {res['server_top']}")
                     if n == 1 and h == histories[0]:
-                        probes[label] = probe(daemons[0], stores.sessions[h])
+                        probes[label] = probe(running[case][0][0], stores.sessions[h])
                         log(f"probe {label}: {probes[label]}")
-                finally:
+            finally:
+                for daemons, _ in running.values():
                     for d in daemons:
                         d.stop()
-                loads.append(load_average())
         if not args.no_profile:
-            from bench import store_profile
-
-            profile_md = store_profile.run(stores, histories[-1], steps)
+            profile_md = store_profile.run(stores, histories[-1])
     finally:
         cluster.stop()
         shutil.rmtree(scratch, ignore_errors=True)
@@ -351,113 +355,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.only_profile:
         print(profile_md)
         return 0
-    png = plot(results, all_cases, out.parent) if not args.quick else None
-    report = render(results, all_cases, probes, profile_md, histories, steps, loads, elapsed,
-                    png, args.baseline, args.baseline_label)
+    png = store_report.plot(results, all_cases, out.parent) if not args.quick else None
+    report = store_report.render(results, all_cases, probes, profile_md, histories, steps,
+                                 loads, elapsed, png, args.baseline, args.baseline_label,
+                                 args.rounds)
     out.write_text(report)
     print(report)
     return 0
-
-
-def render(results: dict[tuple[int, str, int], dict[str, Any]], all_cases: list[Case],
-           probes: dict[str, dict[str, Any]], profile_md: str, histories: list[int],
-           steps: int, loads: list[str], elapsed: float, png: str | None,
-           baseline: Path | None, baseline_label: str = "") -> str:
-    rows = []
-    for h in histories:
-        for label, kind, n in all_cases:
-            r = results[(h, kind, n)]
-            rows.append(
-                f"| {h:,} | {label} | {n} | {r['msgs_per_s']:,.0f} | {r['append_p50']:.2f} | "
-                f"{r['append_p95']:.2f} | {r['get_p50']:.2f} | {r['get_p95']:.2f} | "
-                f"{r['flat']:.2f} |")
-    flat = []
-    if len(histories) > 1:
-        lo, hi = histories[0], histories[-1]
-        for label, kind, n in all_cases:
-            a, b = results[(lo, kind, n)], results[(hi, kind, n)]
-            flat.append(f"| {label} | {n} | {a['step_p50']:.2f} | {b['step_p50']:.2f} | "
-                        f"{b['step_p50'] / a['step_p50']:.2f} |")
-    base = {h: results[(h, "sqlite", 1)] for h in histories}
-    ratios = []
-    for h in histories:
-        for label, kind, n in all_cases[1:]:
-            r = results[(h, kind, n)]
-            ratios.append(
-                f"| {h:,} | {label} x{n} | {r['append_p50'] / base[h]['append_p50']:.1f}x | "
-                f"{r['get_p50'] / base[h]['get_p50']:.1f}x | "
-                f"{r['msgs_per_s'] / base[h]['msgs_per_s']:.2f} |")
-    probe_rows = [
-        f"| {label} | {p['idle_p50']:.2f} | {p['idle_p95']:.2f} | {p['busy_p50']:.2f} | "
-        f"{p['busy_p95']:.2f} | {p['busy_max']:.1f} | {p['append_p50']:.2f} |"
-        for label, p in probes.items()
-    ]
-    parts = [
-        "# Store benchmark: the embedded SQLite daemon beside PostgreSQL",
-        "",
-        f"{platform.platform()}, Python {platform.python_version()}, {os.cpu_count()} cores "
-        f"shared with other work (load average, 1/5/15 min, at the start and after each "
-        f"run: {'; '.join(loads)}). One run of `python -m bench.bench_store` "
-        f"({elapsed / 60:.1f} minutes): quote its ratios, not its absolute numbers.",
-        "",
-        f"{AGENTS} agents (client processes on the ZMQ wire), each on a session of its own, "
-        f"each appending {steps} agent steps (an assistant message with 1-4 tool calls, "
-        "then their results) and reading `context/get` after each, as fast as they can. "
-        "Daemons are `ctxd serve` processes with the default compaction policy; agent i "
-        "talks to daemon i mod N. The archive is preloaded to the given size (a quarter "
-        "in each session, compacted); PostgreSQL is a scratch cluster on loopback TCP "
-        "(fsync off)." + (
-            f" `{BEFORE}`: the PostgreSQL daemons again, running {baseline_label} "
-            "(`--baseline`), in the same run." if baseline else ""),
-        "",
-        "| archived | store | daemons | messages/s (all agents) | append p50 ms | "
-        "append p95 ms | context/get p50 ms | context/get p95 ms | last/first tenth |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
-        *rows,
-        "",
-        "`last/first tenth`: median step time (append + context/get) of each agent's last "
-        "tenth of steps over its first tenth.",
-        "",
-    ]
-    if png:
-        parts += [f"![store benchmark]({png})", ""]
-    parts += [
-        "PostgreSQL against the embedded store at the same archive size (medians; "
-        "throughput as a share of the embedded daemon's):",
-        "",
-        "| archived | PostgreSQL | append | context/get | messages/s |",
-        "|---:|---|---:|---:|---:|",
-        *ratios,
-        "",
-    ]
-    if flat:
-        parts += [
-            f"Per-step cost against history (median append + context/get, ms): "
-            f"{histories[0]:,} archived beside {histories[-1]:,}.",
-            "",
-            f"| store | daemons | {histories[0]:,} | {histories[-1]:,} | ratio |",
-            "|---|---:|---:|---:|---:|",
-            *flat,
-            "",
-        ]
-    if probe_rows:
-        parts += [
-            "## A cheap request beside appends, on one daemon",
-            "",
-            "`context/status` from one client every 5 ms, alone, then while a second client "
-            "appends steps back to back (with `context/get` after each) on the same "
-            f"daemon, at {histories[0]:,} archived. Milliseconds.",
-            "",
-            "| store | alone p50 | alone p95 | beside appends p50 | p95 | max | "
-            "the appender's append p50 |",
-            "|---|---:|---:|---:|---:|---:|---:|",
-            *probe_rows,
-            "",
-        ]
-    if profile_md:
-        parts += [profile_md, ""]
-    return "\n".join(parts)
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -133,9 +133,9 @@ def profile_one(stores: Any, kind: str, history: int) -> dict[str, Any]:
     }
 
 
-def run(stores: Any, history: int, steps: int) -> str:
-    """Profile one daemon of each store; the report's section, as markdown."""
-    enable_pg_stat_statements(stores.cluster)
+def run(stores: Any, history: int) -> str:
+    """Profile one daemon of each store (pg_stat_statements loaded); the report's
+    section, as markdown."""
     res = {kind: profile_one(stores, kind, history) for kind in ("sqlite", "pg")}
     cats = [c for c, _ in _CATEGORIES] + ["other (event loop, interpreter)"]
     lines = [
