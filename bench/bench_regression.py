@@ -59,7 +59,7 @@ from bench.bench_turn import SESSION_TURNS, table
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 BEFORE = "9a57c08"
-FULL = {"rounds": 10, "requests": 800, "turns": 150, "gets": 150, "preload": 100_000}
+FULL = {"rounds": 16, "requests": 500, "turns": 100, "gets": 100, "preload": 100_000}
 QUICK = {"rounds": 2, "requests": 200, "turns": 40, "gets": 40, "preload": 20_000}
 
 # (key in the side's reply, label, unit); "us" rows are latencies, "msg/s" throughputs
@@ -254,15 +254,24 @@ def plot(result_rows: list[list[str]], path: Path) -> bool:
     return True
 
 
+# what makes up the installed package: a revision is described by the last commit that
+# changed one of these, which a rebase of commits touching only bench/ or docs/ keeps
+CTXD_PATHS = ("pyproject.toml", "ctxd_pkg", "daemon", "protocol", "clients")
+
+
 def describe(rev: str | None) -> str:
-    if rev is None:
-        head = git("rev-parse", "--short", "HEAD")
-        # only changes to ctxd itself matter here, not to the benchmarks or the docs
-        changed = git("status", "--porcelain", "--", "pyproject.toml", "ctxd_pkg", "daemon",
-                      "protocol", "clients")
-        dirty = " with uncommitted changes to ctxd" if changed else ""
-        return f"the working tree at {head}{dirty}"
-    return f"{git('rev-parse', '--short', rev)} ({git('log', '-1', '--format=%s', rev)[:90]})"
+    last = git("log", "-1", "--format=%h (%s)", rev or "HEAD", "--", *CTXD_PATHS)
+    if rev is not None:
+        return f"{git('rev-parse', '--short', rev)}, ctxd as of {last}"
+    dirty = " with uncommitted changes" if git("status", "--porcelain", "--",
+                                                 *CTXD_PATHS) else ""
+    return f"the working tree{dirty}, ctxd as of {last}"
+
+
+def check_source(name: str, imported: str, expected: Path) -> None:
+    """Each side must have imported its own ctxd, not the other's."""
+    if not Path(imported).resolve().is_relative_to(expected.resolve()):
+        raise RuntimeError(f"the {name} side imported ctxd from {imported}, not {expected}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,10 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--after", default=None, help="revision measured as after "
                     "(default: this working tree with this interpreter)")
     # None: the full run's value, or --quick's
-    ap.add_argument("--rounds", type=int, help="counted rounds per side (10; quick 2)")
-    ap.add_argument("--requests", type=int, help="status calls per wire a round (800; quick 200)")
-    ap.add_argument("--turns", type=int, help="appended turns per way a round (150; quick 40)")
-    ap.add_argument("--gets", type=int, help="context/get calls per way a round (150; quick 40)")
+    ap.add_argument("--rounds", type=int, help="counted rounds per side (16; quick 2)")
+    ap.add_argument("--requests", type=int, help="status calls per wire a round (500; quick 200)")
+    ap.add_argument("--turns", type=int, help="appended turns per way a round (100; quick 40)")
+    ap.add_argument("--gets", type=int, help="context/get calls per way a round (100; quick 40)")
     ap.add_argument("--preload", type=int, help="archived messages (100,000; quick 20,000)")
     ap.add_argument("--batch", type=int, default=2000, help="messages per preload append")
     ap.add_argument("--quick", action="store_true", help="a short run with the quick values")
@@ -304,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
             setup[name] = sides[name].ask({"cmd": "setup", "root": str(tmp / f"{name}-data"),
                                            "preload": args.preload, "batch": args.batch})
             log(f"{name}: {json.dumps(setup[name])}")
+            check_source(name, setup[name]["ctxd"],
+                         REPO if python == Path(sys.executable) else tmp / name)
         results: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
         rng = random.Random(7)
         for r in range(args.rounds + 1):
