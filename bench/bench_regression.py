@@ -59,7 +59,8 @@ from bench.bench_turn import SESSION_TURNS, table
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 BEFORE = "9a57c08"
-FULL = {"rounds": 16, "requests": 500, "turns": 100, "gets": 100, "preload": 100_000}
+# many short rounds: the other work on a shared machine changes within seconds
+FULL = {"rounds": 24, "requests": 300, "turns": 60, "gets": 80, "preload": 100_000}
 QUICK = {"rounds": 2, "requests": 200, "turns": 40, "gets": 40, "preload": 20_000}
 
 # (key in the side's reply, label, unit); "us" rows are latencies, "msg/s" throughputs
@@ -72,6 +73,8 @@ MEASURES = [
     ("get inproc", "context/get at 100k archived, in-process (Engine)", "us"),
     ("get zmq", "context/get at 100k archived, ZeroMQ (Python client)", "us"),
     ("get jsonrpc", "context/get at 100k archived, JSON-RPC TCP (Python client)", "us"),
+    ("get zmq plain", "context/get at 100k archived, ZeroMQ (plain DEALER)", "us"),
+    ("get tcp plain", "context/get at 100k archived, JSON-RPC TCP (plain socket)", "us"),
 ]
 
 
@@ -280,10 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--after", default=None, help="revision measured as after "
                     "(default: this working tree with this interpreter)")
     # None: the full run's value, or --quick's
-    ap.add_argument("--rounds", type=int, help="counted rounds per side (16; quick 2)")
-    ap.add_argument("--requests", type=int, help="status calls per wire a round (500; quick 200)")
-    ap.add_argument("--turns", type=int, help="appended turns per way a round (100; quick 40)")
-    ap.add_argument("--gets", type=int, help="context/get calls per way a round (100; quick 40)")
+    ap.add_argument("--rounds", type=int, help="counted rounds per side (24; quick 2)")
+    ap.add_argument("--requests", type=int, help="status calls per wire a round (300; quick 200)")
+    ap.add_argument("--turns", type=int, help="appended turns per way a round (60; quick 40)")
+    ap.add_argument("--gets", type=int, help="context/get calls per way a round (80; quick 40)")
     ap.add_argument("--preload", type=int, help="archived messages (100,000; quick 20,000)")
     ap.add_argument("--batch", type=int, default=2000, help="messages per preload append")
     ap.add_argument("--quick", action="store_true", help="a short run with the quick values")

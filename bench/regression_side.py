@@ -219,6 +219,9 @@ class Side:
         out["get inproc"] = timed(lambda: self.big.get_context(sid), gets)
         for w, c in self.clients.items():
             out[f"get {w}"] = timed(lambda c=c: c.context_get(sid), gets)
+        # the same through the plain sockets: the daemon's part of the above
+        for key, plain in (("get zmq plain", self.zmq), ("get tcp plain", self.tcp)):
+            out[key] = timed(lambda p=plain: p.call("context/get", {"sessionId": sid}), gets)
         return out
 
     def _daemon_cpu(self, key: str) -> float:
