@@ -8,7 +8,7 @@ and `bench.peers`. It reads one JSON command a line on stdin and answers one JSO
 stdout, so the two sides can be driven in turn (before, after, before, ...):
 
     {"cmd": "setup", "root": DIR, "preload": N, "batch": B}   fill, start the daemon
-    {"cmd": "round", "turns": [...], "requests": N, "gets": N} one round of every measure
+    {"cmd": "round", "turns": [...], ...}                    one round of every measure
     {"cmd": "close"}
 
 Everything here must work against both revisions, so it uses only what both have: the
@@ -103,6 +103,29 @@ def login_params(token: str) -> dict[str, Any]:
     return {"nonce": nonce, "proof": auth.client_proof(token, nonce)}
 
 
+def big_config(data: Path) -> Config:
+    config = Config(data_dir=data)
+    # re-derivation would summarize the whole archive again every few compactions (the
+    # daemons get CTXD_REDERIVE_AFTER=0 from bench_regression for the same reason)
+    if hasattr(config.compaction, "rederive_after"):
+        config.compaction.rederive_after = 0
+    return config
+
+
+def tagged(turn: list[dict[str, Any]], tag: str) -> list[dict[str, Any]]:
+    """The turn with its tool call ids made unique to `tag`: several ways append the same
+    turns to one session."""
+    out = []
+    for m in turn:
+        m = dict(m)
+        if "tool_call_id" in m:
+            m["tool_call_id"] = f"{m['tool_call_id']}-{tag}"
+        if m.get("tool_calls"):
+            m["tool_calls"] = [{**c, "id": f"{c['id']}-{tag}"} for c in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
 def timed(fn: Callable[[], Any], n: int, warmup: int = 10) -> list[float]:
     """Seconds of each of `n` calls, after `warmup` untimed ones."""
     for _ in range(min(warmup, n)):
@@ -134,7 +157,7 @@ class Side:
         self.daemon = Daemon(self.root / "daemon").start(timeout=120)
         self.closers.append(self.daemon.stop)
         info = json.loads(self.daemon.connection_file.read_text())
-        self.big = Engine(Config(data_dir=self.root / "copy"))
+        self.big = Engine(big_config(self.root / "copy"))
         self.closers.append(self.big.close)
         self.big_sid = big_sid
         self.engine = Engine(Config(data_dir=self.root / "append"))
@@ -161,11 +184,7 @@ class Side:
         """`n` archived messages in one session, whole turns in batches of about `batch`,
         compacting when due after each batch so the context stays bounded; then the
         context brought down by a forced compaction."""
-        config = Config(data_dir=data)
-        # re-derivation would summarize the whole archive again every few compactions
-        if hasattr(config.compaction, "rederive_after"):
-            config.compaction.rederive_after = 0
-        engine = Engine(config)
+        engine = Engine(big_config(data))
         try:
             sid = engine.create_session(title="archive")["sessionId"]
             compactions = 0
@@ -186,7 +205,7 @@ class Side:
         return sid, compactions + 1
 
     def round(self, turn_list: list[list[dict[str, Any]]], session_turns: int, requests: int,
-              gets: int) -> dict[str, Any]:
+              gets: int, fresh: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
         params = {"sessionId": self.status_sid}
         out["status zmq"] = timed(lambda: self.zmq.call("context/status", params), requests)
@@ -216,6 +235,25 @@ class Side:
             cpu = time.process_time() + self._daemon_cpu(key) - cpu0
             out[key] = [n_msgs, seconds, cpu]
         sid = self.big_sid
+        # the first read after a write: one turn appended to the preloaded session, then
+        # context/get timed (a read of an unchanged session may be served from what the
+        # previous read kept); compactions when due, untimed in-process, by the daemon
+        # itself over the wires
+        readers: dict[str, tuple[Callable[..., Any], Callable[[str], Any]]] = {
+            "fresh inproc": (self.big.append, self.big.get_context),
+        }
+        for w, c in self.clients.items():
+            readers[f"fresh {w}"] = (c.append, c.context_get)
+        for key, (append, get) in readers.items():
+            samples = []
+            for t in turn_list[:fresh]:
+                append(sid, tagged(t, key.split()[-1]))
+                t0 = time.perf_counter()
+                get(sid)
+                samples.append(time.perf_counter() - t0)
+                if key == "fresh inproc" and self.big.auto_compaction_due(sid):
+                    self.runner.run(self.big.compact(sid, trigger="auto"))
+            out[key] = samples
         out["get inproc"] = timed(lambda: self.big.get_context(sid), gets)
         for w, c in self.clients.items():
             out[f"get {w}"] = timed(lambda c=c: c.context_get(sid), gets)
@@ -246,7 +284,7 @@ def main() -> int:
                 reply = side.setup(cmd["root"], cmd["preload"], cmd["batch"])
             elif cmd["cmd"] == "round":
                 reply = side.round(cmd["turns"], cmd["session_turns"], cmd["requests"],
-                                   cmd["gets"])
+                                   cmd["gets"], cmd["fresh"])
             else:
                 break
             sys.stdout.write(json.dumps(reply) + "\n")
