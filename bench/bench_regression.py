@@ -247,20 +247,24 @@ def plot(result_rows: list[list[str]], path: Path) -> bool:
         return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     labels = [r[0] for r in result_rows]
     ratios = [float(r[-1]) for r in result_rows]
     # a ratio above 1 is worse for a time and better for a throughput: plot "before/after
     # speed" so that every bar reads the same way (above 1 = after is faster)
     speed = [1 / x if "µs" in lbl else x for lbl, x in zip(labels, ratios, strict=True)]
-    fig, ax = plt.subplots(figsize=(8, 0.4 * len(labels) + 1.2))
+    fig, ax = plt.subplots(figsize=(10, 0.32 * len(labels) + 1.2))
     colors = ["tab:gray" if abs(s - 1) < 0.05 else "tab:green" if s > 1 else "tab:red"
               for s in speed]
     ax.barh(range(len(labels)), speed, color=colors)
+    # ratios from a few percent to tens of times: on a log scale both stay readable
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("speed of after relative to before (above 1: after is faster)")
+    ax.set_xlabel("after's speed / before's (log scale; above 1: after is faster)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
