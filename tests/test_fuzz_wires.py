@@ -35,7 +35,7 @@ from outcomes import OutcomeCounts
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
-from ctxd.daemon.servers.rpc_core import PREAUTH_MAX_FRAME
+from ctxd.daemon.servers.rpc_state import PREAUTH_MAX_FRAME
 from ctxd.protocol.codec import FrameReader, check_request, frame
 from ctxd.protocol.errors import CtxdError
 from ctxd.protocol.methods import METHODS

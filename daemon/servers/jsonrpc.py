@@ -82,14 +82,14 @@ No response carries `Access-Control-Allow-Origin`.
 
 from __future__ import annotations
 
-from ctxd.daemon.servers.rpc_core import (
+from ctxd.daemon.servers.rpc_core import JsonRpcConnection
+from ctxd.daemon.servers.rpc_state import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_INFLIGHT,
     DEFAULT_MAX_QUEUE_BYTES,
     DEFAULT_MAX_UNAUTHENTICATED,
     PREAUTH_MAX_FRAME,
-    JsonRpcConnection,
 )
 from ctxd.daemon.servers.rpc_tcp import JsonRpcTcpServer, TcpConnection, start_tcp_server
 from ctxd.daemon.servers.rpc_websocket import (

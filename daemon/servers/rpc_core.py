@@ -1,4 +1,5 @@
-"""What the JSON-RPC wires share: per-server state, and one connection's message handling.
+"""What the JSON-RPC wires share: one connection's message handling (the per-server state
+is in `rpc_state.py`).
 
 See `jsonrpc.py` for the behaviour both wires promise; this module implements it over
 four transport hooks that `rpc_tcp` and `rpc_websocket` provide.
@@ -11,8 +12,8 @@ import inspect
 import logging
 from typing import Any
 
-from ctxd.daemon.servers.admission import Gate
-from ctxd.daemon.servers.base import Connection, EventHub, RequestHandler, now_or_later
+from ctxd.daemon.servers.base import Connection, now_or_later
+from ctxd.daemon.servers.rpc_state import ServerCore, too_many_connections
 from ctxd.protocol.codec import (
     check_request,
     dumps_json,
@@ -24,7 +25,6 @@ from ctxd.protocol.codec import (
 from ctxd.protocol.envelope import internal
 from ctxd.protocol.errors import (
     CtxdError,
-    InternalError,
     InvalidRequest,
     PayloadTooLarge,
     Unauthorized,
@@ -32,97 +32,11 @@ from ctxd.protocol.errors import (
 
 log = logging.getLogger("ctxd.servers.jsonrpc")
 
-DEFAULT_MAX_QUEUE_BYTES = 8 * 1024 * 1024
-DEFAULT_MAX_CONNECTIONS = 1024
-DEFAULT_MAX_UNAUTHENTICATED = 32
-DEFAULT_MAX_INFLIGHT = 1024
-DEFAULT_MAX_BATCH = 256
-DEFAULT_CLOSE_GRACE = 5.0
-# before login a frame carries `initialize` only: its params are a few hundred bytes
-PREAUTH_MAX_FRAME = 64 * 1024
-_CLOSE_FLUSH_TIMEOUT = 5.0
 # frames above this size that look like a batch have their requests counted first
 _PRECOUNT_BYTES = 256 * 1024
 
 
-def format_hostport(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def peer_name(addr: Any) -> str:
-    if isinstance(addr, tuple) and len(addr) >= 2:
-        return format_hostport(str(addr[0]), int(addr[1]))
-    return str(addr or "")
-
-
-def too_many_connections(limit: int) -> CtxdError:
-    return InternalError(
-        f"the daemon serves at most {limit} connections; close idle clients and retry",
-        {"reason": "too_many_connections", "limit": limit},
-    )
-
-
 _LOGIN_FIRST = "send initialize with the token from the connection file first"
-
-
-class ServerCore:
-    """State shared by all connections of one listening server.
-
-    With `require_login` (what the daemon uses) a connection must log in with one
-    `initialize` request before anything else: see `JsonRpcConnection._login`. Without
-    it (a bare transport, as the wire tests use) every connection counts as a client.
-    """
-
-    def __init__(
-        self,
-        handler: RequestHandler,
-        hub: EventHub,
-        *,
-        max_frame: int,
-        max_queue_bytes: int,
-        max_connections: int,
-        max_inflight: int,
-        require_login: bool = False,
-        login_timeout: float | None = None,
-        max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
-        max_batch: int = DEFAULT_MAX_BATCH,
-        max_reply_bytes: int | None = None,
-        fd_ceiling: int | None = None,
-    ) -> None:
-        self.handler = handler
-        self.hub = hub
-        self.max_frame = max_frame
-        self.max_queue_bytes = max_queue_bytes
-        self.max_connections = max_connections
-        self.max_inflight = max(1, max_inflight)
-        self.require_login = require_login
-        self.login_timeout = login_timeout
-        self.max_batch = max(1, max_batch)
-        self.max_reply_bytes = max_reply_bytes or max(max_frame, 1 << 20)
-        self.preauth_max_frame = min(max_frame, PREAUTH_MAX_FRAME)
-        self.gate = Gate(max_unauthenticated if require_login else max_connections, fd_ceiling)
-        self.connections: set[JsonRpcConnection] = set()
-        self.clients: set[JsonRpcConnection] = set()  # logged in (all, without login)
-        # every running request task of every connection, so close() can wait for them
-        self.tasks: set[asyncio.Task[Any]] = set()
-        self.closing = False
-
-    def full(self) -> bool:
-        """No room for one more client (unauthenticated connections have their own quota)."""
-        counted = self.clients if self.require_login else self.connections
-        return len(counted) >= self.max_connections
-
-    async def drain_tasks(self, grace: float) -> None:
-        """Wait up to `grace` seconds for running requests, then cancel the rest."""
-        if not self.tasks:
-            return
-        pending = set(self.tasks)
-        _done, still = await asyncio.wait(pending, timeout=grace)
-        for task in still:
-            task.cancel()
-        if still:
-            log.warning("cancelled %d request(s) still running at shutdown", len(still))
-            await asyncio.wait(still, timeout=1.0)
 
 
 class JsonRpcConnection(Connection):

@@ -9,16 +9,18 @@ from collections import deque
 from ctxd.daemon.servers.admission import Acceptor, bind_listener
 from ctxd.daemon.servers.base import EventHub, RequestHandler
 from ctxd.daemon.servers.rpc_core import (
+    JsonRpcConnection,
+    log,
+)
+from ctxd.daemon.servers.rpc_state import (
     DEFAULT_CLOSE_GRACE,
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_INFLIGHT,
     DEFAULT_MAX_QUEUE_BYTES,
     DEFAULT_MAX_UNAUTHENTICATED,
-    JsonRpcConnection,
     ServerCore,
     format_hostport,
-    log,
     peer_name,
     too_many_connections,
 )

@@ -28,6 +28,10 @@ from websockets.http11 import Request, Response
 from ctxd.daemon.servers.admission import Acceptor, bind_listener
 from ctxd.daemon.servers.base import EventHub, RequestHandler
 from ctxd.daemon.servers.rpc_core import (
+    JsonRpcConnection,
+    log,
+)
+from ctxd.daemon.servers.rpc_state import (
     _CLOSE_FLUSH_TIMEOUT,
     DEFAULT_CLOSE_GRACE,
     DEFAULT_MAX_BATCH,
@@ -35,10 +39,8 @@ from ctxd.daemon.servers.rpc_core import (
     DEFAULT_MAX_INFLIGHT,
     DEFAULT_MAX_QUEUE_BYTES,
     DEFAULT_MAX_UNAUTHENTICATED,
-    JsonRpcConnection,
     ServerCore,
     format_hostport,
-    log,
     peer_name,
     too_many_connections,
 )
