@@ -316,15 +316,20 @@ class Engine(ContextReads, RunsAndApprovals):
         created_at: float,
         run_id: str | None,
         pending: int,
+        *,
+        elsewhere: bool = False,
     ) -> dict[str, Any]:
-        """What follows a committed batch (on this connection or, for a large batch, on
-        another one beside the event loop): the kept state, the event and the result.
-        `new`: the session's context with the batch; `pending`, the pending approvals
-        the batch was checked against."""
+        """What follows a committed batch (on this connection or, `elsewhere`, on another
+        one beside the event loop): the kept state, the event and the result. `new`: the
+        session's context with the batch; `pending`, the pending approvals the batch was
+        checked against."""
         session_id = new.session_id
         self._contexts[session_id] = new
         self.view.appended(session_id, rows, ids, batch_id, created_at)
-        if session_id in self._archive_counts:
+        if elsewhere:
+            # a count made while that commit ran may hold the batch already: count again
+            self._archive_counts.pop(session_id, None)
+        elif session_id in self._archive_counts:
             self._archive_counts[session_id] += len(ids)
         # what this append already asked is not asked again: the run it names is the
         # session's open one, and the pending approvals are those it checked against

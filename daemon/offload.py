@@ -184,7 +184,8 @@ class LargeWrites:
         pending: int,
     ) -> dict[str, Any]:
         batch_id, ids, created_at, new = await work
-        return self.engine.append_committed(new, rows, ids, batch_id, created_at, run_id, pending)
+        return self.engine.append_committed(new, rows, ids, batch_id, created_at, run_id, pending,
+                                            elsewhere=True)
 
     async def finish_run(
         self,

@@ -191,8 +191,11 @@ def test_a_read_between_a_commit_elsewhere_and_its_bookkeeping_keeps_each_messag
     st = engine.context_state(sid)
     batch_id, ids, created_at, new = offload._commit(
         engine.config.db_path, engine.config.durability, st, rows, prepared, None, None)
-    engine.view.forget(sid)  # nothing kept: the read in between reads the file
+    # nothing kept: the read in between reads the file (the archive's count too)
+    engine.view.forget(sid)
+    engine._archive_counts.pop(sid)
     engine.get_context(sid)
-    engine.append_committed(new, rows, ids, batch_id, created_at, None, 0)
+    engine.append_committed(new, rows, ids, batch_id, created_at, None, 0, elsewhere=True)
     contents = [m["content"] for m in engine.get_context(sid)["messages"]]
     assert contents == ["first", "second", "answer"]
+    assert engine.status(sid)["archiveMessages"] == 3
