@@ -157,6 +157,31 @@ def test_only_one_message_is_read_before_login(daemon: DaemonProcess, first: Any
     assert "session/list" not in json.dumps(replies) or first["method"] == "session/list"
 
 
+def test_a_websocket_refused_before_login_is_closed_cleanly_while_the_client_sends(
+    daemon: DaemonProcess,
+) -> None:
+    # after the refusal the daemon reads and drops what the client pipelined behind it:
+    # once, it stopped reading, never saw the client's close frame behind that input, and
+    # the close ended in a reset after its timeout that could take the error reply with it
+    info = daemon.info()
+    pipelined = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "x", "params": {"p": "y" * 2000}})
+    for _ in range(3):
+        with ws_connect(info["websocket"], open_timeout=TIMEOUT, max_size=None) as ws:
+            ws.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "session/list"}))
+            try:
+                for _ in range(300):
+                    ws.send(pipelined)
+            except ConnectionClosed:
+                pass  # the daemon closed while these were still going out
+            replies: list[Any] = []
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    replies.append(json.loads(ws.recv(TIMEOUT)))
+            assert [error_code(r) for r in replies] == [UNAUTHORIZED], replies
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
+    alive(daemon)
+
+
 def test_a_big_frame_before_login_is_refused_from_its_header(daemon: DaemonProcess) -> None:
     info = daemon.info()
     conn = Tcp(info)

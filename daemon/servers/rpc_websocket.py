@@ -289,7 +289,11 @@ class JsonRpcWebSocketServer:
                 return
             async for message in ws:
                 if conn.closed:
-                    break
+                    # closing: what the client still sends is read and dropped, or the
+                    # library stops reading at its queue limit and never sees the client's
+                    # close frame behind it (the close then waits out its timeout and
+                    # ends in a reset); the library's close timeout bounds this
+                    continue
                 conn.handle_message(message)
                 if conn._input_paused:
                     await conn.wait_capacity()
