@@ -62,6 +62,10 @@ Behaviour shared by both wires
   stops accepting. `max_connections` counts logged-in clients only. See `admission.py`.
 * At most `max_inflight` requests per connection run at once; beyond that the connection
   stops reading until some finish, so a client cannot create tasks without limit.
+* A connection the daemon closes keeps being read, and what comes in is dropped, until
+  the client closes too (TCP: at most 2 s after an end of stream; WebSocket: the close
+  handshake's timeout): a socket closed with unread input is reset by the kernel, and
+  the reset can destroy the last reply before the client reads it.
 * A client that leaves does not cancel its running requests (a compaction finishes and
   is recorded); their replies are discarded. `close()` of a server waits up to
   `grace` seconds for running requests, then cancels them.
