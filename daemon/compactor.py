@@ -45,6 +45,14 @@ log = logging.getLogger("ctxd.compactor")
 # auto-compaction pauses on a session after this many failures in a row, until a
 # manual compaction or a rebuild succeeds there
 MAX_AUTO_FAILURES = 3
+# a compaction waiting for another daemon's asks for the shared lock again after this
+# long, doubling up to the most (a short query each time)
+SHARED_POLL_FIRST = 0.05
+SHARED_POLL_MAX = 0.5
+
+
+def _nowhere(session_id: str) -> bool:
+    return False
 
 
 class ActiveContexts(Protocol):
@@ -95,6 +103,15 @@ class Compactor:
         # an auto-compaction that did not shrink the context waits for this many messages
         self._auto_retry_at: dict[str, int] = {}
         self.auto_failures: dict[str, int] = {}
+        # a store shared with other daemons: its lock lets one compact a session at a
+        # time, and `elsewhere` says whether another daemon compacts one (the engine asks it
+        # on a shared store only)
+        self._shared_lock: Callable[[str], bool] | None = getattr(
+            store, "try_compaction_lock", None)
+        self._shared_release: Callable[[str], None] | None = getattr(
+            store, "release_compaction_lock", None)
+        self.elsewhere: Callable[[str], bool] = getattr(
+            store, "compacting_elsewhere", _nowhere)
 
     # when
 
@@ -135,30 +152,36 @@ class Compactor:
         self.contexts.require_session(session_id)
         cid = new_id("cmp")
         begun = False
-        if session_id in self.running and trigger != "auto":
-            # a manual compaction or rebuild asked for while another one runs (often an
-            # automatic one) waits for it, then runs on what it left
-            begun = await self._wait_for_running(session_id, cid, trigger)
-        if self.store.runs.pending_count(session_id):
-            if begun:
-                self._progress(session_id, cid, {"kind": "end", "message": "not started"})
-            raise ApprovalPending(
-                "a tool call awaits approval in this session; compaction waits until "
-                "approval/resolve decides it"
-            )
-        if session_id in self.running:
-            raise CompactionInProgress(
-                "a compaction of this session is running; wait for context/didCompact"
-            )
         # a store shared by several daemons lets one of them compact a session at a time
-        shared_lock = getattr(self.store, "try_compaction_lock", None)
-        if shared_lock is not None and not shared_lock(session_id):
-            if begun:
-                self._progress(session_id, cid, {"kind": "end", "message": "not started"})
-            raise CompactionInProgress(
-                "another daemon is compacting this session; wait for context/didCompact "
-                "and try again"
-            )
+        locked = False  # whether this holds the session's shared compaction lock
+        if trigger != "auto":
+            # a manual compaction or rebuild asked for while another one runs (often an
+            # automatic one, here or on another daemon) waits for it, then runs on what
+            # it left
+            if session_id in self.running or not self._try_shared(session_id):
+                begun = await self._wait_for_running(session_id, cid, trigger)
+            locked = True
+        try:
+            if self.store.runs.pending_count(session_id):
+                if begun:
+                    self._progress(session_id, cid, {"kind": "end", "message": "not started"})
+                raise ApprovalPending(
+                    "a tool call awaits approval in this session; compaction waits until "
+                    "approval/resolve decides it"
+                )
+            if session_id in self.running:
+                raise CompactionInProgress(
+                    "a compaction of this session is running; wait for context/didCompact"
+                )
+            if not locked and not self._try_shared(session_id):
+                raise CompactionInProgress(
+                    "another daemon is compacting this session; wait for context/didCompact "
+                    "and try again"
+                )
+        except BaseException:
+            if locked:
+                self._release_shared(session_id)
+            raise
         self.running.add(session_id)
         self._idle.setdefault(session_id, asyncio.Event()).clear()
         try:
@@ -199,9 +222,16 @@ class Compactor:
     def _unlock(self, session_id: str) -> None:
         self.running.discard(session_id)
         self._idle[session_id].set()
-        release = getattr(self.store, "release_compaction_lock", None)
-        if release is not None:
-            release(session_id)
+        self._release_shared(session_id)
+
+    def _try_shared(self, session_id: str) -> bool:
+        """Take the session's compaction lock shared with other daemons (always granted
+        on a store of one daemon's own)."""
+        return self._shared_lock is None or self._shared_lock(session_id)
+
+    def _release_shared(self, session_id: str) -> None:
+        if self._shared_release is not None:
+            self._shared_release(session_id)
 
     def _say_under_limits(self, result: dict[str, Any]) -> None:
         """A compaction nobody forced, of a context under its limits: that is the news."""
@@ -216,8 +246,9 @@ class Compactor:
         )
 
     async def _wait_for_running(self, session_id: str, cid: str, trigger: str) -> bool:
-        """Wait, at most `wait_seconds`, until no compaction of the session runs; reports
-        the wait as progress under `cid`. Returns True (progress has begun)."""
+        """Wait, at most `wait_seconds`, until no compaction of the session runs, here or
+        on another daemon sharing the store, and take the shared lock; reports the wait
+        as progress under `cid`. Returns True (progress has begun)."""
         title = "Rebuilding context" if trigger == "rebuild" else "Compacting context"
         self._progress(
             session_id,
@@ -232,15 +263,28 @@ class Compactor:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.policy.wait_seconds
         self._waiting[session_id] = self._waiting.get(session_id, 0) + 1
+        poll = SHARED_POLL_FIRST
         try:
             # several waiters may wake together: whoever starts first runs, the others
             # wait on
-            while session_id in self.running:
+            while True:
                 left = deadline - loop.time()
                 try:
+                    if session_id in self.running:
+                        if left <= 0:
+                            raise TimeoutError
+                        await asyncio.wait_for(self._idle[session_id].wait(), left)
+                        continue
+                    # checked with nothing awaited since: a lock this daemon holds is
+                    # granted to it again, so only a free session may ask for it
+                    if self._try_shared(session_id):
+                        break
                     if left <= 0:
                         raise TimeoutError
-                    await asyncio.wait_for(self._idle[session_id].wait(), left)
+                    # another daemon compacts it: its end is not told here, so look again
+                    # shortly (a short query each time; the event loop serves meanwhile)
+                    await asyncio.sleep(min(poll, left))
+                    poll = min(poll * 2, SHARED_POLL_MAX)
                 except TimeoutError:
                     self._progress(session_id, cid, {"kind": "end", "message": "timed out"})
                     raise CompactionInProgress(

@@ -396,7 +396,8 @@ class Engine(ContextReads, RunsAndApprovals):
             "lastCompactedAt": st.last_compacted_at,
             "pendingApprovals": pending,
             "activeRunId": open_run_id,
-            "compacting": session_id in self.compactor.running,
+            "compacting": session_id in self.compactor.running
+            or (self.shared and self.compactor.elsewhere(session_id)),
             "autoCompactionPaused": self.compactor.auto_paused(session_id),
             "version": st.version,
         }

@@ -137,7 +137,8 @@ def slow_llm() -> Iterator[FakeLLM]:
 
 
 def _llm_daemons(tmp_path: Path, pg_cluster: PgCluster, pg_dsn: str,
-                 llm: FakeLLM, max_active: int = 10000) -> list[DaemonProcess]:
+                 llm: FakeLLM, max_active: int = 10000,
+                 wait_seconds: float = 300.0) -> list[DaemonProcess]:
     dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
     config = tmp_path / "ctxd.toml"
     config.write_text(
@@ -145,6 +146,7 @@ def _llm_daemons(tmp_path: Path, pg_cluster: PgCluster, pg_dsn: str,
         f'[postgres]\ndsn = "{pg_cluster.tcp_dsn(dbname)}"\npassword_env = "{PW_VAR}"\n'
         f'[openai]\nbase_url = "{llm.base_url}"\nmodel = "fake-model"\ntimeout_seconds = 20\n'
         f"[compaction]\nmax_active_messages = {max_active}\nkeep_messages = 4\n"
+        f"wait_seconds = {wait_seconds}\n"
     )
     out = []
     for name in ("a", "b"):
@@ -172,17 +174,30 @@ def test_compaction_race_commits_one_and_a_dead_compactor_is_taken_over(
                 except (CtxdError, ConnectionError, OSError) as exc:  # A killed: gone
                     results.append(exc)
 
+            assert not cb.context_status(sid)["compacting"]
             slow_llm.script("slow")  # A's summary takes its time
             t = threading.Thread(target=compact, args=(ca,))
             t.start()
-            time.sleep(0.7)  # A is waiting for its summary
-            compact(cb)
+            # A is waiting for its summary: B's clients see the session compacting too
+            deadline = time.monotonic() + 20
+            while not cb.context_status(sid)["compacting"]:
+                assert time.monotonic() < deadline, "B never saw A compacting"
+                time.sleep(0.05)
+            assert ca.context_status(sid)["compacting"]
+            b_done = cb.compact(sid, force=True)  # waits for A's, then runs on what A left
             t.join(30)
-            assert isinstance(results[0], CompactionInProgress)  # B's, refused at once
-            assert "another daemon" in results[0].message
-            assert isinstance(results[1], dict) and results[1]["effective"]
+            [a_done] = results
+            assert isinstance(a_done, dict) and a_done["effective"], a_done
+            # one log entry, and at most one commit, per attempt; A's came first
             log = cb.compactions(sid)["compactions"]
-            assert [e["committed"] for e in log] == [True]
+            by_id = {e["compactionId"]: e for e in log}
+            assert len(log) == 2 and by_id[a_done["compactionId"]]["committed"]
+            commits = sum(e["committed"] for e in log)
+            assert commits == 1 + bool(b_done["effective"])
+            for c in (ca, cb):
+                status = c.context_status(sid)
+                assert status["compactionCount"] == commits and not status["compacting"]
+            assert b_done["before"] == a_done["after"]  # B ran on A's result
 
             # A dies in the middle of its next compaction: B takes over at once
             for i in range(3, 6):
@@ -194,21 +209,44 @@ def test_compaction_race_commits_one_and_a_dead_compactor_is_taken_over(
             a.kill()
             t.join(30)
             # PostgreSQL frees A's lock when it sees A's connection gone, a moment after
-            # the kill; until then B is told to try again
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    done = cb.compact(sid, force=True)
-                    break
-                except CompactionInProgress:
-                    assert time.monotonic() < deadline, "B never took over A's compaction"
-                    time.sleep(0.2)
+            # the kill; B's compaction waits for that
+            done = cb.compact(sid, force=True)
             assert done["effective"]
             log = cb.compactions(sid)["compactions"]
-            assert [e["committed"] for e in log] == [True, True]
+            assert sum(e["committed"] for e in log) == commits + 1
             # nothing acknowledged was lost
             assert len(cb.read(sid, limit=1000)["messages"]) == sum(
                 len(agent_turn(i)) for i in range(6))
+    finally:
+        for d in (a, b):
+            if d.proc and d.proc.poll() is None:
+                d.stop()
+
+
+def test_a_compaction_waiting_for_another_daemons_gives_up_after_wait_seconds(
+    tmp_path: Path, pg_cluster: PgCluster, pg_dsn: str, slow_llm: FakeLLM,
+) -> None:
+    a, b = _llm_daemons(tmp_path, pg_cluster, pg_dsn, slow_llm, wait_seconds=0.3)
+    try:
+        with a.client(timeout=30) as ca, b.client(timeout=30) as cb:
+            sid = ca.create_session()["sessionId"]
+            for i in range(3):
+                ca.append(sid, agent_turn(i))
+            cb.subscribe(sid)
+            events = cb.notifications(timeout=0.5)
+            slow_llm.script("slow")  # A's summary takes 2 s, longer than B waits
+            results: list[object] = []
+            t = threading.Thread(target=lambda: results.append(ca.compact(sid, force=True)))
+            t.start()
+            wait_for(events, "$/progress", timeout=30,
+                     where=lambda p: p["value"]["kind"] == "begin")
+            with pytest.raises(CompactionInProgress) as refused:
+                cb.rebuild(sid)
+            assert refused.value.data["waitedSeconds"] == 0.3
+            t.join(30)
+            assert results and results[0]["effective"]
+            log = cb.compactions(sid)["compactions"]
+            assert [e["compactionId"] for e in log] == [results[0]["compactionId"]]
     finally:
         for d in (a, b):
             if d.proc and d.proc.poll() is None:

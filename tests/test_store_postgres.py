@@ -178,3 +178,34 @@ def test_archive_count_counts_on_across_daemons_and_rollbacks(
     assert a.status(sid)["archiveMessages"] == b.status(sid)["archiveMessages"] == 5
     a.append(sid, [{"role": "user", "content": "a 3"}])
     assert b.status(sid)["archiveMessages"] == a.status(sid)["archiveMessages"] == 6
+
+
+def test_status_says_compacting_while_another_daemon_holds_the_session(
+    two_engines: tuple[Engine, Engine],
+) -> None:
+    """B learns of A's compaction from A's events and asks the server's locks only
+    then: true while A holds the session's lock, false (and forgotten) once it is let go
+    or when A never said it ended."""
+    a, b = two_engines
+    sids = [a.create_session()["sessionId"] for _ in range(6)]  # hashes of both signs
+    for sid in sids:
+        begin = events.reference(a.store.origin, sid, "$/progress", {
+            "sessionId": sid, "token": f"cmp_{sid}",
+            "value": {"kind": "begin", "title": "Compacting context", "percentage": 0}})
+        assert begin is not None
+        assert not b.status(sid)["compacting"]
+        assert a.store.try_compaction_lock(sid)
+        assert not b.status(sid)["compacting"]  # nothing told yet: no query
+        events.relay(b, json.loads(begin))
+        assert b.status(sid)["compacting"] and not a.status(sid)["compacting"]
+        assert not b.status(sids[0] if sid != sids[0] else sids[1])["compacting"]
+        a.store.release_compaction_lock(sid)
+        assert not b.status(sid)["compacting"]
+        assert sid not in b.store._elsewhere  # the dead hint is forgotten
+    # told of a start and of its end: nothing left to ask
+    sid = sids[0]
+    for kind in ("begin", "end"):
+        ref = events.reference(a.store.origin, sid, "$/progress", {
+            "sessionId": sid, "token": "cmp_t", "value": {"kind": kind}})
+        events.relay(b, json.loads(ref))
+    assert sid not in b.store._elsewhere

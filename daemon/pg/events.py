@@ -81,6 +81,7 @@ def relay(engine: Any, ref: dict[str, Any]) -> None:
     method = ref.get("m", "session/didAppend")
     session_id = ref["s"]
     try:
+        engine.store.note_event(ref)
         params = _params(engine, method, session_id, ref)
         if params is not None:
             engine.emit_local(session_id, method, params)

@@ -47,6 +47,14 @@ log = logging.getLogger("ctxd.pg.store")
 # compactor per session across daemons; a daemon that dies drops its connection and with
 # it the lock, so another daemon's next compaction goes ahead at once
 COMPACTION_LOCK = 0x63747863
+# whether another connection holds a session's compaction lock (a two-key advisory lock
+# shows as classid, objid, objsubid 2 in pg_locks)
+_LOCK_HELD = (
+    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
+    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "AND classid = ?::bigint::oid AND objid = hashtext(?)::oid AND objsubid = 2 "
+    "AND pid <> pg_backend_pid())"
+)
 # the channel appends are announced on (ids only; listeners read the rows)
 EVENTS_CHANNEL = "ctxd_events"
 SEARCH_WORKERS = 2
@@ -331,6 +339,10 @@ class PostgresStore:
         self._local: Any = None
         self._stop = threading.Event()
         self._listener: threading.Thread | None = None
+        # session -> the compactions other daemons told of beginning and not of ending
+        # (their progress tokens): only while there are any does a status ask the
+        # server whether one of them holds the session's compaction lock
+        self._elsewhere: dict[str, set[str]] = {}
 
     def transaction(self):  # type: ignore[no-untyped-def]
         return self.conn.transaction(write_lock=True)
@@ -348,6 +360,45 @@ class PostgresStore:
             )
         except StorageError:
             pass  # the connection is gone, and the lock with it
+
+    def compacting_elsewhere(self, session_id: str) -> bool:
+        """Whether another daemon compacts the session now. No query unless another
+        daemon's compaction events said one began and has not said it ended; then one
+        look at the server's locks settles it (and forgets the ones whose daemon died or
+        let go without saying so)."""
+        if not self._elsewhere.get(session_id):
+            return False
+        try:
+            held = bool(self.conn.execute(_LOCK_HELD, (COMPACTION_LOCK, session_id)).fetchone()[0])
+        except StorageError:
+            return True  # the server is away: say what the events said
+        if not held:
+            self._elsewhere.pop(session_id, None)
+        return held
+
+    def note_event(self, ref: dict[str, Any]) -> None:
+        """Keep track of other daemons' compactions from their events (on the event
+        loop, before any relaying): progress under a token means one runs or waits, its
+        end (or the compaction's result) that it is over."""
+        method = ref.get("m")
+        if method == "$/progress":
+            v = ref.get("v") or {}
+            token, kind = v.get("token"), (v.get("value") or {}).get("kind")
+        elif method in ("context/didCompact", "context/compactionFailed"):
+            token, kind = (ref.get("v") or {}).get("compactionId"), "end"
+        else:
+            return
+        if not isinstance(token, str):
+            return
+        sid = ref["s"]
+        if kind == "end":
+            tokens = self._elsewhere.get(sid)
+            if tokens is not None:
+                tokens.discard(token)
+                if not tokens:
+                    del self._elsewhere[sid]
+        else:
+            self._elsewhere.setdefault(sid, set()).add(token)
 
     def share_event(self, session_id: str, method: str, params: dict[str, Any]) -> None:
         """Tell the other daemons of an event this one emitted (see daemon/pg/events.py).
