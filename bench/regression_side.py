@@ -7,7 +7,9 @@ bench_regression starts one of these per revision, each with the interpreter who
 and `bench.peers`. It reads one JSON command a line on stdin and answers one JSON line on
 stdout, so the two sides can be driven in turn (before, after, before, ...):
 
-    {"cmd": "setup", "root": DIR, "preload": N, "batch": B}   fill, start the daemon
+    {"cmd": "begin", "root": DIR, "preload": N}              a data dir, one session
+    {"cmd": "fill", "messages": N, "batch": B}               the next N messages of it
+    {"cmd": "finish"}                                        compact, start the daemon
     {"cmd": "round", "turns": [...], ...}                    one round of every measure
     {"cmd": "close"}
 
@@ -144,22 +146,63 @@ class Side:
         self.daemon: Daemon | None = None
         self.closers: list[Callable[[], Any]] = []
 
-    def setup(self, root: str, preload: int, batch: int) -> dict[str, Any]:
+    def begin(self, root: str, preload: int) -> dict[str, Any]:
+        """A data dir with one session, to be filled by `fill` with `preload` messages."""
         self.root = Path(root)
-        data = self.root / "daemon" / "data"
-        data.mkdir(parents=True)
-        t0 = time.perf_counter()
-        big_sid, compactions = self._preload(data, preload, batch)
-        preload_s = time.perf_counter() - t0
+        self.data = self.root / "daemon" / "data"
+        self.data.mkdir(parents=True)
+        self.filler = Engine(big_config(self.data))
+        self.closers.append(self.filler.close)
+        self.big_sid = self.filler.create_session(title="archive")["sessionId"]
+        self.source = turns(preload, seed=301)
+        return {}
+
+    def fill(self, messages: int, batch: int) -> dict[str, Any]:
+        """About `messages` more messages appended to the session, whole turns in batches
+        of about `batch`, compacting when due after each batch so the context stays
+        bounded (as the daemon's scheduler would). Timed apart: the appends (wall and
+        CPU) and each compaction (wall)."""
+        totals = [0, 0.0, 0.0]  # messages, wall, CPU seconds
+        compactions: list[float] = []
+        pending: list[dict[str, Any]] = []
+
+        def append(batch: list[dict[str, Any]]) -> None:
+            t0, c0 = time.perf_counter(), time.process_time()
+            self.filler.append(self.big_sid, batch)
+            totals[1] += time.perf_counter() - t0
+            totals[2] += time.process_time() - c0
+            totals[0] += len(batch)
+            if self.filler.auto_compaction_due(self.big_sid):
+                t0 = time.perf_counter()
+                self.runner.run(self.filler.compact(self.big_sid, trigger="auto"))
+                compactions.append(time.perf_counter() - t0)
+
+        for t in self.source:
+            pending.extend(t)
+            if len(pending) >= batch or totals[0] + len(pending) >= messages:
+                append(pending)
+                pending = []
+                if totals[0] >= messages:
+                    break
+        if pending:  # the source ran out
+            append(pending)
+        done, wall, cpu = totals
+        return {"bulk inproc": [done, wall, cpu], "compact inproc": compactions}
+
+    def finish(self) -> dict[str, Any]:
+        """The context brought down by a forced compaction, then the daemon started on
+        the filled data dir and the in-process reader on a copy of it."""
+        self.runner.run(self.filler.compact(self.big_sid, force=True))
+        self.filler.close()
+        self.closers.remove(self.filler.close)
         # the in-process reads get a copy: the daemon owns its data dir, and both read the
         # same archive and context
-        shutil.copytree(data, self.root / "copy")
+        shutil.copytree(self.data, self.root / "copy")
         self.daemon = Daemon(self.root / "daemon").start(timeout=120)
         self.closers.append(self.daemon.stop)
         info = json.loads(self.daemon.connection_file.read_text())
         self.big = Engine(big_config(self.root / "copy"))
         self.closers.append(self.big.close)
-        self.big_sid = big_sid
         self.engine = Engine(Config(data_dir=self.root / "append"))
         self.closers.append(self.engine.close)
         self.clients = {w: connect(connection_file=self.daemon.connection_file, wire=w)
@@ -170,39 +213,13 @@ class Side:
         self.zmq = ZmqPlain(info["zmq_router"], info["token"])
         self.tcp = TcpPlain(info["jsonrpc_tcp"], info["token"])
         self.closers += [self.zmq.close, self.tcp.close]
-        status = self.big.get_context(big_sid)
+        status = self.big.get_context(self.big_sid)
         st = status.get("status", status)
         return {
-            "preload_s": preload_s,
-            "compactions": compactions,
             "archived": st.get("archiveMessages"),
             "active": st.get("activeMessages", len(status["messages"])),
             "ctxd": str(Path(sys.modules["ctxd"].__file__ or "").parent),
         }
-
-    def _preload(self, data: Path, n: int, batch: int) -> tuple[str, int]:
-        """`n` archived messages in one session, whole turns in batches of about `batch`,
-        compacting when due after each batch so the context stays bounded; then the
-        context brought down by a forced compaction."""
-        engine = Engine(big_config(data))
-        try:
-            sid = engine.create_session(title="archive")["sessionId"]
-            compactions = 0
-            pending: list[dict[str, Any]] = []
-            for t in turns(n, seed=301):
-                pending.extend(t)
-                if len(pending) >= batch:
-                    engine.append(sid, pending)
-                    pending = []
-                    if engine.auto_compaction_due(sid):
-                        self.runner.run(engine.compact(sid, trigger="auto"))
-                        compactions += 1
-            if pending:
-                engine.append(sid, pending)
-            self.runner.run(engine.compact(sid, force=True))
-        finally:
-            engine.close()
-        return sid, compactions + 1
 
     def round(self, turn_list: list[list[dict[str, Any]]], session_turns: int, requests: int,
               gets: int, fresh: int) -> dict[str, Any]:
@@ -280,8 +297,12 @@ def main() -> int:
     try:
         for line in sys.stdin:
             cmd = json.loads(line)
-            if cmd["cmd"] == "setup":
-                reply = side.setup(cmd["root"], cmd["preload"], cmd["batch"])
+            if cmd["cmd"] == "begin":
+                reply = side.begin(cmd["root"], cmd["preload"])
+            elif cmd["cmd"] == "fill":
+                reply = side.fill(cmd["messages"], cmd["batch"])
+            elif cmd["cmd"] == "finish":
+                reply = side.finish()
             elif cmd["cmd"] == "round":
                 reply = side.round(cmd["turns"], cmd["session_turns"], cmd["requests"],
                                    cmd["gets"], cmd["fresh"])
