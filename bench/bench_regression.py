@@ -280,7 +280,9 @@ def plot(result_rows: list[list[str]], path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(10, 0.32 * len(labels) + 1.2))
     colors = ["tab:gray" if abs(s - 1) < 0.05 else "tab:green" if s > 1 else "tab:red"
               for s in speed]
-    ax.barh(range(len(labels)), speed, color=colors)
+    # bars from 1 to the ratio, so a slower measure reads leftwards
+    ax.barh(range(len(labels)), [abs(s - 1) for s in speed], left=[min(s, 1) for s in speed],
+            color=colors)
     # ratios from a few percent to tens of times: on a log scale both stay readable
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
