@@ -293,6 +293,9 @@ class Compactor:
                         "context/didCompact and try again",
                         {"waitedSeconds": self.policy.wait_seconds},
                     ) from None
+                except CtxdError:  # the shared store could not be asked (StorageError)
+                    self._progress(session_id, cid, {"kind": "end", "message": "not started"})
+                    raise
         finally:
             self._waiting[session_id] -= 1
             if not self._waiting[session_id]:

@@ -8,6 +8,7 @@ running on the embedded SQLite store.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import threading
@@ -28,6 +29,7 @@ from ctxd.daemon import context_edit
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.pg import events
 from ctxd.daemon.pg.store import APPEND_LOCK, PostgresStore
+from ctxd.protocol.errors import StorageError
 
 SUITES = (test_archive, test_search, test_compaction, test_context_edit)
 # tests that open the SQLite file itself (PostgreSQL's counterparts: test_pg_schema.py)
@@ -209,3 +211,34 @@ def test_status_says_compacting_while_another_daemon_holds_the_session(
             "sessionId": sid, "token": "cmp_t", "value": {"kind": kind}})
         events.relay(b, json.loads(ref))
     assert sid not in b.store._elsewhere
+
+
+def test_a_compaction_waiting_for_another_daemons_ends_its_progress_when_the_server_goes(
+    two_engines: tuple[Engine, Engine], pg_dsn: str,
+) -> None:
+    """B waits for A's compaction; B's connection is cut meanwhile: B's request fails
+    with a typed storage error and its progress ends, and B compacts again afterwards."""
+    a, b = two_engines
+    sid = a.create_session()["sessionId"]
+    for i in range(12):
+        a.append(sid, [{"role": "user", "content": f"turn {i}"},
+                       {"role": "assistant", "content": f"answer {i}"}])
+    progress: list[dict] = []
+    b.add_listener(lambda s, m, p: progress.append(p["value"]) if m == "$/progress" else None)
+    assert a.store.try_compaction_lock(sid)
+    pid = b.store.conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+
+    async def cut_while_waiting() -> None:
+        task = asyncio.create_task(b.compact(sid, force=True))
+        while not progress:
+            await asyncio.sleep(0.01)
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(StorageError):
+            await asyncio.wait_for(task, 30)
+
+    asyncio.run(cut_while_waiting())
+    assert progress[0]["kind"] == "begin" and progress[-1]["kind"] == "end"
+    assert not b.status(sid)["compacting"]
+    a.store.release_compaction_lock(sid)
+    assert asyncio.run(b.compact(sid, force=True))["effective"]
