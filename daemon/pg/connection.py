@@ -81,6 +81,16 @@ class PgConnection:
                 c = psycopg.connect(self.dsn, autocommit=True, **kw)
             except psycopg.Error as exc:
                 raise _storage(exc) from None
+            # a plan made for each statement's values: the generic plan psycopg's prepared
+            # statements switch to after five runs reads a session's tail through the
+            # primary key (its order matches the heap's), walking every newer row of every
+            # other session, where the (session_id, id) index reads only the tail's rows
+            # (8 ms instead of 0.2 ms behind 70k rows of another session)
+            try:
+                c.execute("SET plan_cache_mode = force_custom_plan")
+            except psycopg.Error as exc:
+                c.close()
+                raise _storage(exc) from None
             self._conn = c
             for hook in self.on_connect:
                 hook(c)

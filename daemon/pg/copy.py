@@ -150,6 +150,11 @@ def _copy(
             left -= len(batches)
     if max_batches is None or left is None or left > 0:
         _copy_mutable(src, pg, counts)
+    if counts["messages"]:
+        # fresh statistics after a bulk load: with those of the empty tables the planner
+        # reads a session's tail through the primary key, walking every other session's
+        # newer rows, instead of through messages_by_session
+        pg.execute("ANALYZE")
     return counts
 
 
