@@ -1,0 +1,278 @@
+"""Protocol table entries. The active context: `context/*` (reading, compaction, editing, pins).
+
+Assembled in order with the other groups by `ctxd.protocol.methods`.
+"""
+
+from __future__ import annotations
+
+from ctxd.protocol.declare import (
+    APPEND_MAX_MESSAGES,
+    INSTRUCTIONS_MAX,
+    QUERY_MAX,
+    QUERY_TERMS_MAX,
+    SESSION_ONLY,
+    TEXT_MAX,
+    Method,
+    Param,
+    id_param,
+    limit_param,
+    session_param,
+)
+from ctxd.protocol.errors import ErrorCode
+
+_E = ErrorCode
+
+_COMPACT_RESULT = (
+    "`effective` (boolean: true only when both messages and tokens shrank; otherwise "
+    "nothing is committed and `reason` and `proposed` say why), `compactionId` (null "
+    "when nothing was committed), `before` and `after`: `{messages, tokens}` of the "
+    "active context, `summarizedFrom`/`summarizedTo` (archive ids), `trigger`, "
+    "`rederived` (true when the summary was derived again from the archive: the drift "
+    "bound). A compaction without `force` of a context under its limits that moved nothing "
+    "also has `underLimits: true` and `limits` (`{messages, tokens}`)."
+)
+CONTEXT_METHODS: tuple[Method, ...] = (
+    Method(
+        "context/get",
+        (
+            session_param(),
+            Param(
+                "format",
+                "string",
+                False,
+                "Shape of the messages.",
+                default="openai",
+                choices=("openai",),
+            ),
+            Param(
+                "budgetTokens",
+                "integer",
+                False,
+                "Fit the messages to this many tokens (a step projection): the leading system "
+                "messages and pins always; the summary, giving up items when it does not fit "
+                "(superseded ones first, then tool activity, files, errors, decisions, open "
+                "items, goals and constraints last, oldest first within each); then the "
+                "longest tail suffix that fits without splitting a tool call from its result.",
+                min=1,
+                max=10_000_000,
+            ),
+            Param(
+                "query",
+                "string",
+                False,
+                "Add one marked system message recalling the archived messages most "
+                "relevant to this text that are no longer in the active context (its first "
+                f"{QUERY_TERMS_MAX} terms are used; a recall search that runs out of the "
+                "search budget recalls nothing).",
+                min=1,
+                max=QUERY_MAX,
+            ),
+            Param(
+                "includeMetadata",
+                "boolean",
+                False,
+                "Give each archived message back with its `metadata` (where a client keeps "
+                "its own form of the message); strip it before sending to a model.",
+                default=False,
+            ),
+        ),
+        "`messages` ready to send to the model (the session's leading system messages, "
+        "one system message with pins and summary, then the exact tail), `messageIds` (the "
+        "archive id of each message, null for the pins/summary and recall messages), "
+        "`status` (as from `context/status`). With `budgetTokens` or `query` also "
+        "`estimatedTokens`, `budgetTokens`, `overBudget`, `truncated` (null, or "
+        "`{messages, tokens, fromId, toId}` of the tail left out), `recalledIds` and "
+        "`droppedSummaryItems` (summary items left out to fit the budget). `overBudget` is "
+        "true only when the system messages and pins alone exceed `budgetTokens`.",
+        "The model context: what to send as the next request's messages. A projection "
+        "never changes the stored context.",
+        (_E.SESSION_NOT_FOUND,),
+        True,
+        handler="dispatcher.context_get",
+        client="context_get",
+    ),
+    Method(
+        "context/status",
+        SESSION_ONLY,
+        "`activeMessages`, `estimatedTokens`, `archiveMessages`, `compactionCount`, "
+        "`lastCompactedAt` (unix seconds or null), `pendingApprovals`, `activeRunId` (or "
+        "null), `compacting` (boolean), `autoCompactionPaused` (boolean: three automatic "
+        "compactions failed in a row; a manual compaction or rebuild that succeeds resumes "
+        "it), `version` (bumped whenever the context is replaced), `sessionId`.",
+        "Counters of the session's context and archive.",
+        (_E.SESSION_NOT_FOUND,),
+        True,
+        handler="engine.status",
+        client="context_status",
+    ),
+    Method(
+        "context/compact",
+        (
+            session_param(),
+            Param(
+                "force",
+                "boolean",
+                False,
+                "Compact even when the context is under its threshold.",
+                default=False,
+            ),
+            Param(
+                "instructions",
+                "string",
+                False,
+                "Extra guidance for the summarizer (what to keep).",
+                max=INSTRUCTIONS_MAX,
+            ),
+        ),
+        _COMPACT_RESULT,
+        "Moves the oldest messages out of the active context into the summary. The archive "
+        "keeps them. Reports progress with `$/progress`. When another compaction of the "
+        "session is running (an automatic one), waits for it first (progress message "
+        '"waiting for the compaction already running"), then runs.',
+        (
+            _E.SESSION_NOT_FOUND,
+            _E.COMPACTION_IN_PROGRESS,
+            _E.SUMMARIZER_FAILED,
+        ),
+        True,
+        handler="dispatcher.compact",
+        client="compact",
+    ),
+    Method(
+        "context/rebuild",
+        (
+            session_param(),
+            Param(
+                "dryRun",
+                "boolean",
+                False,
+                "Preview only: return the context it would produce (`messages`) and the "
+                "difference (`diff`: items, messages, tokens) without committing.",
+                default=False,
+            ),
+        ),
+        _COMPACT_RESULT + " With `dryRun`: `dryRun`, `messages` and `diff` too.",
+        "Rebuilds the summary from the archive from scratch with the current strategy, "
+        "keeping pins; committed even when it does not shrink the context. Reports "
+        "progress with `$/progress`.",
+        (
+            _E.SESSION_NOT_FOUND,
+            _E.COMPACTION_IN_PROGRESS,
+            _E.SUMMARIZER_FAILED,
+        ),
+        True,
+        handler="dispatcher.rebuild",
+        client="rebuild",
+    ),
+    Method(
+        "context/clear",
+        SESSION_ONLY,
+        "`before` (`{messages, tokens}` of the context it replaced), `status` (as from "
+        "`context/status`).",
+        "Starts a fresh active context: no system messages, summary or tail; pins stay. "
+        "The archive keeps every message and search still finds them; messages appended "
+        "from now on make up the new context.",
+        (_E.SESSION_NOT_FOUND, _E.APPROVAL_PENDING),
+        True,
+        handler="context_edit.clear",
+        client="context_clear",
+    ),
+    Method(
+        "context/pop",
+        (
+            session_param(),
+            Param(
+                "count",
+                "integer",
+                False,
+                "How many of the newest messages to take out.",
+                default=1,
+                min=1,
+                max=APPEND_MAX_MESSAGES,
+            ),
+        ),
+        "`messages`: the messages taken out, oldest first, as from `archive/read` (none "
+        "when the tail is empty), `status` (as from `context/status`).",
+        "Takes the newest messages of the tail out of the active context (the archive keeps "
+        "them). The cut is widened so that a tool result never stays without its call: "
+        "popping a result also pops the assistant message that made the call and all after.",
+        (_E.SESSION_NOT_FOUND, _E.APPROVAL_PENDING),
+        True,
+        handler="context_edit.pop",
+        client="context_pop",
+    ),
+    Method(
+        "context/explain",
+        SESSION_ONLY,
+        "`items`: each summary item (`section`, `text`, `status`, `sources`: each "
+        "`{id, role, createdAt, snippet, ordinal}` resolved from the archive, `ordinal` "
+        "being the message's position in its session, the `#N` the model reads; or "
+        "`{id, broken: true}`; and, when they apply, `unconfirmed` (a hedged statement), "
+        "`subject` (the path or id an artifact names), `value` (what a setting sets) and "
+        "`was` (the value it replaced)); `brokenPointers` (count); `pins`; `provenance` "
+        "(`compactionIds`, `coversFrom`, `coversTo`, `summarizer`).",
+        "Shows where every line of the summary came from.",
+        (_E.SESSION_NOT_FOUND,),
+        True,
+        handler="recall.explain",
+        client="explain",
+    ),
+    Method(
+        "context/compactions",
+        (session_param(), limit_param(50, doc="Most attempts to return.")),
+        "`compactions`, newest first: each `compactionId`, `trigger`, `startedAt`, "
+        "`durationMs`, `beforeMessages`, `beforeTokens`, `afterMessages`, `afterTokens`, "
+        "`effective`, `committed`, `summarizedFrom`, `summarizedTo`, `summarizer`, `error` "
+        "(null, or why it failed), `archiveMessages` and `archiveTokens` (the archive's size "
+        "when it ran).",
+        "The session's compaction attempts, effective or not: what each one saved.",
+        (_E.SESSION_NOT_FOUND,),
+        True,
+        handler="engine.compaction_history_async",
+        client="compactions",
+        wrap="compactions",
+    ),
+    Method(
+        "context/pins/add",
+        (
+            session_param(),
+            Param(
+                "text",
+                "string",
+                True,
+                "Text kept in the context through every compaction.",
+                min=1,
+                max=TEXT_MAX,
+            ),
+        ),
+        "`pin`: `pinId`, `text`, `createdAt`.",
+        "Pins a text to the context.",
+        (_E.SESSION_NOT_FOUND,),
+        True,
+        handler="engine.add_pin",
+        client="add_pin",
+        wrap="pin",
+    ),
+    Method(
+        "context/pins/list",
+        SESSION_ONLY,
+        "`pins`: each `pinId`, `text`, `createdAt`.",
+        "Lists the session's pins.",
+        (_E.SESSION_NOT_FOUND,),
+        True,
+        handler="engine.pins",
+        client="list_pins",
+        wrap="pins",
+    ),
+    Method(
+        "context/pins/remove",
+        (session_param(), id_param("pinId", "Id of the pin.")),
+        "`pin`: the removed pin.",
+        "Unpins a text.",
+        (_E.SESSION_NOT_FOUND, _E.NOT_FOUND),
+        True,
+        handler="engine.remove_pin",
+        client="remove_pin",
+        wrap="pin",
+    ),
+)
