@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ctxd.daemon.servers.admission import Gate
-from ctxd.daemon.servers.base import EventHub, RequestHandler
+from ctxd.daemon.servers.base import Connection, EventHub, RequestHandler
 from ctxd.protocol.errors import CtxdError, InternalError
-
-if TYPE_CHECKING:
-    from ctxd.daemon.servers.rpc_core import JsonRpcConnection
 
 log = logging.getLogger("ctxd.servers.jsonrpc")
 
@@ -81,8 +78,9 @@ class ServerCore:
         self.max_reply_bytes = max_reply_bytes or max(max_frame, 1 << 20)
         self.preauth_max_frame = min(max_frame, PREAUTH_MAX_FRAME)
         self.gate = Gate(max_unauthenticated if require_login else max_connections, fd_ceiling)
-        self.connections: set[JsonRpcConnection] = set()
-        self.clients: set[JsonRpcConnection] = set()  # logged in (all, without login)
+        # JsonRpcConnections (rpc_core.py, which builds on this module)
+        self.connections: set[Connection] = set()
+        self.clients: set[Connection] = set()  # logged in (all, without login)
         # every running request task of every connection, so close() can wait for them
         self.tasks: set[asyncio.Task[Any]] = set()
         self.closing = False
