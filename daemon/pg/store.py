@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from psycopg import errors as pgerr
 
-from ctxd.daemon.archive import ArchiveStore, _row_to_message
+from ctxd.daemon.archive import READ_FROM, READ_RANGE, ArchiveStore, _row_to_message
 from ctxd.daemon.compaction_log import CompactionLog
 from ctxd.daemon.context_store import ContextState, ContextStore, PinStore
 from ctxd.daemon.messages import message_text
@@ -66,6 +66,7 @@ class PgArchive(ArchiveStore):
 
     def __init__(self, conn: PgConnection) -> None:
         super().__init__(conn)  # type: ignore[arg-type]
+        conn.planned_per_call |= {READ_FROM, READ_RANGE}
         # session -> (highest message id counted, count): see message_count
         self._counts: dict[str, tuple[int, int]] = {}
 
