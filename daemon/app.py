@@ -111,11 +111,12 @@ class Daemon:
             run_lease=cfg.run_lease_seconds,
         )
         if engine.shared:
-            # other daemons' appends reach this one's subscribers; open runs may be
-            # other, live daemons' runs, so none is leased here
+            # other daemons' appends reach this one's subscribers (read only for the
+            # sessions one watches); open runs may be other, live daemons' runs, so none
+            # is leased here
             from ctxd.daemon.pg.events import start_relay, watch_orphaned_runs
 
-            start_relay(engine, asyncio.get_running_loop())
+            start_relay(engine, asyncio.get_running_loop(), hub.watched)
             self.orphan_watch = asyncio.create_task(watch_orphaned_runs(
                 engine, dispatcher.lease_stale_runs, max(0.5, cfg.run_lease_seconds / 3)
             ))

@@ -683,3 +683,50 @@ def test_events_cross_again_after_a_postgres_restart(tmp_path: Path) -> None:
             if d.proc and d.proc.poll() is None:
                 d.stop()
         cluster.stop()
+
+
+def test_a_daemon_reads_nothing_for_the_sessions_none_of_its_clients_watch(
+    tmp_path: Path, pg_cluster: PgCluster, pg_dsn: str,
+) -> None:
+    """B's appends to a session no client of A subscribes to are not read on A (A's
+    debug log counts each one it let pass); once a client of A subscribes, they reach it
+    again, status and all."""
+    env = _pg_env(pg_cluster, pg_dsn)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    a = DaemonProcess(tmp_path / "a", env={**env, "CTXD_LOG_LEVEL": "DEBUG"}).start()
+    b = DaemonProcess(tmp_path / "b", env=env).start()
+    try:
+        with a.client("jsonrpc") as ca, a.client("zmq") as za, b.client() as cb:
+            quiet = cb.create_session()["sessionId"]
+            marker = cb.create_session()["sessionId"]
+            ca.subscribe(marker)
+            events = ca.notifications(timeout=0.5)
+
+            def barrier() -> None:
+                """B's events reach A in the order B committed them: once the marker's
+                append is relayed, every earlier one has been handled."""
+                ids = cb.append(marker, [{"role": "user", "content": "mark"}])["messageIds"]
+                wait_for(events, "session/didAppend", where=lambda p: p["messageIds"] == ids)
+
+            def passed() -> list[str]:
+                return [line for line in a.log_path.read_text().splitlines()
+                        if "not relayed: no subscriber here" in line]
+
+            for i in range(3):
+                cb.append(quiet, [{"role": "user", "content": f"q{i}"}])
+            barrier()
+            lines = passed()
+            assert len(lines) == 3 and all(f"session/didAppend of {quiet}" in x for x in lines)
+            assert not any(marker in x for x in lines)
+
+            za.subscribe(quiet)  # a ZeroMQ subscriber this time
+            zevents = za.notifications(timeout=0.5)
+            ids = cb.append(quiet, [{"role": "user", "content": "q3"}])["messageIds"]
+            got = wait_for(zevents, "session/didAppend", where=lambda p: p["messageIds"] == ids)
+            assert got["status"]["archiveMessages"] == 4
+            barrier()
+            assert len(passed()) == 3
+    finally:
+        for d in (a, b):
+            d.stop()

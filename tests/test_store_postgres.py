@@ -242,3 +242,32 @@ def test_a_compaction_waiting_for_another_daemons_ends_its_progress_when_the_ser
     assert not b.status(sid)["compacting"]
     a.store.release_compaction_lock(sid)
     assert asyncio.run(b.compact(sid, force=True))["effective"]
+
+
+def test_an_unwatched_session_relays_nothing_yet_its_compaction_is_known(
+    two_engines: tuple[Engine, Engine],
+) -> None:
+    """No client of B watches the session: A's events reach none of B's listeners, but
+    B's status still says the session is compacting while A holds it."""
+    a, b = two_engines
+    relayed: list[str] = []
+    b.add_listener(lambda sid, m, p: relayed.append(m))
+    sid = a.create_session()["sessionId"]
+    appended = {"m": "session/didAppend", "s": sid, "o": a.store.origin,
+                "b": a.append(sid, [{"role": "user", "content": "m"}])["batchId"]}
+    events.relay(b, appended, lambda s: False)
+    assert relayed == []
+    events.relay(b, appended, lambda s: True)
+    assert relayed == ["session/didAppend"]
+    relayed.clear()
+    begin = events.reference(a.store.origin, sid, "$/progress", {
+        "sessionId": sid, "token": "cmp_u", "value": {"kind": "begin", "percentage": 0}})
+    assert begin is not None
+    assert a.store.try_compaction_lock(sid)
+    try:
+        events.relay(b, json.loads(begin), lambda s: False)
+        assert relayed == [] and b.status(sid)["compacting"]
+        events.relay(b, json.loads(begin), lambda s: s == sid)  # watched: relayed
+        assert relayed == ["$/progress"]
+    finally:
+        a.store.release_compaction_lock(sid)

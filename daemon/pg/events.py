@@ -10,6 +10,11 @@ own subscribers, as of the moment the event is relayed. A `session/didAppend` is
 inside the append's own transaction (daemon/pg/store.py); the other events are sent
 when the daemon that made the change tells its own subscribers, right after its commit.
 
+Reading the rows costs statements, and every daemon receives every event: a daemon
+reads only for the sessions one of its clients watches (`watched`, asked of the event
+hub, which knows the subscriptions of every wire). The bookkeeping that must see every
+event (another daemon's compactions, `note_event`) still does.
+
 Notifications stay under PostgreSQL's payload limit (8000 bytes): ids, not rows, and
 long texts (an error message) are cut.
 """
@@ -17,6 +22,7 @@ long texts (an error message) are cut.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import threading
@@ -33,6 +39,9 @@ NOTIFY_LIMIT = 7900
 CUT_CHARS = 1000
 # a pop's message ids beyond this many are sent as their range
 MAX_IDS = 400
+
+# other daemons' events this one read nothing for (said in its debug log)
+_unwatched = itertools.count(1)
 
 
 def reference(origin: str, session_id: str, method: str, params: dict[str, Any]) -> str | None:
@@ -75,13 +84,19 @@ def _cut(value: Any) -> Any:
     return value
 
 
-def relay(engine: Any, ref: dict[str, Any]) -> None:
+def relay(
+    engine: Any, ref: dict[str, Any], watched: Callable[[str], bool] | None = None
+) -> None:
     """Emit, to this daemon's subscribers, the event another daemon sent (on the event
-    loop)."""
+    loop); nothing is read for a session `watched` says nobody here watches."""
     method = ref.get("m", "session/didAppend")
     session_id = ref["s"]
     try:
         engine.store.note_event(ref)
+        if watched is not None and not watched(session_id):
+            log.debug("%s of %s not relayed: no subscriber here (%d so far)",
+                      method, session_id, next(_unwatched))
+            return
         params = _params(engine, method, session_id, ref)
         if params is not None:
             engine.emit_local(session_id, method, params)
@@ -151,9 +166,10 @@ def listen_forever(
             stop.wait(1.0)  # the server is away: try again shortly
 
 
-def start_relay(engine: Any, loop: Any) -> None:
-    """Listen for other daemons' events; each is relayed on `loop`."""
-    engine.store.listen(lambda ref: loop.call_soon_threadsafe(relay, engine, ref))
+def start_relay(engine: Any, loop: Any, watched: Callable[[str], bool] | None = None) -> None:
+    """Listen for other daemons' events; each is relayed on `loop`, read only when
+    `watched(session_id)` (None: always)."""
+    engine.store.listen(lambda ref: loop.call_soon_threadsafe(relay, engine, ref, watched))
 
 
 async def watch_orphaned_runs(engine: Any, lease_runs: Any, interval: float) -> None:

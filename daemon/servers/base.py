@@ -25,6 +25,9 @@ class Connection:
     """
 
     wire: str = "?"
+    # whether session events reach this connection through `send_notification` (a
+    # ZeroMQ peer gets them on the PUB socket instead, where its SUB subscribes)
+    pushes_events: bool = True
 
     def __init__(self, peer: str = "") -> None:
         self.id = next(_conn_ids)
@@ -83,6 +86,8 @@ def now_or_later(handler: RequestHandler, conn: Connection, method: str, params:
 
 
 EventSink = Callable[[str, str, dict[str, Any]], None]
+# whether a wire-level publisher has a subscriber for a session's events
+Watcher = Callable[[str], bool]
 
 
 class EventHub:
@@ -91,6 +96,7 @@ class EventHub:
     def __init__(self) -> None:
         self._connections: set[Connection] = set()
         self._sinks: list[EventSink] = []
+        self._watchers: list[Watcher] = []
 
     def add_connection(self, conn: Connection) -> None:
         self._connections.add(conn)
@@ -100,6 +106,18 @@ class EventHub:
 
     def add_sink(self, sink: EventSink) -> None:
         self._sinks.append(sink)
+
+    def add_watcher(self, watcher: Watcher) -> None:
+        self._watchers.append(watcher)
+
+    def watched(self, session_id: str) -> bool:
+        """Whether any client of this daemon would receive the session's events now: a
+        connection subscribed to it, or a wire-level subscriber (ZeroMQ SUB). Walks the
+        connections like `publish` does, so asking costs no more than publishing."""
+        for conn in self._connections:
+            if conn.pushes_events and session_id in conn.subscriptions and not conn.closed:
+                return True
+        return any(watcher(session_id) for watcher in self._watchers)
 
     def publish(self, session_id: str, method: str, params: dict[str, Any]) -> None:
         for conn in list(self._connections):

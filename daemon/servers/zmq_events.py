@@ -5,6 +5,12 @@ subscriptions (XPUB): when a subscriber subscribes to a topic starting with `pro
 answers with one `$/probe` message on that topic. Subscriptions travel in order on one
 connection, so once a subscriber receives its probe, every subscription it made before
 is in effect: this is how clients wait out ZeroMQ's slow-joiner problem without sleeping.
+
+The other topics subscribed are kept too, so the daemon can tell whether anyone here
+watches a session (`watches`). The XPUB socket keeps its default (not verbose): libzmq
+counts the subscribers of each topic itself and passes on a topic's subscription when
+its first subscriber comes and its unsubscription when the last one goes (unsubscribing,
+or disconnecting), so the set of topics passed on is exactly the set subscribed.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ class EventPublisher:
         self._pub: zmq.Socket[Any] | None = pub
         self.stats = stats
         self._pump = SocketPump(loop, pub, self._on_subscription, "XPUB")
+        # the topics some subscriber holds (probes aside)
+        self._topics: set[bytes] = set()
 
     def start(self) -> None:
         self._pump.start()
@@ -42,6 +50,16 @@ class EventPublisher:
     def close(self) -> None:
         self._pump.close()
         self._pub = None
+        self._topics.clear()
+
+    def watches(self, session_id: str) -> bool:
+        """Whether a subscriber would receive the session's events: one subscribed to a
+        prefix of its topic (the topic itself, `session/` for every session, or all)."""
+        topics = self._topics
+        if not topics:
+            return False
+        topic = session_topic(session_id)
+        return any(topic[:i] in topics for i in range(len(topic) + 1))
 
     def publish(self, session_id: str, method: str, params: dict[str, Any]) -> None:
         """Send one event to the session's subscribers; never blocks (drops at the HWM)."""
@@ -72,10 +90,19 @@ class EventPublisher:
             self.stats["events_published"] += 1
 
     def _on_subscription(self, frames: list[bytes]) -> None:
-        """Answer `probe/...` subscriptions so subscribers know theirs are in effect."""
+        """Note the topics subscribed; answer `probe/...` subscriptions so subscribers
+        know theirs are in effect."""
         pub = self._pub
         msg = frames[0] if frames else b""
-        if pub is None or len(msg) < 2 or msg[0] != 1 or not msg[1:].startswith(PROBE_PREFIX):
+        if pub is None or not msg or msg[0] not in (0, 1):
+            return
+        if not msg[1:].startswith(PROBE_PREFIX):
+            if msg[0] == 1:
+                self._topics.add(msg[1:])
+            else:
+                self._topics.discard(msg[1:])
+            return
+        if msg[0] != 1:
             return
         topic = msg[1:]
         payload = packb({"method": PROBE_METHOD, "params": {"topic": topic.decode("latin-1")}})

@@ -22,6 +22,7 @@ class ZmqConnection(Connection):
     """The daemon's view of one ROUTER peer (one client socket)."""
 
     wire = "zmq"
+    pushes_events = False
 
     def __init__(self, identity: bytes) -> None:
         super().__init__(peer=f"zmq:{identity.hex()}")

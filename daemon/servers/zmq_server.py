@@ -211,6 +211,7 @@ class ZmqServer:
         self._pump = SocketPump(loop, router, self._accept, "ROUTER")
         if not self._sink_added:
             self.hub.add_sink(self.publish)
+            self.hub.add_watcher(self.watches)
             self._sink_added = True
         self._pump.start()
         self._events.start()
@@ -285,6 +286,11 @@ class ZmqServer:
         if self._closed or events is None:
             return
         events.publish(session_id, method, params)
+
+    def watches(self, session_id: str) -> bool:
+        """Whether a ZeroMQ subscriber would receive the session's events now."""
+        events = self._events
+        return not self._closed and events is not None and events.watches(session_id)
 
     # requests
 
