@@ -69,6 +69,17 @@ def _row_to_message(row: Sequence[Any]) -> dict[str, Any]:
     return msg
 
 
+# a session's messages from an id on (its tail), and within a range of ids
+READ_FROM = (
+    "SELECT id, batch_id, body, tokens, created_at FROM messages "
+    "WHERE session_id = ? AND id >= ? ORDER BY id"
+)
+READ_RANGE = (
+    "SELECT id, batch_id, body, tokens, created_at FROM messages "
+    "WHERE session_id = ? AND id >= ? AND id <= ? ORDER BY id"
+)
+
+
 class ArchiveStore(ArchiveSearch):
     def __init__(self, conn: apsw.Connection) -> None:
         self.conn = conn
@@ -328,17 +339,9 @@ class ArchiveStore(ArchiveSearch):
     ) -> list[dict[str, Any]]:
         """Every message of the session with from_id <= id (<= to_id)."""
         if to_id is None:
-            rows = self.conn.execute(
-                "SELECT id, batch_id, body, tokens, created_at FROM messages "
-                "WHERE session_id = ? AND id >= ? ORDER BY id",
-                (session_id, from_id),
-            )
+            rows = self.conn.execute(READ_FROM, (session_id, from_id))
         else:
-            rows = self.conn.execute(
-                "SELECT id, batch_id, body, tokens, created_at FROM messages "
-                "WHERE session_id = ? AND id >= ? AND id <= ? ORDER BY id",
-                (session_id, from_id, to_id),
-            )
+            rows = self.conn.execute(READ_RANGE, (session_id, from_id, to_id))
         return [_row_to_message(r) for r in rows]
 
     def get_many(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:

@@ -13,10 +13,11 @@ from typing import Any
 
 import psycopg
 from helpers import make_config
+from psycopg import sql
 
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.pg.copy import copy_sqlite_to_postgres
-from ctxd.daemon.pg.store import BIGINT_MAX, READ_SESSION_RANGE, PostgresStore
+from ctxd.daemon.pg.store import PostgresStore
 
 
 def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
@@ -49,15 +50,15 @@ def test_a_tail_behind_other_sessions_rows_is_read_through_its_session_index(
         # never prepared: the server plans it for each call's values, never generically
         prepared = [r[0] for r in conn.execute(
             "SELECT statement FROM pg_prepared_statements WHERE statement LIKE "
-            "'%FROM messages WHERE (session_id, id) >=%'"
+            "'%FROM messages WHERE session_id = $1 AND id >= $2%'"
         )]
         assert prepared == []
         # and the plan made for these values reads the session's index, not the newer
         # rows of the other session
-        explain = "EXPLAIN (ANALYZE, FORMAT JSON) " + READ_SESSION_RANGE.replace("?", "%s")
-        (raw,) = psycopg.ClientCursor(conn).execute(
-            explain, (quiet, start, quiet, BIGINT_MAX)
-        ).fetchone()
+        (raw,) = conn.execute(sql.SQL(
+            "EXPLAIN (ANALYZE, FORMAT JSON) SELECT id, batch_id, body, tokens, created_at "
+            "FROM messages WHERE session_id = {} AND id >= {} ORDER BY id"
+        ).format(sql.Literal(quiet), sql.Literal(start))).fetchone()
         plan = (raw if isinstance(raw, list) else json.loads(raw))[0]["Plan"]
         walked = sum(n.get("Rows Removed by Filter", 0) for n in _nodes(plan))
         used = {n.get("Index Name") for n in _nodes(plan)} - {None}

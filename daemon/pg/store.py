@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from psycopg import errors as pgerr
 
-from ctxd.daemon.archive import ArchiveStore, _row_to_message
+from ctxd.daemon.archive import READ_FROM, READ_RANGE, ArchiveStore, _row_to_message
 from ctxd.daemon.compaction_log import CompactionLog
 from ctxd.daemon.context_store import ContextState, ContextStore, PinStore
 from ctxd.daemon.messages import message_text
@@ -61,37 +61,14 @@ SEARCH_WORKERS = 2
 T = TypeVar("T")
 
 
-# A session's messages within a range of ids (its tail: up to the largest id). Written as
-# a range of (session_id, id) rows, which only the messages_by_session index can serve:
-# as `session_id = ? AND id >= ?` the planner, which takes the two columns to be
-# independent, may read it through the primary key (ids in heap order) and filter by
-# session, walking every newer row of every other session (7.5 ms instead of 0.03 ms
-# for a 24-message tail behind 75,000 rows of three other sessions). Planned for each
-# call's values, never generically.
-READ_SESSION_RANGE = (
-    "SELECT id, batch_id, body, tokens, created_at FROM messages "
-    "WHERE (session_id, id) >= (?, ?) AND (session_id, id) <= (?, ?) ORDER BY session_id, id"
-)
-BIGINT_MAX = 2**63 - 1
-
-
 class PgArchive(ArchiveStore):
     conn: PgConnection  # type: ignore[assignment]
 
     def __init__(self, conn: PgConnection) -> None:
         super().__init__(conn)  # type: ignore[arg-type]
-        conn.planned_per_call.add(READ_SESSION_RANGE)
+        conn.planned_per_call |= {READ_FROM, READ_RANGE}
         # session -> (highest message id counted, count): see message_count
         self._counts: dict[str, tuple[int, int]] = {}
-
-    def read_from(
-        self, session_id: str, from_id: int, to_id: int | None = None
-    ) -> list[dict[str, Any]]:
-        """Every message of the session with from_id <= id (<= to_id), read through
-        messages_by_session alone (see READ_SESSION_RANGE)."""
-        last = BIGINT_MAX if to_id is None else to_id
-        rows = self.conn.execute(READ_SESSION_RANGE, (session_id, from_id, session_id, last))
-        return [_row_to_message(r) for r in rows]
 
     def message_count(self, session_id: str) -> int:
         """Every status asks this, so it must not walk the session's whole history: rows
