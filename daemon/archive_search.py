@@ -1,8 +1,8 @@
 """ArchiveSearch: full-text search over the archive (SQLite FTS5), with a time budget.
 
-`ArchiveStore` (archive.py) takes it in; the PostgreSQL store overrides `search` and
-`_search` with its own (daemon/pg/store.py). Queries are built by `fts.py`, snippets by
-`snippets.py`.
+`ArchiveStore` (archive.py) takes it in; the PostgreSQL store keeps `search` and gives
+its own query builders, `_budget` and `_search` (daemon/pg/store.py). Queries are built
+by `fts.py`, snippets by `snippets.py`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from types import ModuleType
+from typing import Any, ClassVar
 
 import apsw
 
@@ -20,6 +21,16 @@ from ctxd.protocol.errors import InvalidParams, SearchTooBroad
 
 # SQLite virtual-machine steps between two looks at the clock: about a millisecond of work
 PROGRESS_STEPS = 10_000
+
+
+def too_broad(seconds: float) -> SearchTooBroad:
+    """The error of a search stopped at its time budget, on either store."""
+    return SearchTooBroad(
+        f"the search was stopped after its time budget of {seconds:g} s: the query is "
+        "too broad for this archive; use fewer, more specific words, or narrow it "
+        "with a session, a role or a time range",
+        {"budgetSeconds": seconds},
+    )
 
 
 @contextmanager
@@ -34,14 +45,37 @@ def _budget(conn: apsw.Connection, seconds: float | None) -> Iterator[float | No
     try:
         yield deadline
     except apsw.InterruptError:
-        raise SearchTooBroad(
-            f"the search was stopped after its time budget of {seconds:g} s: the query is "
-            "too broad for this archive; use fewer, more specific words, or narrow it "
-            "with a session, a role or a time range",
-            {"budgetSeconds": seconds},
-        ) from None
+        raise too_broad(seconds) from None
     finally:
         conn.set_progress_handler(None)
+
+
+def search_where(
+    match_clause: str,
+    match: str,
+    session_id: str | None,
+    role: str | None,
+    since: float | None,
+    until: float | None,
+) -> tuple[str, list[Any]]:
+    """The WHERE of a search (without the keyword) and its parameters: the match clause,
+    then the filters that are set. Only fixed clauses are spliced in; every user value is
+    a bound parameter."""
+    where = [match_clause]
+    params: list[Any] = [match]
+    if session_id is not None:
+        where.append("m.session_id = ?")
+        params.append(session_id)
+    if role is not None:
+        where.append("m.role = ?")
+        params.append(role)
+    if since is not None:
+        where.append("m.created_at >= ?")
+        params.append(since)
+    if until is not None:
+        where.append("m.created_at <= ?")
+        params.append(until)
+    return " AND ".join(where), params
 
 
 class ArchiveSearch:
@@ -49,6 +83,9 @@ class ArchiveSearch:
 
     conn: apsw.Connection
     snippets: Snippets
+    # builds the store's match queries from the user's text (plain_query, advanced_query,
+    # any_terms_query)
+    queries: ClassVar[ModuleType] = fts
 
     def search(
         self,
@@ -67,15 +104,15 @@ class ArchiveSearch:
         """Hits and how they matched: "all" (every word, or the advanced query as
         written) or "any" (no message has every word: ranked hits with some of them).
 
-        With `budget_seconds`, SQLite's progress handler stops the search when the budget
-        runs out and `SearchTooBroad` is raised."""
+        With `budget_seconds`, the store stops the search when the budget runs out
+        (`_budget`) and `SearchTooBroad` is raised."""
         if advanced:
-            match = fts.advanced_query(query)
+            match = self.queries.advanced_query(query)
         else:
-            match = fts.plain_query(query)
+            match = self.queries.plain_query(query)
             if match is None:
                 return [], "all"
-        with _budget(self.conn, budget_seconds) as deadline:
+        with self._budget(budget_seconds) as deadline:
             args = (session_id, role, since, until, limit, offset, newest_first, advanced,
                     deadline)
             hits = self._search(match, *args)
@@ -85,10 +122,16 @@ class ArchiveSearch:
             # because page 2 of "all" is
             if offset and self._search(match, *args[:4], 1, 0, newest_first, advanced, deadline):
                 return hits, "all"
-            loose = fts.any_terms_query(query)
+            loose = self.queries.any_terms_query(query)
             if not loose:
                 return hits, "all"
             return self._search(loose, *args), "any"
+
+    @contextmanager
+    def _budget(self, seconds: float | None) -> Iterator[float | None]:
+        """SQLite's progress handler stops the statements when `seconds` have passed."""
+        with _budget(self.conn, seconds) as deadline:
+            yield deadline
 
     def _search(
         self,
@@ -106,26 +149,14 @@ class ArchiveSearch:
         """A page of hits, each with a snippet made by daemon/snippets.py (not by FTS5's
         snippet() in this query, whose cost grows with the square of a message's hits and
         which the progress handler cannot stop); past `deadline`, InterruptError."""
-        # Only fixed clauses are spliced in; every user value is a bound parameter.
-        where = ["messages_fts MATCH ?"]
-        params: list[Any] = [match]
-        if session_id is not None:
-            where.append("m.session_id = ?")
-            params.append(session_id)
-        if role is not None:
-            where.append("m.role = ?")
-            params.append(role)
-        if since is not None:
-            where.append("m.created_at >= ?")
-            params.append(since)
-        if until is not None:
-            where.append("m.created_at <= ?")
-            params.append(until)
+        where, params = search_where(
+            "messages_fts MATCH ?", match, session_id, role, since, until
+        )
         order = "messages_fts.rowid DESC" if newest_first else "rank"
         sql = (
             "SELECT m.id, m.session_id, m.role, m.created_at, bm25(messages_fts) "
             "FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid "
-            f"WHERE {' AND '.join(where)} ORDER BY {order} LIMIT ? OFFSET ?"
+            f"WHERE {where} ORDER BY {order} LIMIT ? OFFSET ?"
         )
         params += [limit, offset]
         try:

@@ -33,13 +33,14 @@ from typing import Any, TypeVar
 from psycopg import errors as pgerr
 
 from ctxd.daemon.archive import READ_FROM, READ_RANGE, ArchiveStore, _row_to_message
+from ctxd.daemon.archive_search import search_where, too_broad
 from ctxd.daemon.compaction_log import CompactionLog
 from ctxd.daemon.context_store import ContextState, ContextStore, PinStore
 from ctxd.daemon.messages import message_text
 from ctxd.daemon.pg import events, schema, tsearch
 from ctxd.daemon.pg.connection import APPEND_LOCK, PgConnection
 from ctxd.daemon.pg.runs import PgRuns
-from ctxd.protocol.errors import InvalidParams, SearchTooBroad, StorageError
+from ctxd.protocol.errors import InvalidParams, StorageError
 
 log = logging.getLogger("ctxd.pg.store")
 
@@ -173,56 +174,25 @@ class PgArchive(ArchiveStore):
         )
         return {r[0]: _row_to_message(r) for r in rows}
 
-    def search(
-        self,
-        query: str,
-        *,
-        session_id: str | None = None,
-        role: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-        limit: int = 20,
-        offset: int = 0,
-        newest_first: bool = False,
-        advanced: bool = False,
-        budget_seconds: float | None = None,
-    ) -> tuple[list[dict[str, Any]], str]:
-        if advanced:
-            match = tsearch.advanced_query(query)
-        else:
-            match = tsearch.plain_query(query)
-            if match is None:
-                return [], "all"
-        args = (session_id, role, since, until, limit, offset, newest_first, advanced)
-        with self._budget(budget_seconds):
-            hits = self._search(match, *args)
-            if hits or advanced or len(query.split()) < 2:
-                return hits, "all"
-            if offset and self._search(match, *args[:4], 1, 0, newest_first, advanced):
-                return hits, "all"
-            loose = tsearch.any_terms_query(query)
-            if not loose:
-                return hits, "all"
-            return self._search(loose, *args), "any"
+    # `search` is ArchiveSearch's: the same fallback from "all" words to "any" and the
+    # same paging, over PostgreSQL's query builders, budget and SQL below
+    queries = tsearch
 
     @contextmanager
-    def _budget(self, seconds: float | None) -> Iterator[None]:
+    def _budget(self, seconds: float | None) -> Iterator[float | None]:
+        """A statement_timeout for the search's transaction; the server cancels the
+        statement at the budget, so no deadline is given to the code outside it."""
         if not seconds:
-            yield
+            yield None
             return
         with self.conn.transaction():
             self.conn.execute(
                 "SELECT set_config('statement_timeout', ?, true)", (str(int(seconds * 1000)),)
             )
             try:
-                yield
+                yield None
             except pgerr.QueryCanceled:
-                raise SearchTooBroad(
-                    f"the search was stopped after its time budget of {seconds:g} s: the "
-                    "query is too broad for this archive; use fewer, more specific words, or "
-                    "narrow it with a session, a role or a time range",
-                    {"budgetSeconds": seconds},
-                ) from None
+                raise too_broad(seconds) from None
 
     def _search(
         self,
@@ -235,27 +205,15 @@ class PgArchive(ArchiveStore):
         offset: int,
         newest_first: bool,
         advanced: bool,
+        deadline: float | None,
     ) -> list[dict[str, Any]]:
-        where = ["s.tsv @@ ?::tsquery"]
-        params: list[Any] = [match]
-        if session_id is not None:
-            where.append("m.session_id = ?")
-            params.append(session_id)
-        if role is not None:
-            where.append("m.role = ?")
-            params.append(role)
-        if since is not None:
-            where.append("m.created_at >= ?")
-            params.append(since)
-        if until is not None:
-            where.append("m.created_at <= ?")
-            params.append(until)
+        where, params = search_where("s.tsv @@ ?::tsquery", match, session_id, role, since, until)
         order = "m.id DESC" if newest_first else "score DESC, m.id"
         sql = (
             "SELECT m.id, m.session_id, m.role, m.created_at, m.body, "
             "max(ts_rank(s.tsv, ?::tsquery)) AS score "
             "FROM messages_search s JOIN messages m ON m.id = s.message_id "
-            f"WHERE {' AND '.join(where)} GROUP BY m.id ORDER BY {order} LIMIT ? OFFSET ?"
+            f"WHERE {where} GROUP BY m.id ORDER BY {order} LIMIT ? OFFSET ?"
         )
         params = [match, *params, limit, offset]  # the first for ts_rank
         try:
