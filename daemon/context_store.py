@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,23 @@ class ContextState:
         new = object.__new__(ContextState)
         new.__dict__.update(self.__dict__)
         new.system_ids = list(self.system_ids)
+        return new
+
+    def after_append(
+        self, rows: Sequence[tuple[dict[str, Any], str, int]], ids: Sequence[int]
+    ) -> ContextState:
+        """A copy that counts an appended batch ((message, text, tokens) rows and their
+        ids): system messages before the first other one join `system_ids`, and that
+        first other message starts the tail."""
+        new = self.with_own_system_ids()
+        new.active_messages += len(rows)
+        new.active_tokens += sum(tokens for _, _, tokens in rows)
+        for (m, _, _), mid in zip(rows, ids, strict=True):
+            if new.tail_start_id is None:
+                if m["role"] == "system":
+                    new.system_ids.append(mid)
+                else:
+                    new.tail_start_id = mid
         return new
 
     @property

@@ -287,9 +287,6 @@ class Engine(ContextReads, RunsAndApprovals):
                 # moment ago is refused here as a repeated one, not by a unique key
                 pending = self.run_book.pending(session_id)
                 check_tool_pairs(self.archive, pending, st, msgs)
-            new = st.with_own_system_ids()
-            new.active_messages += len(rows)
-            new.active_tokens += sum(tokens for _, _, tokens in rows)
             batch_id, ids, created = self.archive.append(
                 session_id,
                 rows,
@@ -298,12 +295,7 @@ class Engine(ContextReads, RunsAndApprovals):
                 client_batch_id=client_batch_id,
                 index_texts=batch.index_texts,
             )
-            for (m, _, _), mid in zip(rows, ids, strict=True):
-                if new.tail_start_id is None:
-                    if m["role"] == "system":
-                        new.system_ids.append(mid)
-                    else:
-                        new.tail_start_id = mid
+            new = st.after_append(rows, ids)
             self.store.contexts.bump_counts(new)
         return self.append_committed(new, rows, ids, batch_id, created, run_id, len(pending))
 

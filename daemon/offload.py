@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -93,9 +92,6 @@ def _commit(
     conn = open_database(db_path, durability=durability)
     try:
         archive = ArchiveStore(conn)
-        new = replace(st, system_ids=list(st.system_ids))
-        new.active_messages += len(rows)
-        new.active_tokens += sum(tokens for _, _, tokens in rows)
         with thread_transaction(conn):
             batch_id, ids, created_at = archive.append(
                 st.session_id,
@@ -105,12 +101,7 @@ def _commit(
                 client_batch_id=client_batch_id,
                 index_texts=batch.index_texts,
             )
-            for (m, _, _), mid in zip(rows, ids, strict=True):
-                if new.tail_start_id is None:
-                    if m["role"] == "system":
-                        new.system_ids.append(mid)
-                    else:
-                        new.tail_start_id = mid
+            new = st.after_append(rows, ids)
             bump_counts(conn, new)
         return batch_id, ids, created_at, new
     finally:
