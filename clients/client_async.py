@@ -24,6 +24,7 @@ from ctxd.clients.client_common import (
     DaemonNotRunning,
     NotificationCallback,
     Wire,
+    _Callbacks,
     _check_wire,
     _Methods,
     find_daemon,
@@ -89,7 +90,7 @@ class NotificationStream:
         self.aclose_nowait()
 
 
-class AsyncClient(_Methods[Awaitable[Any]]):
+class AsyncClient(_Methods[Awaitable[Any]], _Callbacks):
     """A client for one daemon over one wire, used from one asyncio event loop.
 
     `info` is the connection file's content (see `find_daemon`); `AsyncClient.connect()`
@@ -398,16 +399,6 @@ class AsyncClient(_Methods[Awaitable[Any]]):
     def subscriptions(self) -> frozenset[str]:
         return frozenset(self._subscribed)
 
-    def on_notification(self, callback: NotificationCallback) -> Callable[[], None]:
-        """Call `callback(method, params)` for every notification; returns a remover."""
-        # replaced, never mutated: delivery iterates a snapshot without locking
-        self._callbacks = [*self._callbacks, callback]
-
-        def remove() -> None:
-            self._callbacks = [cb for cb in self._callbacks if cb is not callback]
-
-        return remove
-
     def notifications(self, maxsize: int = 10_000) -> NotificationStream:
         """`async for method, params in client.notifications()`; registered on this call."""
         stream = NotificationStream(self, maxsize)
@@ -418,11 +409,7 @@ class AsyncClient(_Methods[Awaitable[Any]]):
         return stream
 
     def _on_notification(self, method: str, params: dict[str, Any]) -> None:
-        for callback in self._callbacks:
-            try:
-                callback(method, params)
-            except Exception:
-                log.exception("notification callback %r failed on %s", callback, method)
+        self._run_callbacks(method, params)
         for stream in list(self._streams):
             stream._put((method, params))
 

@@ -84,6 +84,31 @@ class DaemonNotAuthentic(ConnectionError):
     token: not the daemon that wrote the file. Nothing but a proof of the token was sent."""
 
 
+class _Callbacks:
+    """The notification callbacks of a client. The list is replaced, never mutated:
+    delivery iterates a snapshot without locking."""
+
+    _callbacks: list[NotificationCallback]
+
+    def on_notification(self, callback: NotificationCallback) -> Callable[[], None]:
+        """Call `callback(method, params)` for every notification (on `Client`, on its
+        I/O thread). May be registered before `open()`; returns a function that removes
+        it."""
+        self._callbacks = [*self._callbacks, callback]
+
+        def remove() -> None:
+            self._callbacks = [cb for cb in self._callbacks if cb is not callback]
+
+        return remove
+
+    def _run_callbacks(self, method: str, params: dict[str, Any]) -> None:
+        for callback in self._callbacks:
+            try:
+                callback(method, params)
+            except Exception:
+                log.exception("notification callback %r failed on %s", callback, method)
+
+
 # typed convenience calls, shared by both clients
 
 

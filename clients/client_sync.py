@@ -25,6 +25,7 @@ from ctxd.clients.client_common import (
     NotificationCallback,
     R,
     Wire,
+    _Callbacks,
     _check_wire,
     _Methods,
     find_daemon,
@@ -123,7 +124,7 @@ class SyncNotificationStream(Iterator[tuple[str, dict[str, Any]]]):
         self.close()
 
 
-class Client(_Methods[Any]):
+class Client(_Methods[Any], _Callbacks):
     """A blocking client, safe to share between threads.
 
     It runs an `AsyncClient` on a private I/O thread; every call is handed to that
@@ -350,18 +351,6 @@ class Client(_Methods[Any]):
             raise ConnectionError("the client is not open; use connect() or open()")
         return self._run(client.unsubscribe(session_id), self.timeout)
 
-    def on_notification(self, callback: NotificationCallback) -> Callable[[], None]:
-        """Call `callback(method, params)` on the I/O thread for every notification.
-
-        May be registered before `open()`; returns a function that removes it.
-        """
-        self._callbacks = [*self._callbacks, callback]
-
-        def remove() -> None:
-            self._callbacks = [cb for cb in self._callbacks if cb is not callback]
-
-        return remove
-
     def notifications(
         self, timeout: float | None = None, maxsize: int = 10_000
     ) -> SyncNotificationStream:
@@ -379,11 +368,7 @@ class Client(_Methods[Any]):
         return remove
 
     def _deliver(self, method: str, params: dict[str, Any]) -> None:
-        for callback in self._callbacks:
-            try:
-                callback(method, params)
-            except Exception:
-                log.exception("notification callback %r failed on %s", callback, method)
+        self._run_callbacks(method, params)
         for stream in self._streams:
             stream._put((method, params))
 
