@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -424,6 +425,30 @@ def _pg_env(pg_cluster: PgCluster, pg_dsn: str) -> dict[str, str]:
             "CTXD_MAX_ACTIVE_MESSAGES": "100000"}
 
 
+def _in_lockstep(
+    clients: dict[str, object], rounds: int, step: Callable[[Any, int], object]
+) -> dict[str, list[object]]:
+    """`step(client, i)` for each round i on every client in its own thread, each round
+    started together; what each step returned, or the CtxdError it raised, by name."""
+    barrier = threading.Barrier(len(clients))
+    got: dict[str, list[object]] = {name: [] for name in clients}
+
+    def run(name: str, c: object) -> None:
+        for i in range(rounds):
+            barrier.wait(30)
+            try:
+                got[name].append(step(c, i))
+            except CtxdError as exc:
+                got[name].append(exc)
+
+    ts = [threading.Thread(target=run, args=item) for item in clients.items()]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    return got
+
+
 def _read_all(c, sid: str) -> list[dict]:
     out: list[dict] = []
     after = 0
@@ -584,23 +609,12 @@ def test_one_batch_sent_through_two_daemons_at_once_is_stored_once(
     rounds = 30
     with a.client() as ca, b.client() as cb:
         sid = ca.create_session()["sessionId"]
-        barrier = threading.Barrier(2)
-        got: dict[str, list[object]] = {"a": [], "b": []}
 
-        def send(name: str, c) -> None:
-            for i in range(rounds):
-                barrier.wait(30)
-                msgs = [{"role": "user", "content": f"retry {i}"}]
-                try:
-                    got[name].append(c.append(sid, msgs, client_batch_id=f"r{i}")["batchId"])
-                except CtxdError as exc:
-                    got[name].append(exc)
+        def send(c, i: int) -> object:
+            msgs = [{"role": "user", "content": f"retry {i}"}]
+            return c.append(sid, msgs, client_batch_id=f"r{i}")["batchId"]
 
-        ts = [threading.Thread(target=send, args=(n, c)) for n, c in (("a", ca), ("b", cb))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(120)
+        got = _in_lockstep({"a": ca, "b": cb}, rounds, send)
         # both clients were answered, with the one batch
         assert got["a"] == got["b"] and all(isinstance(x, int) for x in got["a"])
         msgs = _read_all(cb, sid)
@@ -615,26 +629,17 @@ def test_one_tool_call_sent_through_two_daemons_at_once_is_refused_with_a_typed_
     rounds = 20
     with a.client() as ca, b.client() as cb:
         sid = ca.create_session()["sessionId"]
-        barrier = threading.Barrier(2)
-        got: dict[str, list[object]] = {"a": [], "b": []}
 
-        def send(name: str, c) -> None:
-            for i in range(rounds):
-                call = {"id": f"call_same_{i}", "type": "function",
-                        "function": {"name": "ls", "arguments": "{}"}}
-                barrier.wait(30)
-                try:
-                    c.append(sid, [{"role": "assistant", "content": None,
-                                    "tool_calls": [call]}])
-                    got[name].append("stored")
-                except CtxdError as exc:
-                    got[name].append(type(exc).__name__)
+        def send(c, i: int) -> object:
+            call = {"id": f"call_same_{i}", "type": "function",
+                    "function": {"name": "ls", "arguments": "{}"}}
+            c.append(sid, [{"role": "assistant", "content": None, "tool_calls": [call]}])
+            return "stored"
 
-        ts = [threading.Thread(target=send, args=(n, c)) for n, c in (("a", ca), ("b", cb))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(120)
+        got = {
+            name: [x if x == "stored" else type(x).__name__ for x in outcomes]
+            for name, outcomes in _in_lockstep({"a": ca, "b": cb}, rounds, send).items()
+        }
         for x, y in zip(got["a"], got["b"], strict=True):
             # one stored it; the other was told why not, in a typed error
             assert sorted([x, y])[1] == "stored"
