@@ -209,6 +209,34 @@ class ArchiveStore(ArchiveSearch):
         first = (last_message or 0) + 1
         ids = list(range(first, first + len(messages)))
         batch_id = (last_batch or 0) + 1
+        self._insert_batch(
+            session_id, messages, ids, batch_id, digest, run_id, client_batch_id, now
+        )
+        self.conn.executemany(
+            "INSERT INTO messages_fts(rowid, body) VALUES (?, ?)",
+            [
+                (i, fts.index_text(message_text(m)) if index_texts is None else text)
+                for i, (m, _, _), text in zip(
+                    ids, messages, index_texts or [None] * len(ids), strict=True
+                )
+            ],
+        )
+        self._index_tool_calls(session_id, messages, ids)
+        return batch_id, ids, now
+
+    def _insert_batch(
+        self,
+        session_id: str,
+        messages: Sequence[tuple[dict[str, Any], str, int]],
+        ids: Sequence[int],
+        batch_id: int,
+        digest: str,
+        run_id: str | None,
+        client_batch_id: str | None,
+        now: float,
+    ) -> None:
+        """The `batches` row and the `messages` rows of an append (the same statements
+        on PostgreSQL)."""
         self.conn.execute(
             "INSERT INTO batches(id, session_id, client_batch_id, run_id, digest, "
             "first_message_id, last_message_id, created_at) VALUES (?,?,?,?,?,?,?,?)",
@@ -222,15 +250,15 @@ class ArchiveStore(ArchiveSearch):
                 for i, (m, body, tokens) in zip(ids, messages, strict=True)
             ],
         )
-        self.conn.executemany(
-            "INSERT INTO messages_fts(rowid, body) VALUES (?, ?)",
-            [
-                (i, fts.index_text(message_text(m)) if index_texts is None else text)
-                for i, (m, _, _), text in zip(
-                    ids, messages, index_texts or [None] * len(ids), strict=True
-                )
-            ],
-        )
+
+    def _index_tool_calls(
+        self,
+        session_id: str,
+        messages: Sequence[tuple[dict[str, Any], str, int]],
+        ids: Sequence[int],
+    ) -> None:
+        """The rows of `tool_calls` and `tool_results` for an appended batch (the same
+        statements on PostgreSQL)."""
         calls = [
             (session_id, c["id"], i)
             for i, (m, _, _) in zip(ids, messages, strict=True)
@@ -252,7 +280,6 @@ class ArchiveStore(ArchiveSearch):
                 "VALUES (?,?,?)",
                 results,
             )
-        return batch_id, ids, now
 
     # tool call bookkeeping for validation
 

@@ -106,18 +106,8 @@ class PgArchive(ArchiveStore):
         ids = list(range((last_message or 0) + 1, (last_message or 0) + 1 + len(messages)))
         batch_id = (last_batch or 0) + 1
         with c.pipeline():
-            c.execute(
-                "INSERT INTO batches(id, session_id, client_batch_id, run_id, digest, "
-                "first_message_id, last_message_id, created_at) VALUES (?,?,?,?,?,?,?,?)",
-                (batch_id, session_id, client_batch_id, run_id, digest, ids[0], ids[-1], now),
-            )
-            c.executemany(
-                "INSERT INTO messages(id, session_id, batch_id, role, body, tokens, created_at) "
-                "VALUES (?,?,?,?,?,?,?)",
-                [
-                    (i, session_id, batch_id, m["role"], body, tokens, now)
-                    for i, (m, body, tokens) in zip(ids, messages, strict=True)
-                ],
+            self._insert_batch(
+                session_id, messages, ids, batch_id, digest, run_id, client_batch_id, now
             )
             c.executemany(
                 "INSERT INTO messages_search(message_id, part, tsv) VALUES (?, ?, ?::tsvector)",
@@ -127,28 +117,7 @@ class PgArchive(ArchiveStore):
                     for part, lit in enumerate(tsearch.tsvector_parts(message_text(m)))
                 ],
             )
-            calls = [
-                (session_id, call["id"], i)
-                for i, (m, _, _) in zip(ids, messages, strict=True)
-                for call in m.get("tool_calls") or ()
-            ]
-            if calls:
-                c.executemany(
-                    "INSERT INTO tool_calls(session_id, tool_call_id, call_message_id) "
-                    "VALUES (?,?,?)",
-                    calls,
-                )
-            results = [
-                (session_id, m["tool_call_id"], i)
-                for i, (m, _, _) in zip(ids, messages, strict=True)
-                if m["role"] == "tool"
-            ]
-            if results:
-                c.executemany(
-                    "INSERT INTO tool_results(session_id, tool_call_id, result_message_id) "
-                    "VALUES (?,?,?)",
-                    results,
-                )
+            self._index_tool_calls(session_id, messages, ids)
             # delivered to every listening daemon when (and only if) this transaction commits
             c.execute(
                 "SELECT pg_notify(?, ?)",
