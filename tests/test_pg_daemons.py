@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -219,9 +219,7 @@ def test_compaction_race_commits_one_and_a_dead_compactor_is_taken_over(
             assert len(cb.read(sid, limit=1000)["messages"]) == sum(
                 len(agent_turn(i)) for i in range(6))
     finally:
-        for d in (a, b):
-            if d.proc and d.proc.poll() is None:
-                d.stop()
+        _stop_running((a, b))
 
 
 def test_a_compaction_waiting_for_another_daemons_gives_up_after_wait_seconds(
@@ -249,9 +247,7 @@ def test_a_compaction_waiting_for_another_daemons_gives_up_after_wait_seconds(
             log = cb.compactions(sid)["compactions"]
             assert [e["compactionId"] for e in log] == [results[0]["compactionId"]]
     finally:
-        for d in (a, b):
-            if d.proc and d.proc.poll() is None:
-                d.stop()
+        _stop_running((a, b))
 
 
 def test_run_of_a_dead_daemon_is_interrupted_after_a_lease(
@@ -285,9 +281,7 @@ def test_run_of_a_dead_daemon_is_interrupted_after_a_lease(
             again = cb.start_run(doomed)["runId"]
             assert cb.context_status(doomed)["activeRunId"] == again != run["runId"]
     finally:
-        for d in procs:
-            if d.proc and d.proc.poll() is None:
-                d.stop()
+        _stop_running(procs)
 
 
 def _until(stream, method: str, where=lambda p: True, timeout: float = 20.0) -> list[tuple]:
@@ -377,9 +371,7 @@ def test_every_event_crosses_daemons_with_the_same_params(
                     "approval/didResolve", "run/didFinish", "context/didCompact",
                     "$/progress", "context/didChange", "context/compactionFailed"}
         finally:
-            for d in (a, b):
-                if d.proc and d.proc.poll() is None:
-                    d.stop()
+            _stop_running((a, b))
 
 
 def test_auto_compaction_leaves_a_session_another_daemon_is_compacting(
@@ -413,9 +405,7 @@ def test_auto_compaction_leaves_a_session_another_daemon_is_compacting(
         assert text.count(f"auto-compaction of {sid} left to the one running") == 1
         assert "Traceback" not in text
     finally:
-        for d in (a, b):
-            if d.proc and d.proc.poll() is None:
-                d.stop()
+        _stop_running((a, b))
 
 
 def _pg_env(pg_cluster: PgCluster, pg_dsn: str) -> dict[str, str]:
@@ -423,6 +413,13 @@ def _pg_env(pg_cluster: PgCluster, pg_dsn: str) -> dict[str, str]:
     return {"CTXD_STORE": "postgres", "CTXD_POSTGRES_DSN": pg_cluster.tcp_dsn(dbname),
             "CTXD_POSTGRES_PASSWORD_ENV": PW_VAR, PW_VAR: PASSWORD,
             "CTXD_MAX_ACTIVE_MESSAGES": "100000"}
+
+
+def _stop_running(daemons: Iterable[DaemonProcess]) -> None:
+    """Stop those still running (a test may have killed or stopped some already)."""
+    for d in daemons:
+        if d.proc and d.proc.poll() is None:
+            d.stop()
 
 
 def _in_lockstep(
@@ -528,9 +525,7 @@ def test_three_daemons_clients_on_each_append_at_once(
         for sub in subs:
             sub.close()
     finally:
-        for d in procs:
-            if d.proc and d.proc.poll() is None:
-                d.stop()
+        _stop_running(procs)
 
 
 def test_kill_9_mid_append_loses_nothing_acknowledged(
@@ -597,9 +592,7 @@ def test_kill_9_mid_append_loses_nothing_acknowledged(
             assert cb.context_status(sid)["activeMessages"] == len(msgs)
             assert len(cb.context_get(sid)["messages"]) == len(msgs)
     finally:
-        for d in procs:
-            if d.proc and d.proc.poll() is None:
-                d.stop()
+        _stop_running(procs)
 
 
 def test_one_batch_sent_through_two_daemons_at_once_is_stored_once(
@@ -684,9 +677,7 @@ def test_events_cross_again_after_a_postgres_restart(tmp_path: Path) -> None:
             got = wait_for(events, "session/didAppend", where=lambda p: p["messageIds"] == ids)
             assert got["status"]["archiveMessages"] == len(ca.read(sid)["messages"])
     finally:
-        for d in procs:
-            if d.proc and d.proc.poll() is None:
-                d.stop()
+        _stop_running(procs)
         cluster.stop()
 
 
