@@ -6,7 +6,10 @@ subprocess against a real daemon process."""
 from __future__ import annotations
 
 import argparse
+import fnmatch
+import importlib.util
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -201,3 +204,23 @@ def test_the_readme_says_where_the_daemon_logs() -> None:
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert "daemon.log" in readme
     assert "ctxd stop" in readme and "ctxd explain" in readme
+
+
+def test_the_docs_name_modules_that_exist() -> None:
+    """Every `.py` file and `ctxd.` module the README, bench/README.md and docs/ name
+    exists: a module moved or split must take the docs' words with it."""
+    root = Path(__file__).resolve().parents[1]
+    files = [str(p.relative_to(root)) for p in root.rglob("*.py")
+             if not {".git", "build"} & set(p.parts) and "egg-info" not in str(p)]
+    docs = [root / "README.md", root / "bench" / "README.md", *sorted((root / "docs").glob("*.md"))]
+    missing = []
+    for doc in docs:
+        text = doc.read_text()
+        for name in sorted(set(re.findall(r"(?<![\w.-])[\w/*]+\.py\b", text))):
+            if not any(fnmatch.fnmatch(f, name) or fnmatch.fnmatch(f, "*/" + name) for f in files):
+                missing.append(f"{doc.relative_to(root)}: {name}")
+        modules = re.findall(r"\bctxd\.(?:daemon|protocol|clients)(?:\.\w+)*", text)
+        for module in sorted(set(modules)):
+            if importlib.util.find_spec(module) is None:
+                missing.append(f"{doc.relative_to(root)}: {module}")
+    assert not missing, "named in the docs but not in the tree:\n" + "\n".join(missing)
