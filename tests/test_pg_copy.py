@@ -34,9 +34,9 @@ def test_migrate_creates_then_reports_current(pg_cluster: PgCluster, pg_dsn: str
     dsn = _tcp(pg_cluster, pg_dsn)
     r = ctxd("migrate", "--store", "postgres", "--dsn", dsn, "--password-env", PW_VAR)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "postgres: schema version 3 (was 0)"
+    assert r.stdout.strip() == "postgres: schema version 4 (was 0)"
     r = ctxd("migrate", "--store", "postgres", "--dsn", dsn, "--password-env", PW_VAR)
-    assert r.stdout.strip() == "postgres: schema version 3 (already current)"
+    assert r.stdout.strip() == "postgres: schema version 4 (already current)"
     r = ctxd("migrate", "--store", "postgres", "--dsn", dsn)  # no password
     assert r.returncode == 2 and "ctxd: migrate:" in r.stderr and "Traceback" not in r.stderr
 

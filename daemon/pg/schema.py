@@ -1,8 +1,9 @@
-"""The PostgreSQL schema, as numbered migrations kept in step with daemon/schema.py.
+"""The PostgreSQL schema, as numbered migrations kept in step with daemon/schema.py's.
 
-Migration N here holds what SQLite's migration N holds, so a schema version means the
-same thing on both stores (`ctxd copy` relies on it). The differences are PostgreSQL's
-own ways to give the same guarantees:
+Migrations 1-3 here hold what SQLite's migrations 1-3 hold, so the tables and columns
+mean the same on both stores (`ctxd copy` relies on it); 4 adds an index only
+PostgreSQL's plans need. The differences are PostgreSQL's own ways to give the same
+guarantees:
 - append-only: row triggers refuse UPDATE and DELETE on archived rows, a statement
   trigger refuses TRUNCATE;
 - one open run per session: a partial UNIQUE index, so two daemons racing to open a run
@@ -158,6 +159,11 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE conversation_context ADD COLUMN base_id BIGINT NOT NULL DEFAULT 0;
     ALTER TABLE conversation_context ADD COLUMN dropped_ids TEXT;
+    """,
+    # 4: PostgreSQL's own: a session's batches by their last message, so a tail read
+    # finds the id ranges holding the session's rows (daemon/pg/store.py, READ_TAIL)
+    """
+    CREATE INDEX batches_by_session_last ON batches(session_id, last_message_id);
     """,
 ]
 

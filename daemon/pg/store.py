@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from psycopg import errors as pgerr
 
-from ctxd.daemon.archive import READ_FROM, READ_RANGE, ArchiveStore, _row_to_message
+from ctxd.daemon.archive import ArchiveStore, _row_to_message
 from ctxd.daemon.archive_search import search_where, too_broad
 from ctxd.daemon.compaction_log import CompactionLog
 from ctxd.daemon.context_store import ContextState, ContextStore, PinStore
@@ -61,13 +61,32 @@ EVENTS_CHANNEL = "ctxd_events"
 SEARCH_WORKERS = 2
 T = TypeVar("T")
 
+# A session's messages from an id on, read through its batches: a batch is a contiguous
+# id range of one session, so the ids come from the session's batches ending at or past
+# from_id (batches_by_session_last) and the rows from the primary key, one probe per id,
+# never touching another session's rows. The plain `session_id = ? AND id >= ?` leaves
+# the planner to guess how many rows match; with a few long sessions it takes session and
+# id as independent, expects thousands, and walks the primary key through every newer
+# row of every other session (75k rows, 8 ms, for a 24-row tail in bench_store).
+READ_TAIL = (
+    "SELECT id, batch_id, body, tokens, created_at FROM messages WHERE id = ANY(ARRAY("
+    "SELECT generate_series(greatest(first_message_id, ?), last_message_id) FROM batches "
+    "WHERE session_id = ? AND last_message_id >= ?)) ORDER BY id"
+)
+READ_TAIL_RANGE = (
+    "SELECT id, batch_id, body, tokens, created_at FROM messages WHERE id = ANY(ARRAY("
+    "SELECT generate_series(greatest(first_message_id, ?), least(last_message_id, ?)) "
+    "FROM batches WHERE session_id = ? AND last_message_id >= ? AND first_message_id <= ?"
+    ")) ORDER BY id"
+)
+
 
 class PgArchive(ArchiveStore):
     conn: PgConnection  # type: ignore[assignment]
 
     def __init__(self, conn: PgConnection) -> None:
         super().__init__(conn)  # type: ignore[arg-type]
-        conn.planned_per_call |= {READ_FROM, READ_RANGE}
+        conn.planned_per_call |= {READ_TAIL, READ_TAIL_RANGE}
         # session -> (highest message id counted, count): see message_count
         self._counts: dict[str, tuple[int, int]] = {}
 
@@ -127,6 +146,18 @@ class PgArchive(ArchiveStore):
         return batch_id, ids, now
 
     origin = ""
+
+    def read_from(
+        self, session_id: str, from_id: int, to_id: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Every message of the session with from_id <= id (<= to_id): see READ_TAIL."""
+        if to_id is None:
+            rows = self.conn.execute(READ_TAIL, (from_id, session_id, from_id))
+        else:
+            rows = self.conn.execute(
+                READ_TAIL_RANGE, (from_id, to_id, session_id, from_id, to_id)
+            )
+        return [_row_to_message(r) for r in rows]
 
     def batch(self, batch_id: int) -> tuple[str, str | None, int, int] | None:
         """(session id, run id, first message id, last message id) of a batch."""
