@@ -120,3 +120,14 @@ def test_a_copy_leaves_fresh_statistics(tmp_path: Path, pg_dsn: str) -> None:
             "WHERE relname IN ('messages', 'batches')"
         ).fetchall())
     assert analyzed == {"messages": True, "batches": True}
+
+
+def test_store_connections_compile_nothing(tmp_path: Path, pg_dsn: str) -> None:
+    """JIT off on every connection the store opens, the first and one after a lost one."""
+    store = PostgresStore(pg_dsn)
+    try:
+        assert store.conn.raw().execute("SHOW jit").fetchone()[0] == "off"
+        store.conn.raw().close()  # as a server restart would leave it
+        assert store.conn.raw().execute("SHOW jit").fetchone()[0] == "off"
+    finally:
+        store.close()

@@ -87,6 +87,15 @@ class PgConnection:
                 c = psycopg.connect(self.dsn, autocommit=True, **kw)
             except psycopg.Error as exc:
                 raise _storage(exc) from None
+            # no JIT compilation: ctxd's statements are short, and a cost estimate that
+            # passes jit_above_cost (a generate_series over many batches, a join the
+            # planner misjudges) would add milliseconds of compiling to a sub-millisecond
+            # read
+            try:
+                c.execute("SET jit = off")
+            except psycopg.Error as exc:
+                c.close()
+                raise _storage(exc) from None
             self._conn = c
             for hook in self.on_connect:
                 hook(c)
