@@ -7,7 +7,8 @@ typed row, newest first.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, fields
 from typing import Any
 
 import apsw
@@ -62,22 +63,15 @@ class CompactionRecord:
                    summ, err)
 
     def to_wire(self) -> dict[str, Any]:
-        return {
-            "compactionId": self.compaction_id,
-            "trigger": self.trigger,
-            "startedAt": self.started_at,
-            "durationMs": self.duration_ms,
-            "beforeMessages": self.before_messages,
-            "beforeTokens": self.before_tokens,
-            "afterMessages": self.after_messages,
-            "afterTokens": self.after_tokens,
-            "effective": self.effective,
-            "committed": self.committed,
-            "summarizedFrom": self.summarized_from,
-            "summarizedTo": self.summarized_to,
-            "summarizer": self.summarizer,
-            "error": self.error,
-        }
+        """The wire's camelCase names, in the fields' order."""
+        return {wire: getattr(self, name) for name, wire in _WIRE_NAMES}
+
+
+# (field, wire name) of a CompactionRecord: startedAt for started_at, and so on
+_WIRE_NAMES = [
+    (f.name, re.sub(r"_([a-z])", lambda m: m.group(1).upper(), f.name))
+    for f in fields(CompactionRecord)
+]
 
 
 _INSERT = (
