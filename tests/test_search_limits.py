@@ -54,6 +54,33 @@ def daemon_on(root: Path, name: str, **config: Any) -> DaemonProcess:
     return d.start()
 
 
+def _answered_while(slow: Any, other: Any, sid: str) -> tuple[dict[str, Any], int]:
+    """Run `slow()` on a thread while `other` asks context/status again and again: its
+    result (`{"reply": ...}`, checked for an error) and how many statuses were answered
+    before it finished."""
+    done = threading.Event()
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["reply"] = slow()
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            result["error"] = exc
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    answered_meanwhile = 0
+    while not done.is_set():
+        other.call("context/status", {"sessionId": sid})
+        if not done.is_set():
+            answered_meanwhile += 1
+    thread.join()
+    assert "error" not in result, result.get("error")
+    return result, answered_meanwhile
+
+
 def test_other_clients_are_served_while_a_broad_search_runs(
         big_archive: tuple[Path, str]) -> None:
     root, sid = big_archive
@@ -61,26 +88,9 @@ def test_other_clients_are_served_while_a_broad_search_runs(
     try:
         searcher = daemon.client("jsonrpc", timeout=300)
         other = daemon.client("websocket", timeout=300)
-        done = threading.Event()
-        result: dict[str, Any] = {}
-
-        def search() -> None:
-            try:
-                result["reply"] = searcher.call("archive/search", {"query": BROAD, "limit": 5})
-            except Exception as exc:  # noqa: BLE001 - reported by the assertion below
-                result["error"] = exc
-            finally:
-                done.set()
-
-        thread = threading.Thread(target=search)
-        thread.start()
-        answered_meanwhile = 0
-        while not done.is_set():
-            other.call("context/status", {"sessionId": sid})
-            if not done.is_set():
-                answered_meanwhile += 1
-        thread.join()
-        assert "error" not in result, result.get("error")
+        result, answered_meanwhile = _answered_while(
+            lambda: searcher.call("archive/search", {"query": BROAD, "limit": 5}), other, sid
+        )
         # the search really was broad: no message has every word, so it fell back
         assert result["reply"]["matched"] == "any"
         assert len(result["reply"]["hits"]) == 5
@@ -246,26 +256,9 @@ def test_other_clients_are_served_while_archive_sizes_are_counted(
     try:
         counter = daemon.client("jsonrpc", timeout=120)
         other = daemon.client("websocket", timeout=120)
-        done = threading.Event()
-        result: dict[str, Any] = {}
-
-        def count() -> None:
-            try:
-                result["reply"] = counter.call("context/compactions", {"sessionId": sid})
-            except Exception as exc:  # noqa: BLE001 - reported by the assertion below
-                result["error"] = exc
-            finally:
-                done.set()
-
-        thread = threading.Thread(target=count)
-        thread.start()
-        answered_meanwhile = 0
-        while not done.is_set():
-            other.call("context/status", {"sessionId": sid})
-            if not done.is_set():
-                answered_meanwhile += 1
-        thread.join()
-        assert "error" not in result, result.get("error")
+        result, answered_meanwhile = _answered_while(
+            lambda: counter.call("context/compactions", {"sessionId": sid}), other, sid
+        )
         rows = [r for r in result["reply"]["compactions"]
                 if r["compactionId"].startswith("cmp_sizes")]
         assert len(rows) == 3
