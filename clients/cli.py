@@ -13,12 +13,32 @@ from typing import Any
 from ctxd import __version__
 from ctxd.protocol.connection import connection_file_for, default_data_dir
 
+_DATA_DIR_HELP = "data directory (default: CTXD_DATA_DIR or the user data dir)"
+_CONNECTION_FILE_HELP = "the daemon's connection file"
+_CONFIG_HELP = "TOML configuration file"
+
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data-dir", type=Path, help="data directory (default: CTXD_DATA_DIR or "
-                   "the user data dir)")
-    p.add_argument("--connection-file", type=Path, help="the daemon's connection file")
-    p.add_argument("--config", type=Path, help="TOML configuration file")
+    # SUPPRESS: given only before the command (`ctxd --config c.toml status`), the value
+    # the main parser read stays; given after it, this one wins
+    p.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS, help=_DATA_DIR_HELP)
+    p.add_argument("--connection-file", type=Path, default=argparse.SUPPRESS,
+                   help=_CONNECTION_FILE_HELP)
+    p.add_argument("--config", type=Path, default=argparse.SUPPRESS, help=_CONFIG_HELP)
+
+
+def _global_options(parser: argparse.ArgumentParser) -> None:
+    """The options every command takes, accepted before the command too."""
+    parser.add_argument("--json", action="store_true", dest="json_first",
+                        help="machine-readable output for the commands that talk to the "
+                        "daemon (also accepted after the command)")
+    parser.add_argument("--data-dir", type=Path, default=None, help=_DATA_DIR_HELP)
+    parser.add_argument("--connection-file", type=Path, default=None,
+                        help=_CONNECTION_FILE_HELP)
+    parser.add_argument("--config", type=Path, default=None, help=_CONFIG_HELP)
+    parser.add_argument("--wire", choices=["zmq", "jsonrpc", "websocket"], default="zmq",
+                        help="how the commands that talk to the daemon reach it "
+                        "(default: zmq)")
 
 
 def _load(args: argparse.Namespace) -> Any:
@@ -106,9 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         "ctxd keeps an agent's full history in an append-only archive and serves the "
         "compacted model context to many clients at once."))
     parser.add_argument("--version", action="version", version=f"ctxd {__version__}")
-    parser.add_argument("--json", action="store_true", dest="json_first",
-                        help="machine-readable output for the commands that talk to the "
-                        "daemon (also accepted after the command)")
+    _global_options(parser)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="run the daemon in the foreground")

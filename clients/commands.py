@@ -47,7 +47,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
         p: argparse.ArgumentParser = parent.add_parser(name, help=help, description=help,
                                                        aliases=list(aliases))
         common(p)
-        p.add_argument("--wire", choices=["zmq", "jsonrpc", "websocket"], default="zmq",
+        p.add_argument("--wire", choices=["zmq", "jsonrpc", "websocket"],
+                       default=argparse.SUPPRESS,
                        help="how to reach the daemon (default: zmq)")
         p.add_argument("--json", action="store_true",
                        help="machine-readable output: one JSON document"
@@ -81,7 +82,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
 
     p = add("search", cmd_search, "full-text search of the archive: messages with all the "
             "words; when none has them all, those with some of them, marked as such")
-    p.add_argument("query", help="words to find (FTS5 syntax with --advanced)")
+    # words need no quotes: `ctxd search zebracorn deploy` is one query of two words
+    p.add_argument("query", nargs="+", help="words to find (FTS5 syntax with --advanced)")
     p.add_argument("--session", help="only this session")
     p.add_argument("--role", choices=["system", "user", "assistant", "tool"],
                    help="only messages of this role")

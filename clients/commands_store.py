@@ -128,7 +128,7 @@ def register(sub: Any, common: Common, load_config: Callable[[argparse.Namespace
                    help="the PostgreSQL database (the password: --password-env)")
     p.add_argument("--password-env", dest="password_env", default="",
                    help="the environment variable holding the password")
-    p.add_argument("--config", type=Path, help="TOML configuration file (for "
-                   "postgres.password_env)")
+    p.add_argument("--config", type=Path, default=argparse.SUPPRESS,
+                   help="TOML configuration file (for postgres.password_env)")
     p.add_argument("--json", action="store_true", help="print the counts as JSON")
     p.set_defaults(func=cmd_copy, data_dir=None, load_config=load_config)

@@ -188,7 +188,7 @@ def cmd_search(ctx: Context) -> int:
         extra["advanced"] = True
     if args.newest:
         extra["newestFirst"] = True
-    found = ctx.client.search(args.query, session_id=args.session, role=args.role,
+    found = ctx.client.search(" ".join(args.query), session_id=args.session, role=args.role,
                               limit=args.limit, **extra)
     hits, matched = found["hits"], found.get("matched", "all")
     out = ctx.out
