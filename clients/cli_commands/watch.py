@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import signal
 import sys
 import time
 from typing import Any
@@ -84,6 +85,10 @@ def cmd_watch(ctx: Context) -> int:
 
     out = ctx.out
     checked = time.monotonic()
+    # A background job of a non-interactive shell starts with SIGINT ignored, and Python
+    # then installs no handler of its own: without this, Ctrl-C or `kill -INT` would not
+    # stop the watch.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         ctx.client.on_notification(deliver)
         ctx.client.subscribe(sid)
