@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
+from ctxd import __version__
 from ctxd.clients.client import Client
 from ctxd.protocol.errors import CtxdError
 
@@ -218,7 +219,8 @@ def build_server(link: DaemonLink, choice: SessionChoice) -> Any:
                     mime_type="text/markdown",
                 ) for s in page["sessions"])]
 
-    server = CtxdMCPServer(SERVER_NAME, instructions=INSTRUCTIONS)
+    # the version tells a client which ctxd answers (it shows in `claude mcp list` and logs)
+    server = CtxdMCPServer(SERVER_NAME, instructions=INSTRUCTIONS, version=__version__)
 
     def context_text(sid: str) -> str:
         try:

@@ -167,6 +167,7 @@ class Daemon:
                 "zmq_pub": zmq_server.pub_endpoint,
                 "token": self.token,
                 "data_dir": str(cfg.data_dir),
+                "store": store_description(cfg),
                 "version": __version__,
             }
             write_connection_file(self.connection_file, self.info)
@@ -178,6 +179,7 @@ class Daemon:
             )
             print(
                 f"ctxd {__version__} serving {cfg.data_dir}\n"
+                f"  store:           {self.info['store']}\n"
                 f"  connection file: {self.connection_file}\n"
                 f"  json-rpc tcp:    {tcp.endpoint}\n"
                 f"  websocket:       {ws.endpoint}\n"
@@ -205,6 +207,19 @@ class Daemon:
                 conn_lock.release()
                 lock.release()
         return 0
+
+
+def store_description(cfg: Config) -> str:
+    """Where the archive lives, for people: the SQLite file, or the PostgreSQL database
+    (its dsn never holds a password: config refuses one)."""
+    if cfg.store == "postgres":
+        from psycopg.conninfo import conninfo_to_dict
+
+        params = conninfo_to_dict(cfg.postgres.dsn)
+        where = params.get("host") or "local socket"
+        port = f":{params['port']}" if params.get("port") else ""
+        return f"postgresql database {params.get('dbname') or '(default)'} on {where}{port}"
+    return f"sqlite {cfg.db_path}"
 
 
 def _open_postgres(cfg: Config, lock: PidLock) -> Engine:

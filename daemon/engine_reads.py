@@ -181,9 +181,14 @@ class ContextReads:
         self.check_session(session_id)
         if not isinstance(text, str) or not text.strip():
             raise InvalidParams("a pin needs non-empty text")
+        text = text.strip()
         try:
             with self.store.transaction():
-                pin = self.store.pins.add(new_id("pin"), session_id, text.strip())
+                # the same text pinned again is the same invariant: one pin, returned again
+                for pin in self.store.pins.list(session_id):
+                    if pin["text"] == text:
+                        return pin
+                pin = self.store.pins.add(new_id("pin"), session_id, text)
                 self.view.pins_changed(session_id)
                 self._refresh_summary_tokens(session_id)
         finally:

@@ -44,6 +44,8 @@ CONNECTION_KEY_DOCS: dict[str, str] = {
     "zmq_pub": "ZeroMQ endpoint of the PUB socket that publishes notifications.",
     "token": "Secret every client proves: in `initialize`, or in each ZeroMQ request.",
     "data_dir": "Data directory (the archive) this daemon serves.",
+    "store": "Where the archive lives, for people: `sqlite <file>` or `postgresql database "
+    "<name> on <host>`.",
     "version": "Version of the daemon.",
 }
 

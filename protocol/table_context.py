@@ -246,7 +246,8 @@ CONTEXT_METHODS: tuple[Method, ...] = (
             ),
         ),
         "`pin`: `pinId`, `text`, `createdAt`.",
-        "Pins a text to the context.",
+        "Pins a text to the context; a text the session has pinned already returns that "
+        "pin, unchanged.",
         (_E.SESSION_NOT_FOUND,),
         True,
         handler="engine.add_pin",

@@ -33,6 +33,7 @@ def cmd_status(ctx: Context) -> int:
             "pid": info.get("pid"),
             "version": info.get("version"),
             "dataDir": info.get("data_dir") or str(ctx.data_dir),
+            "store": info.get("store"),
             "connectionFile": str(ctx.connection_file),
             "endpoints": endpoints,
             "sessions": sessions,
@@ -41,6 +42,7 @@ def cmd_status(ctx: Context) -> int:
     out = ctx.out
     out.line(f"ctxd daemon {info.get('version', '?')} running, pid {info.get('pid', '?')}")
     rows = [
+        ("store", str(info.get("store") or "?")),
         ("data dir", str(info.get("data_dir") or ctx.data_dir)),
         ("connection file", str(ctx.connection_file)),
         *[(name.replace("_", " "), str(url)) for name, url in endpoints.items()],
