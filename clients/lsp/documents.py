@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+from ctxd.protocol.connection import UnsafePath, ensure_private_dir
 
 SCHEME = "ctxd"
 Kind = Literal["transcript", "context", "search"]
@@ -99,17 +103,40 @@ def parse_file(root: Path, path: Path) -> DocKey | None:
 def write_file(root: Path, key: DocKey, text: str) -> Path:
     """Write the document under `root` (atomically, read-only) unless unchanged."""
     path = root / key.file_name()
+    _private_dirs(root, path.parent)
     try:
         if path.read_text(encoding="utf-8") == text:
             return path
     except OSError:
         pass
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.chmod(0o400)  # a view of the archive: edits would be lost, so the editor warns
-    tmp.replace(path)
+    # A fresh name made with O_EXCL in a directory only we can write: nothing another
+    # user planted (a `.tmp` symlink to a victim file) is ever opened or chmod-ed.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o400)  # a view of the archive: edits would be lost, so the editor warns
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
     return path
+
+
+def _private_dirs(root: Path, leaf: Path) -> None:
+    """Create (0700) or check every directory from the cache root down to `leaf`: each one
+    ours alone, or `UnsafePath` says which one is not (another user's, or writable by
+    others, where a planted link or file could redirect a write)."""
+    ensure_private_dir(root, what="the language server's cache dir", tighten=False)
+    current = root
+    for part in leaf.relative_to(root).parts:
+        current = current / part
+        if current.is_symlink():
+            raise UnsafePath(f"the cache path {current} is a symbolic link; refusing to use it")
+        ensure_private_dir(current, what="the language server's cache dir", tighten=False)
 
 
 def _int(value: Any) -> int | None:
