@@ -441,3 +441,33 @@ def test_follow_survives_a_daemon_restart(tmp_path: Path) -> None:
                 except ProcessLookupError:
                     break
                 time.sleep(0.05)
+
+
+def _hostile_lines(base: dict[str, Any]) -> list[str]:
+    """A line nested past the JSON parser's recursion limit, a lone surrogate escape
+    (valid JSON no UTF-8 text can hold), then an ordinary line that must still arrive."""
+    deep = dict(base, uuid="deep", message={"role": "user", "content": "deep"})
+    nested = json.dumps(deep)[:-1] + ', "junk": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    lone = json.dumps(dict(base, uuid="lone", message={
+        "role": "user", "content": "lone \ud800 surrogate marker"}))
+    after = json.dumps(dict(base, uuid="after", message={
+        "role": "user", "content": "the line after the hostile ones"}))
+    return [nested, lone, after]
+
+
+def test_hostile_json_lines_are_skipped_or_repaired_and_the_run_goes_on(
+        daemon: DaemonProcess, client: Client, tmp_path: Path) -> None:
+    source = (CC_DIR / "-home-dev-shop" / "7f1c2a9e-4b1d-4c53-9a11-2f7a0c6e9b10.jsonl")
+    base = json.loads(source.read_text(encoding="utf-8").splitlines()[1])
+    folder = tmp_path / "hostile"
+    folder.mkdir()
+    (folder / "a-hostile.jsonl").write_text("\n".join(_hostile_lines(base)) + "\n")
+    # a later file of the same run must be imported too
+    shutil.copy(source, folder / "b-later.jsonl")
+    report = ctxd_import(daemon, "claude-code", str(folder), "--verbose")
+    assert report["files"] == 2
+    texts = [m["content"] for m in archive(client, "claude-code-a-hostile")]
+    assert texts == ["lone \ufffd surrogate marker", "the line after the hostile ones"]
+    assert archive(client, "claude-code-b-later")
+    assert [d for d in report["details"] if "a-hostile.jsonl" in d] == [
+        f"{folder / 'a-hostile.jsonl'}:1: corrupt JSON: nested too deeply"]

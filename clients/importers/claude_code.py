@@ -36,6 +36,7 @@ from ctxd.clients.importers.common import (
     cut_text,
     image_reference,
     iso_to_unix,
+    parse_line,
     safe_id,
 )
 
@@ -282,7 +283,7 @@ def _opens_as_subagent(path: Path) -> bool:
     """A file whose first line is a subagent's is a subagent transcript, however named."""
     try:
         with open(path, "rb") as f:
-            first = json.loads(f.readline(1 << 20) or b"{}")
+            first = parse_line(f.readline(1 << 20) or b"{}")
     except (OSError, ValueError):
         return False
     return isinstance(first, dict) and bool(first.get("isSidechain") and first.get("agentId"))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -169,6 +170,39 @@ def iso_to_unix(value: Any) -> float | None:
         return None
 
 
+_LONE_SURROGATE_HINT = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+class BadLine(ValueError):
+    """A transcript line that is valid JSON for no purpose of ours (nested past any real
+    transcript's depth): skipped like a corrupt one."""
+
+
+def parse_line(raw: bytes) -> Any:
+    """One transcript line as JSON. Nesting past the parser's recursion limit is a
+    `BadLine`, not a crash; a lone surrogate escape (`"\\ud800"`, valid JSON that no
+    UTF-8 text can hold) becomes U+FFFD, so the message can still be stored and sent."""
+    try:
+        obj = json.loads(raw)
+    except RecursionError:
+        raise BadLine("nested too deeply") from None
+    if _LONE_SURROGATE_HINT.search(raw):
+        obj = _without_lone_surrogates(obj)
+    return obj
+
+
+def _without_lone_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        # json.loads joins a valid pair into one character: what is left is lone
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, list):
+        return [_without_lone_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {_without_lone_surrogates(k): _without_lone_surrogates(v)
+                for k, v in value.items()}
+    return value
+
+
 def iter_lines(path: Path, start: int) -> Iterator[tuple[int, bytes]]:
     """(end offset, line) of each complete line from `start`. A last line without its
     newline is returned only when it parses: a writer may be in the middle of it."""
@@ -179,7 +213,7 @@ def iter_lines(path: Path, start: int) -> Iterator[tuple[int, bytes]]:
             pos += len(raw)
             if not raw.endswith(b"\n"):
                 try:
-                    json.loads(raw)
+                    parse_line(raw)
                 except ValueError:
                     return
             yield pos, raw
@@ -349,7 +383,7 @@ class FileImporter:
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw)
+                obj = parse_line(raw)
                 if not isinstance(obj, dict):
                     raise Skip("not an object", unmappable=True)
                 emits = self.mapper.map_line(obj, line_no)
