@@ -212,7 +212,10 @@ def present(it: Item, text: str, ntext: str) -> bool:
     return any(k in text or k.replace("\\", "/") in text for k in keys)
 
 
-async def replay(t: Transcript, policy_name: str, policy: CompactionPolicy, root: Path) -> Replay:
+async def replay(t: Transcript, policy_name: str, policy: CompactionPolicy, root: Path,
+                 at_end: Callable[[Engine, str], None] | None = None) -> Replay:
+    """`at_end(engine, session_id)` looks at the replayed session before the engine
+    closes."""
     r = Replay(t.name, policy_name, messages=len(t.messages))
     msgs = t.messages
     r.source = norm(model_input_text(msgs))
@@ -245,6 +248,8 @@ async def replay(t: Transcript, policy_name: str, policy: CompactionPolicy, root
                 raise checker.failure
         checker.finish()
         r.attempts = attempts(engine, sid, checker.begins)
+        if at_end is not None:
+            at_end(engine, sid)
     finally:
         r.seconds = time.perf_counter() - started
         engine.close()
