@@ -239,3 +239,32 @@ def render(replays: list[Replay], skipped: list[str]) -> str:
         out += ["### Transcripts skipped, importer notes", ""]
         out += [f"- skipped: {s}" for s in skipped] + [f"- {n}" for n in notes] + [""]
     return "\n".join(out)
+
+
+def totals(replays: list[Replay]) -> str:
+    """The totals of each table, one row per policy (for bench/retention.py's report)."""
+    groups = _groups(replays)
+    out = [
+        "### Real conversations",
+        "",
+        f"{len({r.transcript for r in replays})} public Claude Code and Codex transcripts "
+        "(bench/data/transcripts) replayed turn by turn through runs with auto-compaction "
+        "by `bench/retention_real.py`; totals per policy here, per transcript and the "
+        "superseded sample in `bench/results/retention_real.md`.",
+        "",
+    ]
+    sections = (
+        (["policy", "messages", "turns", "compactions", "attempts", "refused",
+          "grew the input", "summary / replaced tokens, median (range)",
+          "replaced tokens, median", "s / attempt"], _compaction_row),
+        (["policy", "rules", "1 compaction after leaving the tail", "3 after",
+          "at the end, 5+ after", "preamble lines at the end"], _rules_row),
+        (["policy", "files", "1 after", "2 after", "at the end, 3+ after", "tool ids",
+          "within 3 compactions"], _files_row),
+        (["policy", "items", "constraint items", "constraint items with no rule",
+          "superseded-marked", "of which no correction (automatic)", "boilerplate items",
+          "boilerplate Goals items"], _summary_row),
+    )
+    for head, row in sections:
+        out += _table(head, [row(policy, rs) for policy, rs in groups.items()]) + [""]
+    return "\n".join(out)
