@@ -309,7 +309,13 @@ async def measure(paths: list[Path], say: Callable[[str], None]) -> tuple[list[R
                 skipped.append(f"{t.name}: only {len(t.messages)} messages imported")
                 continue
             for p, (name, policy) in enumerate(policies().items()):
-                r = await replay(t, name, policy, root / f"replay-{n}-{p}")
+                try:
+                    r = await replay(t, name, policy, root / f"replay-{n}-{p}")
+                except Exception as exc:  # reported; the other transcripts still run
+                    skipped.append(f"{t.name} [{name}]: the replay failed: "
+                                   f"{type(exc).__name__}: {exc}")
+                    say(skipped[-1])
+                    continue
                 r.notes = [f"{t.name}: {note}" for note in t.notes]
                 say(f"{t.name} [{name}]: {r.messages} messages, {r.turns} turns, "
                     f"{r.compactions} compactions, {r.seconds:.1f} s")

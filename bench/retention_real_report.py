@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from bench.retention_real import Replay
 
 SAMPLE = 30
+SMALL_SPAN = 5_000  # replaced tokens: a span this small is where a fixed-size summary hurts
 
 
 def _pct(hits: int, n: int) -> str:
@@ -73,6 +74,8 @@ def _compaction_row(name: str, rs: list[Replay]) -> list[str]:
     ratio = (f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})"
              if ratios else "—")
     spans = [a.replaced for a in attempts]
+    small = [a.summary / a.replaced for a in attempts if 0 < a.replaced < SMALL_SPAN]
+    small_cell = f"{statistics.median(small):.2f} ({len(small)})" if small else "— (0)"
     return [
         name,
         str(sum(r.messages for r in rs)),
@@ -83,6 +86,7 @@ def _compaction_row(name: str, rs: list[Replay]) -> list[str]:
         str(grew),
         ratio,
         f"{statistics.median(spans):,.0f}" if spans else "—",
+        small_cell,
         f"{statistics.mean(ms) / 1000:.2f}" if ms else "—",
     ]
 
@@ -196,7 +200,7 @@ def render(replays: list[Replay], skipped: list[str]) -> str:
         "Compactions",
         ["transcript", "messages", "turns", "compactions", "attempts", "refused",
          "grew the input", "summary / replaced tokens, median (range)",
-         "replaced tokens, median", "s / attempt"],
+         "replaced tokens, median", "ratio when under 5k replaced (n)", "s / attempt"],
         _compaction_row, replays)
     out += [
         "An attempt *grew the input* when its proposed model input had at least as many "
@@ -256,7 +260,8 @@ def totals(replays: list[Replay]) -> str:
     sections = (
         (["policy", "messages", "turns", "compactions", "attempts", "refused",
           "grew the input", "summary / replaced tokens, median (range)",
-          "replaced tokens, median", "s / attempt"], _compaction_row),
+          "replaced tokens, median", "ratio when under 5k replaced (n)", "s / attempt"],
+         _compaction_row),
         (["policy", "rules", "1 compaction after leaving the tail", "3 after",
           "at the end, 5+ after", "preamble lines at the end"], _rules_row),
         (["policy", "files", "1 after", "2 after", "at the end, 3+ after", "tool ids",
