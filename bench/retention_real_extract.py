@@ -315,7 +315,7 @@ BOILERPLATE = re.compile(
 SUPERSEDED = re.compile(r"\[superseded\]|\(was |\(原为|\s→\s")
 CORRECTION = SUPERSEDED
 # sections where " → " is a call and its result, not an old and a new value
-_ARROW_IS_RESULT = ("tool activity",)
+_ARROW_IS_RESULT = ("tool", "artifact", "file")
 
 
 def marks_superseded(line: SummaryLine, source: str = "") -> bool:
@@ -352,6 +352,20 @@ def summary_lines(summary_message: str) -> list[SummaryLine]:
             text = MARKS.sub("", POINTER.sub("", line[2:]).strip())
             out.append(SummaryLine(section, line, text))
     return out
+
+
+def in_section(ln: SummaryLine, key: str) -> bool:
+    """The line is in the summary section `key` (goals, constraints...): by the title
+    the measured ctxd gives that section, or by the title's first word."""
+    try:
+        from ctxd.daemon.summary import SECTIONS
+
+        title = SECTIONS.get(key)
+    except ImportError:  # a ctxd that names them elsewhere
+        title = None
+    if title is not None and ln.section == title:
+        return True
+    return ln.section.lower().startswith(key)
 
 
 def superseded_parts(line: SummaryLine, same_section: list[SummaryLine]) -> tuple[str, str]:

@@ -13,6 +13,7 @@ from bench.retention_real_extract import (
     DEONTIC,
     Item,
     SummaryLine,
+    in_section,
     marks_superseded,
     not_a_correction,
     superseded_parts,
@@ -122,9 +123,9 @@ def _files_row(name: str, rs: list[Replay]) -> list[str]:
 
 def _summary_row(name: str, rs: list[Replay]) -> list[str]:
     lines = [ln for r in rs for ln, _ in r.lines.values()]
-    cons = [ln for ln in lines if ln.section.lower().startswith("constraints")]
+    cons = [ln for ln in lines if in_section(ln, "constraints")]
     no_rule = [ln for ln in cons if not DEONTIC.search(ln.text) and not CORRECTION.search(ln.raw)]
-    goals = [ln for ln in lines if ln.section.lower().startswith("goals")]
+    goals = [ln for ln in lines if in_section(ln, "goals")]
     sup = [(ln, sec) for r in rs for ln, sec in r.lines.values() if marks_superseded(ln, r.source)]
     auto_no = sum(not_a_correction(*_parts(r, ln, sec)) is not None
                   for r in rs for ln, sec in r.lines.values()

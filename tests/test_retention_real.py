@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from bench.retention_real import Replay, replay
-from bench.retention_real_extract import BOILERPLATE, load
+from bench.retention_real_extract import BOILERPLATE, in_section, load
 from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.engine import Engine
 
@@ -94,7 +94,7 @@ def test_goals_hold_no_transcript_markup_target_of_issue_19(seen: Seen) -> None:
     """Transcript markup (task notifications, continuation preambles, command tags...)
     stays in the archive only. At main 220cd79 this fails: task notifications of this
     transcript become Goals items; the summarizer work of issue 19 is to fix it."""
-    goals = [ln for ln, _ in seen.replay.lines.values() if ln.section.lower().startswith("goals")]
+    goals = [ln for ln, _ in seen.replay.lines.values() if in_section(ln, "goals")]
     assert goals, "the summaries had goals"
     markup = [ln.raw for ln in goals if BOILERPLATE.search(ln.text)]
     assert not markup, f"{len(markup)} of {len(goals)} Goals items are markup: {markup[:3]}"
