@@ -218,7 +218,8 @@ def _command(args: Any, raw: str) -> str:
 
 def _looks_like_path(p: str) -> bool:
     p = p.strip("'\"")
-    return (("/" in p or "\\" in p or "." in p) and not p.startswith(("$", "&", "-"))
+    return (("/" in p or "\\" in p or "." in p) and bool(re.search(r"\w", p))
+            and not p.startswith(("$", "&", "-"))
             and p.lower() not in ("/dev/null", "nul", "$null") and len(p) < 300)
 
 
