@@ -19,7 +19,8 @@ each session plant nothing, so normally that is every fact).
 
 The report ends with the kinds-of-facts measures of `bench/retention_kinds.py` (latest
 value wins, hedges kept, the agent's own files and tool ids, pointer share, summary
-size), before (bench/results/retention-kinds-before.md) and at this revision.
+size), before (bench/results/retention-kinds-before.md) and at this revision, then the
+totals of `bench/retention_real.py`: real public transcripts replayed through runs.
 
     python bench/retention.py            # small: a few sessions per language
     python bench/retention.py --full     # more and longer sessions
@@ -57,7 +58,7 @@ from ctxd.protocol.errors import CtxdError
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import retention_kinds  # noqa: E402
+from bench import retention_kinds, retention_real, retention_real_report  # noqa: E402
 from bench.retention_facts import (  # noqa: E402
     FULL,
     KIND_LABELS,
@@ -421,9 +422,13 @@ async def main_async(args: argparse.Namespace) -> str:
                 print(block.render(), flush=True)
         kinds = await retention_kinds.measure(args.kinds_sessions, args.seed)
         print(kinds[1], flush=True)
+        real = retention_real_report.totals(
+            (await retention_real.measure(sorted(retention_real.DATA.glob("*/*.jsonl")),
+                                          lambda s: None))[0])
+        print(real, flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return report(blocks, notes, sizes, args.seed) + kinds_section(kinds)
+    return report(blocks, notes, sizes, args.seed) + kinds_section(kinds) + "\n" + real
 
 
 def kinds_section(after: tuple[str, str]) -> str:
