@@ -32,6 +32,13 @@ def clean(text: str) -> str:
     return _UNSAFE.sub(_escape, text)
 
 
+def clean_field(text: str) -> str:
+    """`text` for a one-line field (an id, a title, a table cell): `clean`, and a newline,
+    carriage return or tab shown as `\\n`, `\\r`, `\\t`, so an id cannot break a row
+    into two or pass for another line of output."""
+    return clean(text).replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+
+
 def clean_json(text: str) -> str:
     """JSON text with DEL, C1 controls and bidi controls escaped as `\\uXXXX`: the same
     JSON value, harmless on a terminal."""

@@ -141,3 +141,18 @@ def test_mcp_server_info_names_its_version(daemon: DaemonProcess, tmp_path: Path
             return result.server_info.version
 
     assert anyio.run(main) == __version__
+
+
+def test_a_newline_in_a_session_id_is_shown_not_obeyed(daemon: DaemonProcess) -> None:
+    with daemon.client() as c:
+        sid = c.create_session("two\nlines\tid", title="t")["sessionId"]
+        c.append(sid, [{"role": "user", "content": "quillwort marker"}])
+    listed = ctxd(daemon, "sessions", "--connection-file", str(daemon.connection_file))
+    assert listed.returncode == 0, listed.stderr
+    row = [line for line in listed.stdout.splitlines() if "two" in line]
+    assert len(row) == 1 and row[0].startswith("two\\nlines\\tid ")
+    found = ctxd(daemon, "search", "quillwort", "--connection-file",
+                 str(daemon.connection_file))
+    assert found.returncode == 0, found.stderr
+    head = found.stdout.splitlines()[0]
+    assert "two\\nlines\\tid" in head and "lines" not in found.stdout.splitlines()[1]

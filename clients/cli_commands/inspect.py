@@ -20,6 +20,7 @@ from ctxd.clients.cli_commands.output import (
     when,
 )
 from ctxd.clients.cli_commands.running import Context, archive_pages
+from ctxd.clients.cli_text import clean_field
 
 SIDE_BY_SIDE_MIN_WIDTH = 120
 
@@ -202,7 +203,8 @@ def cmd_search(ctx: Context) -> int:
         out.line("no message has all the words; these have some of them (best first):")
     for hit in hits:
         where = "in context" if hit.get("inActiveContext") else "archive only"
-        out.line(f"#{hit['messageId']}  {hit['sessionId']}  {hit.get('role', '?')}  "
+        sid = clean_field(hit["sessionId"])
+        out.line(f"#{hit['messageId']}  {sid}  {hit.get('role', '?')}  "
                  f"{when(hit.get('createdAt'))}  [{where}]")
         snippet = one_line(hit.get("snippet") or "")  # cleaned: the bold is ours alone
         if out.bold:

@@ -13,7 +13,7 @@ import time
 import unicodedata
 from typing import IO, TYPE_CHECKING, Any
 
-from ctxd.clients.cli_text import clean, clean_json
+from ctxd.clients.cli_text import clean, clean_field, clean_json
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -126,7 +126,7 @@ def table(out: Output, headers: list[str], rows: list[list[str]], flex: int) -> 
     from rich.table import Table
     from rich.text import Text
 
-    cells = [[clean(c) for c in r] for r in rows]
+    cells = [[clean_field(c) for c in r] for r in rows]
     widths = [max([cell_len(h)] + [cell_len(r[i]) for r in cells]) for i, h in
               enumerate(headers)]
     if out.tty:
