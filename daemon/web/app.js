@@ -42,9 +42,11 @@ function setConn(state, detail) {
   const text = {
     connecting: "connecting…", live: "● live", reconnecting: "reconnecting…",
     offline: "daemon unreachable, retrying…", error: `error: ${detail}`,
+    moved: "daemon unreachable: if it restarted, run `ctxd ui` again (retrying…)",
     loggedOut: "logged out: run `ctxd ui` for a new link",
   }[state];
   el.textContent = text;
+  el.title = state === "loggedOut" && detail ? detail : "";
   el.className = `conn ${state}`;
   document.body.dataset.conn = state;
   updateGates();
