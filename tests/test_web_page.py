@@ -11,6 +11,7 @@ the HTTP side are in test_web_access.py.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -34,7 +35,10 @@ from web_helpers import (  # noqa: F401  (fixtures)
 
 from ctxd.protocol.errors import CtxdError, ErrorCode
 
-SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "ui.png"
+# the README's picture: written only on purpose (CTXD_UPDATE_SCREENSHOT=1), so running
+# the tests leaves a clean checkout clean
+README_SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "ui.png"
+UPDATE_SCREENSHOT = os.environ.get("CTXD_UPDATE_SCREENSHOT") == "1"
 
 
 def numbers(page: Page) -> dict[str, str]:
@@ -126,8 +130,11 @@ def test_compact_from_the_page_shrinks_numbers_and_pointers_jump(
 
 
 def test_screenshot_of_a_working_session(daemon: DaemonProcess, client: Any,
-                                         context: BrowserContext) -> None:
-    """The README's picture: a session mid-run, compacted once, a tool call awaiting approval."""
+                                         context: BrowserContext, tmp_path: Path) -> None:
+    """The README's picture: a session mid-run, compacted once, a tool call awaiting approval.
+    `CTXD_UPDATE_SCREENSHOT=1 pytest tests/test_web_page.py -k screenshot` updates
+    docs/ui.png; otherwise the picture goes to a temporary directory."""
+    shot = README_SCREENSHOT if UPDATE_SCREENSHOT else tmp_path / "ui.png"
     sid = client.call("session/create", {"title": "Refactor the payment service (支付服务)"})[
         "sessionId"]
     client.call("context/pins/add", {"sessionId": sid,
@@ -161,8 +168,8 @@ def test_screenshot_of_a_working_session(daemon: DaemonProcess, client: Any,
     page.wait_for_selector("#history-box table.history tbody tr")
     page.evaluate("() => window.ctxd.transcript.scrollToBottom()")
     page.wait_for_timeout(200)
-    page.screenshot(path=str(SCREENSHOT))
-    assert SCREENSHOT.stat().st_size > 50_000
+    page.screenshot(path=str(shot))
+    assert shot.stat().st_size > 50_000
     assert page.is_disabled("#compact-button")
     client.call("run/finish", {"runId": run, "outcome": "cancelled"})
 
