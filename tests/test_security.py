@@ -507,7 +507,7 @@ def test_foreign_origins_are_refused_at_the_handshake(env: Env) -> None:
                 assert "result" not in reply
             finally:
                 conn.close()
-        note("own Origin without a page login: -32001 before initialize")
+            note("own Origin, no page login: -32001")
     for origin in (None,):
         conn = Ws(env, origin)
         try:

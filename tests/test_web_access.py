@@ -191,6 +191,8 @@ def test_a_cookie_sent_to_another_port_gets_nothing(daemon: DaemonProcess, clien
         server.shutdown()
         server.server_close()
     ctx.close()
+    # the logged-in browser gave the other port no credential of the daemon's
+    assert not any(f"ctxd_page_{port}" in c for c in _ForeignSite.cookies), _ForeignSite.cookies
     # whatever reached the other port, plus a cookie of the old form, replayed
     harvested = "; ".join(_ForeignSite.cookies + [f"ctxd_page_{port}=abc.def"])
     listing = {"method": "session/list", "params": {}}
