@@ -408,6 +408,9 @@ def test_compaction_progress_shows_in_every_tab(tmp_path: Path, browser: Browser
                         "A compaction is running.")
                 expect(tab1.locator("#compact-result")).to_have_class("ok", timeout=2 * WAIT_MS)
                 assert "Effective" in tab1.inner_text("#compact-result")
+                # the other tab only saw the progress: it says how it ended, not "Compacting"
+                expect(tab2.locator("#compact-result")).to_have_text(
+                    "Compaction finished: effective.")
                 for tab in (tab1, tab2):
                     expect(tab.locator("#compact-progress")).to_be_hidden()
                     expect(tab.locator("#compact-button")).to_be_enabled()
@@ -426,6 +429,31 @@ def test_compaction_progress_shows_in_every_tab(tmp_path: Path, browser: Browser
         finally:
             ctx.close()
             d.stop()
+
+
+def test_a_long_tail_keeps_its_rows_readable(daemon: DaemonProcess, client: Any,
+                                             context: BrowserContext) -> None:
+    sid = new_session(client, "long tail")
+    client.call("messages/append", {"sessionId": sid, "messages": [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"tail line {i}"}
+        for i in range(40)]})
+    page = open_session(context, daemon, sid)
+    expect(page.locator("#tail-box .tail-row")).to_have_count(40)
+    # each row as tall as its text, below the one before it; the list scrolls instead
+    got = page.eval_on_selector("#tail-box .tail-list", """list => {
+      const rows = [...list.querySelectorAll('.tail-row')].map((r) => {
+        const box = r.getBoundingClientRect();
+        const text = r.querySelector('.preview').getBoundingClientRect();
+        return {top: box.top, bottom: box.bottom, height: box.height, text: text.height};
+      });
+      return {rows, scrolls: list.scrollHeight > list.clientHeight + 1};
+    }""")
+    rows = got["rows"]
+    assert got["scrolls"]
+    for row in rows:
+        assert row["text"] > 0 and row["height"] >= row["text"], row
+    for above, below in zip(rows, rows[1:], strict=False):
+        assert below["top"] >= above["bottom"] - 0.5, (above, below)
 
 
 def test_reading_back_keeps_a_bounded_window(daemon: DaemonProcess, client: Any,
