@@ -42,6 +42,7 @@ from ctxd.daemon.servers.page_keys import PageKeys
 from ctxd.protocol.webpage import LOGIN_TTL, new_login_secret
 
 UNAUTHORIZED = -32001
+INVALID_PARAMS = -32602
 
 
 class _ForeignSite(http.server.BaseHTTPRequestHandler):
@@ -309,6 +310,14 @@ def test_login_secrets_are_single_use_short_lived_and_for_the_page_only(
         "not minted with this daemon's token": new_login_secret("another daemon's token"),
         "not a login secret": "x" * 80,
     }
+    # odd strings: refused (-32602 for text that is not valid Unicode), the daemon serving on
+    for odd in ("", "..", "\ud800", f"{int(time.time()) + 60}.\ud800.x", "１２３.a.b",
+                "²³.a.b", "9" * 13 + ".a.b", "1.a.b.c"):
+        reply = _page_login(port, odd)
+        assert reply["error"]["code"] in (UNAUTHORIZED, INVALID_PARAMS), (odd, reply)
+        got = _ws_first(port, {"method": "initialize", "params": {"pageKey": odd}},
+                        origin=f"http://127.0.0.1:{port}")
+        assert got[0]["error"]["code"] in (UNAUTHORIZED, INVALID_PARAMS), (odd, got)
     for why, bad in refused.items():
         reply = _page_login(port, bad)
         assert reply["error"]["code"] == UNAUTHORIZED and why in reply["error"]["message"], reply

@@ -371,6 +371,7 @@ function progress(p) {
   const out = $("#compact-result");
   const v = p.value || {};
   if (v.kind === "end") {
+    if (ended.size > 100) ended.clear();
     ended.add(p.token);
     bar.hidden = true;
     S.compacting = false;
