@@ -27,6 +27,8 @@ from ctxd.protocol.connection import default_runtime_dir, ensure_private_dir
 from ctxd.protocol.errors import CtxdError
 from ctxd.protocol.webpage import LOGIN_TTL, new_login_secret, page_url, redirect_page
 
+__all__ = ["register", "write_redirect_file"]
+
 # redirect files older than this are removed by the next `ctxd ui` (their secret expired
 # long before; a slow browser still had ample time to read them)
 _REDIRECT_KEEP = 10 * LOGIN_TTL
@@ -61,8 +63,6 @@ def write_redirect_file(url: str) -> Path:
         os.fchmod(f.fileno(), 0o600)
         f.write(redirect_page(url))
     return path
-
-__all__ = ["register"]
 
 
 def cmd_ui(args: argparse.Namespace) -> int:

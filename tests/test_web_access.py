@@ -280,6 +280,24 @@ def test_ctxd_ui_hands_the_browser_a_private_file_that_logs_in_once(
     assert reply["error"]["code"] == UNAUTHORIZED and "used already" in reply["error"]["message"]
 
 
+def test_ctxd_ui_writes_no_login_into_a_shared_runtime_dir(daemon: DaemonProcess,
+                                                           tmp_path: Path) -> None:
+    # the connection file stays where it is (private); the runtime dir, where the
+    # redirect file would go, is one other users may write to
+    argv_file, env = _browser_script(tmp_path)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    cmd = [sys.executable, "-m", "ctxd.clients.cli", "ui",
+           "--connection-file", str(daemon.connection_file)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                         env={**daemon.env, **env, "CTXD_RUNTIME_DIR": str(shared)})
+    assert out.returncode == 1 and "runtime dir" in out.stderr, out
+    assert "writable by other users" in out.stderr
+    assert out.stdout == "" and not argv_file.exists() and list(shared.iterdir()) == []
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o777  # refused, not taken over
+
+
 def test_ctxd_ui_no_browser_prints_a_one_time_address(daemon: DaemonProcess) -> None:
     cmd = [sys.executable, "-m", "ctxd.clients.cli", "ui", "--no-browser",
            "--connection-file", str(daemon.connection_file)]
