@@ -40,7 +40,7 @@ from bench.workload import turns
 from ctxd.clients.client import Client
 from ctxd.daemon.config import Config
 from ctxd.daemon.engine import Engine
-from ctxd.protocol.webpage import page_url
+from ctxd.protocol.webpage import new_login_secret, page_url
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CHROMIUM = "/usr/bin/chromium"
@@ -160,12 +160,14 @@ def main(argv: list[str] | None = None) -> int:
         sid, built = build(root / "data-ctxd", args.messages)
         proc, info = start_daemon(root)
         try:
-            url = page_url(info["http"], info["token"], sid)
+            def url() -> str:  # each browser context logs in once, with its own login
+                return page_url(info["http"], new_login_secret(info["token"]), sid)
+
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-                first_paint(browser, url)  # warm the OS caches and the daemon's counters
-                paints = [first_paint(browser, url) for _ in range(args.runs)]
-                rows = scroll_back(browser, url, args.back, args.budget)
+                first_paint(browser, url())  # warm the OS caches and the daemon's counters
+                paints = [first_paint(browser, url()) for _ in range(args.runs)]
+                rows = scroll_back(browser, url(), args.back, args.budget)
                 browser.close()
             server = daemon_side(info, sid, 20)
         finally:

@@ -146,7 +146,8 @@ TRIED: dict[str, str] = {
         "Connects to every endpoint via this machine's non-loopback addresses",
     "test_foreign_origins_are_refused_at_the_handshake":
         "WebSocket handshakes with foreign Origins (other host, `null`, other port, https, "
-        "look-alike host, file://), the daemon's own Origins and none",
+        "look-alike host, file://), the daemon's own Origins (then session/list, an empty "
+        "token, a made-up page key, a forged login first) and none",
     "test_plain_http_requests_get_nothing":
         "Plain HTTP GET, OPTIONS (CORS preflight) and POST to the WebSocket and JSON-RPC "
         "TCP ports",

@@ -1,23 +1,68 @@
-"""`ctxd ui [SESSION]`: print the web page's address, logged in, and open it in a browser.
+"""`ctxd ui [SESSION]`: open the web page in a browser, logged in once.
 
-The URL carries the page's login token (derived from the connection file's secret, see
-`ctxd.protocol.webpage`); the page trades it for a cookie and drops it from the address
-bar. Anyone who can read the connection file can open the page, as with a Jupyter server.
+The address carries a one-time login secret (minted from the connection file's token,
+see `ctxd.protocol.webpage`): it logs in one page, once, within two minutes, and the
+page keeps a key of its own. The address never goes on the browser's command line, where
+any local user reads it (`/proc/PID/cmdline`): like a Jupyter server, `ctxd ui` writes it
+into a redirect file only its user can read (0600, in the private runtime dir) and hands
+the browser that file's path. `--no-browser` prints the address instead. Anyone who can
+read the connection file can open the page.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
+import stat
 import sys
+import time
 import webbrowser
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ctxd.clients.client import Client, DaemonNotRunning, find_daemon
+from ctxd.protocol.connection import default_runtime_dir, ensure_private_dir
 from ctxd.protocol.errors import CtxdError
-from ctxd.protocol.webpage import page_url
+from ctxd.protocol.webpage import LOGIN_TTL, new_login_secret, page_url, redirect_page
 
-__all__ = ["register"]
+__all__ = ["register", "write_redirect_file"]
+
+# redirect files older than this are removed by the next `ctxd ui` (their secret expired
+# long before; a slow browser still had ample time to read them)
+_REDIRECT_KEEP = 10 * LOGIN_TTL
+_ONCE = f"it logs in once, within {LOGIN_TTL // 60} minutes; run `ctxd ui` again for another"
+
+
+def _remove_stale_redirects(run_dir: Path) -> None:
+    now = time.time()
+    for entry in run_dir.glob("ui-*.html"):
+        try:
+            st = entry.lstat()
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and (
+                now - st.st_mtime > _REDIRECT_KEEP
+            ):
+                entry.unlink()
+        except OSError:
+            continue
+
+
+def write_redirect_file(url: str) -> Path:
+    """A new file (0600, in the 0700 runtime dir) whose page sends the browser to `url`.
+
+    Created with O_EXCL and O_NOFOLLOW under a random name: nothing planted there
+    beforehand (a file, a symlink) is written through or reused.
+    """
+    run_dir = ensure_private_dir(default_runtime_dir(), what="runtime dir")
+    _remove_stale_redirects(run_dir)
+    path = run_dir / f"ui-{secrets.token_hex(8)}.html"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(redirect_page(url))
+    return path
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
@@ -49,15 +94,28 @@ def cmd_ui(args: argparse.Namespace) -> int:
         except (ConnectionError, TimeoutError) as exc:
             print(f"ctxd: {exc}", file=sys.stderr)
             return 1
-    url = page_url(http, info["token"], args.session)
-    print(url, flush=True)
-    if not args.no_browser:
-        try:
-            opened = webbrowser.open(url)
-        except webbrowser.Error:
-            opened = False
-        if not opened:
-            print("ctxd: no browser found; open the address above", file=sys.stderr)
+    url = page_url(http, new_login_secret(info["token"]), args.session)
+    if args.no_browser:
+        print(url, flush=True)
+        print(f"ctxd: open this address in a browser: {_ONCE}", file=sys.stderr)
+        return 0
+    try:
+        redirect = write_redirect_file(url)
+    except OSError as exc:
+        print(f"ctxd: cannot write the page's login file: {exc}", file=sys.stderr)
+        return 1
+    file_url = redirect.as_uri()
+    print(file_url, flush=True)
+    try:
+        opened = webbrowser.open(file_url)
+    except webbrowser.Error:
+        opened = False
+    if not opened:
+        print(
+            f"ctxd: no browser found; open the file above in one ({_ONCE}), "
+            "or use `ctxd ui --no-browser` for an address",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -65,9 +123,13 @@ def register(
     sub: Any, common: Callable[[argparse.ArgumentParser], None]
 ) -> None:
     """Add `ctxd ui` to the `ctxd` parser."""
-    help_text = "print the web page's address (logged in) and open it in the default browser"
+    help_text = "open the web page in the default browser, logged in once"
     p = sub.add_parser("ui", help=help_text, description=help_text)
     common(p)
     p.add_argument("session", nargs="?", help="open this session (default: the session list)")
-    p.add_argument("--no-browser", action="store_true", help="only print the address")
+    p.add_argument(
+        "--no-browser",
+        action="store_true",
+        help="print a one-time login address instead (it logs in once, within 2 minutes)",
+    )
     p.set_defaults(func=cmd_ui)

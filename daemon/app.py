@@ -145,7 +145,7 @@ class Daemon:
             ws = await start_websocket_server(
                 dispatcher, hub, cfg.host, port + 1 if port else 0, **wire_limits
             )
-            ws.pages = PageServer(self.token, ws.port, cfg.host)
+            ws.pages = PageServer(ws.port, cfg.host)
             http = page_base_url(cfg.host, ws.port)
             router, pub = self._zmq_endpoints()
             zmq_server = ZmqServer(

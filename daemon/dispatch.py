@@ -24,6 +24,7 @@ from ctxd.daemon.messages import PreparedBatch, text_size
 from ctxd.daemon.offload import READS, LargeWrites
 from ctxd.daemon.scheduler import Scheduler
 from ctxd.daemon.servers.base import Connection, EventHub
+from ctxd.daemon.servers.page_keys import PageKeys
 from ctxd.protocol import auth
 from ctxd.protocol.errors import SearchTooBroad, Unauthorized
 from ctxd.protocol.large import JSON_WIRES, MSGPACK_WIRES, encode_sliced
@@ -93,6 +94,8 @@ class Dispatcher:
         self.engine = engine
         self.hub = hub
         self.token = token
+        # the web page's one-time logins and keys (it never holds the token)
+        self.page_keys = PageKeys(token)
         # the rules of what follows from what (auto-compaction, runs without a client)
         self.scheduler = Scheduler(engine, run_lease)
         self.on_shutdown = on_shutdown
@@ -272,6 +275,7 @@ class Dispatcher:
 
     def connection_closed(self, conn: Connection) -> None:
         self._live.discard(conn)
+        self.page_keys.closed(conn)
         if conn.open_runs:
             log.info(
                 "%r closed with open runs %s: marking them interrupted",
@@ -304,6 +308,10 @@ class Dispatcher:
     # handlers with more than one line
 
     def initialize(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+        page_key = None
+        if not conn.authenticated and (p["pageLogin"] is not None or p["pageKey"] is not None):
+            page_key = self.page_keys.log_in(conn, p["pageLogin"], p["pageKey"])
+            conn.authenticated = True
         if not conn.authenticated:
             if p["proof"] is not None:
                 if not auth.check_client_proof(self.token, p["nonce"], p["proof"]):
@@ -319,6 +327,8 @@ class Dispatcher:
         if p["nonce"] is not None:
             # mutual authentication: the client checks this before sending anything else
             result["nonceMac"] = auth.daemon_proof(self.token, p["nonce"])
+        if page_key is not None:
+            result["pageKey"] = page_key
         return result
 
     def heartbeat(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 The connection file is JSON, mode 0600, in a 0700 runtime dir (like a Jupyter kernel's):
 `{"pid", "jsonrpc_tcp", "websocket", "http", "zmq_router", "zmq_pub", "token", "data_dir",
-"store", "version"}`; `http` is the web page's address (`ctxd ui` adds the login token to it).
+"store", "version"}`; `http` is the web page's address (`ctxd ui` adds a one-time login to it).
 """
 
 from __future__ import annotations

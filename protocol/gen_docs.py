@@ -39,7 +39,7 @@ CONNECTION_KEY_DOCS: dict[str, str] = {
     "jsonrpc_tcp": "Address of the JSON-RPC 2.0 TCP listener (Content-Length framing).",
     "websocket": "URL of the JSON-RPC 2.0 WebSocket listener.",
     "http": "Address of the web page, served on the WebSocket port (`ctxd ui` opens it "
-    "with a login token added).",
+    "with a one-time login added).",
     "zmq_router": "ZeroMQ endpoint of the ROUTER socket that serves requests.",
     "zmq_pub": "ZeroMQ endpoint of the PUB socket that publishes notifications.",
     "token": "Secret every client proves: in `initialize`, or in each ZeroMQ request.",
@@ -127,6 +127,24 @@ HMAC-SHA256 with the token as key of `"ctxd-zmq-curve-server"` (daemon) or
 `"ctxd-zmq-curve-client"` (clients), the public key is its Curve25519 public key
 (`zmq.curve_public`). A peer that has not completed the handshake within 5 s is
 disconnected. Over ipc the sockets sit in the daemon's private runtime directory.
+
+**The web page** (a browser on the daemon's own origin, `http` in the connection file)
+never holds the token and is never authenticated by a cookie (browsers send a loopback
+cookie to every port of the host, so another user's server on another port would get
+it). It logs in with its first WebSocket message, `initialize` with one of:
+
+* `pageLogin`: a one-time login secret, `EXPIRY.NONCE.MAC`, where `EXPIRY` is unix
+  seconds at most 120 s ahead and `MAC` the unpadded base64url HMAC-SHA256 with the token
+  as key of `"ctxd web page one-time login v2"`, a zero byte, then `EXPIRY "." NONCE`.
+  `ctxd ui` mints it and passes it in the address's fragment (`#login=…`, never sent to
+  a server) through a 0600 redirect file in the private runtime directory, never on a
+  command line. The daemon takes each one once, before it expires;
+* `pageKey`: the key the reply to a `pageLogin` carried (`pageKey` in the result). The
+  page keeps it in its origin's `localStorage` and sends it when it connects again. It
+  stays good while a connection that used it is open and for 15 minutes after the last
+  one closed; a restarted daemon knows none.
+
+Both are refused (`UNAUTHORIZED`) from a program (no `Origin`) or any other origin.
 
 **Run leases on ZeroMQ.** ZeroMQ does not tell the daemon when a client goes away. A
 client that opened a run over ZeroMQ must send some request at least every

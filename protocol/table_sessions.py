@@ -18,6 +18,7 @@ from ctxd.protocol.declare import (
     limit_param,
 )
 from ctxd.protocol.errors import ErrorCode
+from ctxd.protocol.webpage import LOGIN_MAX, PAGE_KEY_MAX
 
 _E = ErrorCode
 
@@ -51,13 +52,31 @@ SESSION_METHODS: tuple[Method, ...] = (
                 "token. Needs `nonce`.",
                 max=MAC_HEX_LENGTH,
             ),
+            Param(
+                "pageLogin",
+                "string",
+                False,
+                "The web page only (a browser on the daemon's own origin), instead of `token`: "
+                "the one-time login secret of a `ctxd ui` link. Taken once, within 2 minutes.",
+                max=LOGIN_MAX,
+            ),
+            Param(
+                "pageKey",
+                "string",
+                False,
+                "The web page only, instead of `token`: the `pageKey` an earlier `initialize` "
+                "of this page returned. Refused 15 minutes after the last connection that "
+                "used it closed, and by a restarted daemon.",
+                max=PAGE_KEY_MAX,
+            ),
         ),
         '`serverName` ("ctxd"), `version` (daemon version), `protocolVersion` ("1.0"), '
         "`capabilities` (object naming the optional features this daemon serves; "
         "`runLeaseSeconds`: how long a ZeroMQ client holding a run may stay silent), "
         '`nonceMac` (when `nonce` was sent: hex HMAC-SHA256 under the token of `"ctxd-daemon:"` '
         "followed by `nonce`; a client must check it before sending anything else and close "
-        "the connection when it differs).",
+        "the connection when it differs), `pageKey` (after `pageLogin` or `pageKey`: the key the "
+        "page keeps in its `localStorage` and sends when it connects again).",
         "Proves the token, and with `nonce` has the daemon prove it too (mutual "
         "authentication). On JSON-RPC wires it must be the first request of a connection. "
         "On ZeroMQ it may be sent with `proof` and no token in the envelope, so the client "

@@ -157,6 +157,7 @@ class InitializeResult(_Wire):
     protocol_version: str
     capabilities: dict[str, JSON]
     nonce_mac: str | None = None
+    page_key: str | None = None
 
 
 class SessionListResult(_Wire):

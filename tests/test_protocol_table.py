@@ -24,7 +24,7 @@ from ctxd.protocol.methods import (
 
 # The contract other clients are written against: method -> param names, in order.
 EXPECTED: dict[str, tuple[str, ...]] = {
-    "initialize": ("token", "clientName", "nonce", "proof"),
+    "initialize": ("token", "clientName", "nonce", "proof", "pageLogin", "pageKey"),
     "session/create": ("sessionId", "title", "metadata"),
     "session/list": ("limit", "cursor", "title"),
     "session/get": ("sessionId",),
@@ -66,7 +66,8 @@ EXPECTED: dict[str, tuple[str, ...]] = {
 }
 
 REQUIRED: dict[str, set[str]] = {
-    "initialize": set(),  # `token`, or `nonce` with `proof`
+    # `token`, or `nonce` with `proof`, or the web page's `pageLogin` or `pageKey`
+    "initialize": set(),
     "session/list": set(),
     "session/create": set(),
     "messages/append": {"sessionId", "messages"},
@@ -94,7 +95,8 @@ EXPECTED_NOTIFICATIONS = {
 
 # One valid call of every method, with every param set.
 GOOD: dict[str, dict[str, Any]] = {
-    "initialize": {"token": "t" * 32, "clientName": "cli", "nonce": "n" * 32, "proof": "0" * 64},
+    "initialize": {"token": "t" * 32, "clientName": "cli", "nonce": "n" * 32, "proof": "0" * 64,
+                   "pageLogin": "1.n.m", "pageKey": "k" * 43},
     "session/create": {"sessionId": "s1", "title": "T", "metadata": {"k": [1]}},
     "session/list": {"limit": 10, "cursor": "abc", "title": "demo"},
     "session/get": {"sessionId": "s1"},

@@ -494,13 +494,20 @@ def test_foreign_origins_are_refused_at_the_handshake(env: Env) -> None:
         assert b"access-control-allow-origin" not in head.lower()
         assert env.token.encode() not in head
         note("foreign Origin: HTTP 403")
-    # a browser of the daemon's own origin needs the web page's login cookie (`ctxd ui`)
+    # a browser of the daemon's own origin upgrades, then must log in like any client: with
+    # the token, or a page key or one-time login of `ctxd ui`; a cookie is no credential
     for origin in (f"http://127.0.0.1:{port}", f"http://localhost:{port}"):
-        with pytest.raises(InvalidStatus) as err:
-            ws_connect(env.info["websocket"], origin=origin,  # type: ignore[arg-type]
-                       open_timeout=TIMEOUT)
-        assert err.value.response.status_code == 403, origin
-        note("own Origin without the page's cookie: HTTP 403")
+        for first in (("session/list", {}), ("initialize", {"token": ""}),
+                      ("initialize", {"pageKey": "A" * 43}),
+                      ("initialize", {"pageLogin": f"{int(time.time()) + 60}.abc.def"})):
+            conn = Ws(env, origin)
+            try:
+                reply = conn.call(*first)
+                assert error_code(reply) == UNAUTHORIZED, (origin, first, reply)
+                assert "result" not in reply
+            finally:
+                conn.close()
+            note("own Origin, no page login: -32001")
     for origin in (None,):
         conn = Ws(env, origin)
         try:

@@ -23,7 +23,7 @@ expect.set_options(timeout=WAIT_MS)
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    # DEBUG: the log must stay free of the login token even at its most talkative
+    # DEBUG: the log must stay free of the page's secrets even at its most talkative
     d = DaemonProcess(tmp_path_factory.mktemp("web"), env={
         "CTXD_LOG_LEVEL": "DEBUG", "CTXD_MAX_ACTIVE_MESSAGES": "100000"}).start()
     yield d

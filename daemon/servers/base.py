@@ -41,6 +41,10 @@ class Connection:
         # requests handed to a task that has not started yet: the connection's next
         # requests queue behind them, so each client's requests start in the order sent
         self.queued = 0
+        # a browser on the daemon's own origin (the web page): it may log in with a page
+        # key instead of the token; `page_key` is the one it holds (see page_keys.py)
+        self.page_origin = False
+        self.page_key: bytes | None = None
 
     def send_notification(self, method: str, params: dict[str, Any]) -> None:
         raise NotImplementedError

@@ -94,8 +94,8 @@ class JsonRpcConnection(Connection):
         core.hub.add_connection(self)
         self._opened = True
         if not core.require_login or self.authenticated:
-            # a bare transport, or a connection authenticated by its transport (the web
-            # page's cookie): a client from the start
+            # a bare transport, or a connection its transport authenticated already: a
+            # client from the start
             core.clients.add(self)
             core.gate.leave(self._gate_key)
             if core.require_login:

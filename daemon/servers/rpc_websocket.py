@@ -272,7 +272,9 @@ class JsonRpcWebSocketServer:
         core = self._core
         conn = WebSocketConnection(core, ws)
         if self.pages is not None and ws.request is not None and self.pages.is_page(ws.request):
-            conn.authenticated = True  # the page's cookie stands for the token
+            # the page logs in with its page key in `initialize`, like any client: nothing
+            # a browser sends by itself (a cookie) stands for the token
+            conn.page_origin = True
         if core.closing or core.full():
             # handshakes racing past the check in _process_request
             log.warning("refusing %r: connection limit %d", conn, core.max_connections)

@@ -1,12 +1,12 @@
 """The web page, served on the WebSocket port: plain GETs for the page, the upgrade for JSON-RPC.
 
-Access works like a Jupyter server's. `ctxd ui` opens `http://127.0.0.1:PORT/?token=LOGIN`
-(`LOGIN` is derived from the daemon's secret, see `ctxd.protocol.webpage`). The first
-request with a right login token gets a cookie of the page's own (HttpOnly,
-SameSite=Strict, named after the port because browsers share cookies between the ports
-of a host) and a redirect to the same address without the token, so the token leaves
-the address bar and never reaches a script. Without that cookie every request gets a
-401 page that shows nothing, and a browser's WebSocket upgrade is refused.
+The page's files hold no data and no secret: every GET that passes the checks below
+gets them. The data comes over the WebSocket, and a browser's connection logs in like
+any client, with its first message (`initialize`): the one-time login secret of a
+`ctxd ui` link, then the page key the daemon gave for it (see `page_keys.py`), which the
+page keeps in `localStorage`, readable by this origin only. No cookie is set or
+honoured: browsers send a loopback cookie to every port of the host, so a server on
+another loopback port would receive it.
 
 Checks on every request, in this order:
 
@@ -14,33 +14,24 @@ Checks on every request, in this order:
   resolving to 127.0.0.1) sends its own name and is refused.
 * A browser (it sends `Origin` on every WebSocket and on cross-origin fetches) must come
   from the daemon's own origin; `Sec-Fetch-Site` refuses cross-site subresource reads.
-* The page's cookie must be valid; it is an HMAC under the daemon's secret, so a
-  restarted daemon (new secret) asks the browser to log in again.
 
 Programs (no `Origin` header) upgrade as before and prove the token with `initialize`.
-A browser connection with the cookie is authenticated at the upgrade: the page never
-learns the daemon's token. Nothing here logs a request's query string, where the login
-token travels. Pages are sent with a strict Content-Security-Policy: scripts and styles
-from this origin only, no inline script, nothing from elsewhere.
+Nothing here logs a request's query string or a cookie. Pages are sent with a strict
+Content-Security-Policy: scripts and styles from this origin only, no inline script,
+nothing from elsewhere.
 """
 
 from __future__ import annotations
 
 import email.utils
-import hashlib
-import hmac
 import logging
 import re
-import secrets
 from http import HTTPStatus
 from importlib import resources
-from urllib.parse import parse_qs
 
 from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
-
-from ctxd.protocol.webpage import login_token
 
 log = logging.getLogger("ctxd.servers.web")
 
@@ -54,9 +45,9 @@ _TYPES = {
     ".txt": "text/plain; charset=utf-8",
 }
 
-_LOGIN_PAGE = (
+_MISSING_PAGE = (
     b"<!doctype html><meta charset=utf-8><title>ctxd</title>"
-    b"<p>This page needs a login link. Run <code>ctxd ui</code> to open one."
+    b"<p>The page's files are missing from this installation of ctxd."
 )
 
 
@@ -73,18 +64,23 @@ def _load_assets() -> dict[str, tuple[bytes, str]]:
 
 
 _TOKEN_IN_TEXT = re.compile(r"([?&]token=)[^&\s\"']*")
+# a frame's text as the library prints it (cut in the middle when long): the secrets of
+# initialize and its reply
+_SECRET_IN_FRAME = re.compile(r'("(?:token|proof|pageLogin|pageKey)"\s*:\s*")[^"\']*')
 
 
 class _RedactLoginTokens(logging.Filter):
-    """`websockets` logs requests and headers at DEBUG: blank out login tokens and cookies."""
+    """`websockets` logs requests, headers and frames at DEBUG: blank out the secrets."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
-        if "token=" in text:
-            text = _TOKEN_IN_TEXT.sub(r"\1<redacted>", text)
-            record.msg, record.args = text, ()
-        if text.startswith(("< Cookie:", "> Set-Cookie:", "< cookie:")):
-            record.msg, record.args = text.split(":", 1)[0] + ": <redacted>", ()
+        redacted = _SECRET_IN_FRAME.sub(r"\1<redacted>", text)
+        if "token=" in redacted:
+            redacted = _TOKEN_IN_TEXT.sub(r"\1<redacted>", redacted)
+        if redacted.startswith(("< Cookie:", "> Set-Cookie:", "< cookie:")):
+            redacted = redacted.split(":", 1)[0] + ": <redacted>"
+        if redacted != text:
+            record.msg, record.args = redacted, ()
         return True
 
 
@@ -99,18 +95,15 @@ def _redact_library_logs() -> None:
 
 
 def _safe_path(path: str) -> str:
-    """The path for a log line: never the query, where the login token is."""
+    """The path for a log line: never the query."""
     return path.split("?", 1)[0][:200]
 
 
 class PageServer:
     """Serves the page and its assets and decides which browsers may upgrade."""
 
-    def __init__(self, daemon_token: str, port: int, host: str = "127.0.0.1") -> None:
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
         self.port = port
-        self._secret = daemon_token.encode()
-        self._login = login_token(daemon_token)
-        self.cookie_name = f"ctxd_page_{port}"
         names = set(LOOPBACK_NAMES[:2])
         if host in ("::1", "[::1]"):
             names.add("[::1]")
@@ -119,26 +112,7 @@ class PageServer:
         self.assets = _load_assets()
         _redact_library_logs()
         index = self.assets.get("/static/index.html")
-        self.index = index[0] if index else _LOGIN_PAGE
-
-    # the cookie: nonce.mac, checked without server state
-
-    def _mac(self, nonce: str) -> str:
-        return hmac.new(self._secret, b"page cookie " + nonce.encode(), hashlib.sha256).hexdigest()
-
-    def new_cookie(self) -> str:
-        nonce = secrets.token_urlsafe(16)
-        return f"{nonce}.{self._mac(nonce)}"
-
-    def cookie_ok(self, request: Request) -> bool:
-        for header in request.headers.get_all("Cookie"):
-            for part in header.split(";"):
-                name, _, value = part.strip().partition("=")
-                if name == self.cookie_name:
-                    nonce, _, mac = value.partition(".")
-                    if nonce and hmac.compare_digest(mac.encode(), self._mac(nonce).encode()):
-                        return True
-        return False
+        self.index = index[0] if index else _MISSING_PAGE
 
     # checks
 
@@ -154,11 +128,9 @@ class PageServer:
         return True, origins[0] if len(origins) == 1 else None
 
     def is_page(self, request: Request) -> bool:
-        """A browser upgrade that passed `process_request`: authenticated by its cookie."""
+        """A browser upgrade from the daemon's own origin: it may log in with a page key."""
         browser, origin = self._origin(request)
-        return browser and origin in self.origins and self.host_ok(request) and (
-            self.cookie_ok(request)
-        )
+        return browser and origin in self.origins and self.host_ok(request)
 
     # the hook called by the WebSocket server for every request
 
@@ -180,40 +152,14 @@ class PageServer:
         ):
             return self._refuse(ws, request, HTTPStatus.FORBIDDEN, "cross-site request")
         if upgrade:
-            if self.cookie_ok(request):
-                return None
-            return self._refuse(ws, request, HTTPStatus.FORBIDDEN, "log in with ctxd ui first")
-        route, _, query = path.partition("?")
-        if query:
-            tokens = parse_qs(query).get("token")
-            if tokens is not None:
-                return self._login_response(ws, request, route, tokens[0])
-        if not self.cookie_ok(request):
-            return self._page(HTTPStatus.UNAUTHORIZED, _LOGIN_PAGE, _TYPES[".html"])
-        if route == "/auth":  # the page asks whether its cookie still works
-            return self._page(HTTPStatus.NO_CONTENT, b"", _TYPES[".txt"])
+            return None  # the page logs in with its first message
+        route = path.partition("?")[0]
         if route == "/" or route.startswith("/s/"):
             return self._page(HTTPStatus.OK, self.index, _TYPES[".html"])
         asset = self.assets.get(route)
         if asset is None or route.endswith(".html"):
             return self._page(HTTPStatus.NOT_FOUND, b"not found\n", _TYPES[".txt"])
         return self._page(HTTPStatus.OK, asset[0], asset[1])
-
-    def _login_response(
-        self, ws: ServerConnection, request: Request, route: str, token: str
-    ) -> Response:
-        if not hmac.compare_digest(token.encode(), self._login.encode()):
-            log.warning("page login from %s with a wrong token refused", ws.remote_address)
-            return self._page(HTTPStatus.UNAUTHORIZED, _LOGIN_PAGE, _TYPES[".html"])
-        if not (route == "/" or route.startswith("/s/")):
-            route = "/"
-        resp = self._page(HTTPStatus.SEE_OTHER, b"", _TYPES[".txt"])
-        resp.headers["Location"] = route
-        resp.headers["Set-Cookie"] = (
-            f"{self.cookie_name}={self.new_cookie()}; Path=/; HttpOnly; SameSite=Strict"
-        )
-        log.info("page login from %s", ws.remote_address)
-        return resp
 
     def _refuse(
         self, ws: ServerConnection, request: Request, status: HTTPStatus, why: str

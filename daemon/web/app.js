@@ -17,6 +17,7 @@ const S = {
   explain: null,
   approvals: new Map(),
   compacting: false,
+  progressShown: false,
   listCursor: null,
   listCount: 0,
   unseen: 0,
@@ -42,9 +43,11 @@ function setConn(state, detail) {
   const text = {
     connecting: "connecting…", live: "● live", reconnecting: "reconnecting…",
     offline: "daemon unreachable, retrying…", error: `error: ${detail}`,
+    moved: "daemon unreachable: if it restarted, run `ctxd ui` again (retrying…)",
     loggedOut: "logged out: run `ctxd ui` for a new link",
   }[state];
   el.textContent = text;
+  el.title = state === "loggedOut" && detail ? detail : "";
   el.className = `conn ${state}`;
   document.body.dataset.conn = state;
   updateGates();
@@ -359,19 +362,33 @@ function onEvent(method, p) {
   }
 }
 
+// what the compaction panel shows: progress while one runs (whoever started it), then
+// how it ended; a report that arrives after its compaction ended changes nothing
+const ended = new Set();
 function progress(p) {
   if (p.sessionId !== S.sid) return;
   const bar = $("#compact-progress");
+  const out = $("#compact-result");
   const v = p.value || {};
   if (v.kind === "end") {
+    if (ended.size > 100) ended.clear();
+    ended.add(p.token);
     bar.hidden = true;
     S.compacting = false;
-  } else {
+    // this tab's own request writes its detailed result; another's ends here
+    if (S.progressShown) {
+      out.textContent = `Compaction finished: ${v.message || "done"}.`;
+      out.className = /^(effective|dry run)$/.test(v.message || "") ? "ok" : "no";
+    }
+    S.progressShown = false;
+  } else if (!ended.has(p.token)) {
     bar.hidden = false;
     S.compacting = true;
     if (typeof v.percentage === "number") bar.value = v.percentage;
     else bar.removeAttribute("value");
-    $("#compact-result").textContent = v.message || v.title || "Compacting…";
+    out.textContent = v.message || v.title || "Compacting…";
+    out.className = "";
+    S.progressShown = true;
   }
   updateGates();
 }
@@ -389,12 +406,14 @@ async function compactNow() {
   try {
     const r = await rpc.call("context/compact", { sessionId: sid, force: true, instructions });
     if (sid !== S.sid) return;
+    S.progressShown = false;
     out.textContent = r.effective
       ? `Effective: ${fmtInt(r.before.messages)} → ${fmtInt(r.after.messages)} messages, `
         + `${fmtInt(r.before.tokens)} → ${fmtInt(r.after.tokens)} tokens.`
       : `Not effective, nothing committed: ${r.reason || "the context would not shrink"}.`;
     out.className = r.effective ? "ok" : "no";
   } catch (err) {
+    S.progressShown = false;
     out.textContent = `Compaction failed: ${err.message}`;
     out.className = "no";
   } finally {

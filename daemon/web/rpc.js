@@ -1,5 +1,47 @@
-// JSON-RPC 2.0 over the daemon's WebSocket. The page's cookie authenticates the upgrade;
-// `initialize` then names the client. Reconnects with backoff and tells the app to catch up.
+// JSON-RPC 2.0 over the daemon's WebSocket. The page logs in with its first message
+// (`initialize`): the one-time secret of a `ctxd ui` link (#login=…), then the page key
+// the daemon gave for it, kept in localStorage: only this origin (scheme, host and port)
+// can read it, where a cookie would reach every port of the host; the tabs of this origin
+// share it. Reconnects with backoff and tells the app to catch up.
+
+const KEY_ITEM = "ctxd.pageKey";
+const UNAUTHORIZED = -32001;
+// failed connection attempts in a row before the page says the daemon may have moved
+const UNREACHABLE_AFTER = 8;
+
+// The login secret of the address (#login=…), taken once and dropped from the address
+// bar and the history entry before anything else can see it.
+function takeLogin() {
+  const m = location.hash.match(/^#login=([A-Za-z0-9_.-]{1,200})$/);
+  if (!m) return null;
+  history.replaceState(history.state, "", location.pathname + location.search);
+  return m[1];
+}
+
+function storedKey() {
+  try {
+    return localStorage.getItem(KEY_ITEM);
+  } catch {
+    return null;
+  }
+}
+
+function storeKey(key) {
+  try {
+    localStorage.setItem(KEY_ITEM, key);
+  } catch {
+    // no storage: this tab logs in again after a reload
+  }
+}
+
+// a refused key goes, unless another tab stored a newer one meanwhile
+function dropKey(key) {
+  try {
+    if (localStorage.getItem(KEY_ITEM) === key) localStorage.removeItem(KEY_ITEM);
+  } catch {
+    // no storage: this tab logs in again after a reload
+  }
+}
 
 export class RpcError extends Error {
   constructor(error) {
@@ -18,28 +60,68 @@ export class Rpc {
     this.pending = new Map();
     this.ws = null;
     this.delay = 250;
+    this.failures = 0;
     this.waiters = [];
     this.open = false;
     this.stopped = false;
+    this.login = takeLogin();
+    // a new `ctxd ui` link opened in this tab: log in with it
+    window.addEventListener("hashchange", () => {
+      const login = takeLogin();
+      if (!login) return;
+      this.login = login;
+      if (this.stopped && this.loggedOut) {
+        this.stopped = this.loggedOut = false;
+        this.connect();
+      }
+    });
   }
 
   url() {
     return `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws`;
   }
 
+  credentials() {
+    if (this.login) return { pageLogin: this.login };
+    const key = storedKey();
+    return key ? { pageKey: key } : null;
+  }
+
+  logOut(detail) {
+    this.stopped = this.loggedOut = true;
+    this.onState("loggedOut", detail);
+  }
+
   connect() {
     if (this.stopped) return;
+    const creds = this.credentials();
+    if (!creds) {
+      this.logOut();
+      return;
+    }
     this.onState("connecting");
     const ws = new WebSocket(this.url());
     this.ws = ws;
     ws.addEventListener("open", async () => {
       this.delay = 250;
+      this.failures = 0;
+      let res;
       try {
-        await this.send("initialize", { token: "", clientName: "ctxd web page" });
+        res = await this.send("initialize", { clientName: "ctxd web page", ...creds });
       } catch (err) {
-        this.onState("error", err.message);
+        if (err.code === UNAUTHORIZED) {
+          // a used or expired link, a key the daemon does not know (it restarted)
+          if (creds.pageLogin && this.login === creds.pageLogin) this.login = null;
+          if (creds.pageKey) dropKey(creds.pageKey);
+          this.logOut(err.message);
+          ws.close();
+        } else {
+          this.onState("error", err.message);
+        }
         return;
       }
+      if (creds.pageLogin && this.login === creds.pageLogin) this.login = null;
+      if (res.pageKey) storeKey(res.pageKey);
       this.open = true;
       this.onState("live");
       for (const resolve of this.waiters.splice(0)) resolve();
@@ -50,10 +132,11 @@ export class Rpc {
       }
     });
     ws.addEventListener("message", (ev) => this.receive(ev.data));
-    ws.addEventListener("close", () => this.lost());
+    ws.addEventListener("close", () => this.lost(ws));
   }
 
-  async lost() {
+  lost(ws) {
+    if (ws !== this.ws) return;
     const wasOpen = this.open;
     this.open = false;
     for (const { reject } of this.pending.values()) reject(new Error("connection lost"));
@@ -62,18 +145,9 @@ export class Rpc {
       this.onState(this.loggedOut ? "loggedOut" : "offline");
       return;
     }
-    // a refused upgrade looks like any other close: ask whether the login still holds
-    try {
-      const res = await fetch("/auth", { cache: "no-store", credentials: "same-origin" });
-      if (res.status === 401) {
-        this.stopped = this.loggedOut = true;
-        this.onState("loggedOut");
-        return;
-      }
-    } catch {
-      // the daemon is down: keep trying
-    }
-    this.onState(wasOpen ? "reconnecting" : "offline");
+    this.failures += 1;
+    // a restarted daemon may listen on another port: this page cannot find it there
+    this.onState(wasOpen ? "reconnecting" : this.failures >= UNREACHABLE_AFTER ? "moved" : "offline");
     setTimeout(() => this.connect(), this.delay);
     this.delay = Math.min(this.delay * 2, 2000);
   }
