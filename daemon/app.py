@@ -305,3 +305,11 @@ def serve(config: Config) -> int:
     except (Refused, UnsafePath) as exc:
         print(f"ctxd: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        # e.g. the connection file's lock or the file itself on a full disk: one line
+        # naming the file and the reason, the traceback in the log for a bug report
+        log.debug("start-up failed", exc_info=True)
+        where = exc.filename or "start-up"
+        print(f"ctxd: {where}: {_reason(exc)}; expected a writable runtime directory with "
+              "free space (CTXD_RUNTIME_DIR or --connection-file)", file=sys.stderr)
+        return 2

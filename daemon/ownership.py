@@ -93,8 +93,12 @@ class PidLock:
             owner = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise self._busy(owner) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+        except OSError as exc:  # a full disk: say which file could not be written
+            os.close(fd)
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from None
         self._fd = fd
 
     def release(self) -> None:

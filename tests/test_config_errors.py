@@ -3,6 +3,7 @@ and what is expected; exit code 2; never a traceback. The CLI runs as a subproce
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import subprocess
@@ -103,3 +104,26 @@ def test_a_full_disk_at_start(tmp_path: Path, limit: int) -> None:
     line = one_line_error(ctxd(tmp_path, "serve", "--data-dir", str(data),
                                preexec=small_disk), str(data))
     assert "free space" in line
+
+
+def test_a_full_disk_under_the_runtime_dir(tmp_path: Path) -> None:
+    """The data dir has room but the connection file's disk is full: a tmpfs of 64 KiB
+    filled to the last byte (the suite runs as root, as CI does; mounting is a test step
+    that must work, not a reason to skip)."""
+    full = tmp_path / "full"
+    full.mkdir(mode=0o700)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(full)],
+                   check=True, capture_output=True, timeout=30)
+    try:
+        fd = os.open(full / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        with contextlib.suppress(OSError):
+            while os.write(fd, b"\0" * 512):
+                pass
+        os.close(fd)
+        line = one_line_error(
+            ctxd(tmp_path, "serve", "--data-dir", str(tmp_path / "data"),
+                 "--connection-file", str(full / "ctxd.json")),
+            str(full / "ctxd.json"))
+        assert "No space left on device" in line and "free space" in line
+    finally:
+        subprocess.run(["umount", str(full)], capture_output=True, timeout=30)
