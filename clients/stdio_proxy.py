@@ -70,6 +70,19 @@ def _try_connect(connection_file: Path) -> tuple[socket.socket, dict[str, Any]]:
     if daemon_gone(info):
         # a stale file of a dead daemon: its port may now belong to anything
         raise ConnectionRefusedError(f"daemon pid {info.get('pid')} is not running")
+    unix_path = info.get("jsonrpc_unix")
+    if isinstance(unix_path, str) and unix_path:
+        # this user's own socket: no other local user can squat its logins
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(2.0)
+        try:
+            sock.connect(unix_path)
+            _authenticate(sock, info, unix_path)
+        except BaseException:
+            sock.close()
+            raise
+        sock.settimeout(None)
+        return sock, info
     host, port = _parse_endpoint(str(info.get("jsonrpc_tcp", "")))
     sock = socket.create_connection((host, port), timeout=2.0)
     try:

@@ -30,12 +30,14 @@ from ctxd.daemon.ownership import (
     check_data_dir,
     connection_file_lock,
     ipc_endpoints,
+    jsonrpc_socket_path,
     prepare_connection_dir,
     refuse_live_socket,
 )
 from ctxd.daemon.servers.admission import plan_budget, raise_descriptor_limit
 from ctxd.daemon.servers.base import EventHub
 from ctxd.daemon.servers.jsonrpc import start_tcp_server, start_websocket_server
+from ctxd.daemon.servers.rpc_tcp import start_unix_server
 from ctxd.daemon.servers.web import PageServer
 from ctxd.daemon.servers.zmq_server import ZmqServer
 from ctxd.protocol.connection import (
@@ -49,6 +51,8 @@ from ctxd.protocol.connection import (
 log = logging.getLogger("ctxd.daemon")
 
 SHUTDOWN_GRACE_SECONDS = 5.0
+# sun_path holds 108 bytes on Linux, with the terminating NUL
+_MAX_SOCKET_PATH = 108
 
 
 class AlreadyRunning(RuntimeError):
@@ -88,6 +92,18 @@ class Daemon:
             refuse_live_socket(endpoint)
         return endpoints
 
+    def _unix_socket_path(self) -> str | None:
+        """Where the JSON-RPC Unix socket goes: the private runtime dir, named after the
+        connection file like the ZeroMQ sockets; None when the path is too long for a
+        socket address (clients then use TCP)."""
+        run_dir = ensure_private_dir(default_runtime_dir(), what="runtime dir")
+        path = jsonrpc_socket_path(run_dir, self.connection_file)
+        if len(os.fsencode(path)) >= _MAX_SOCKET_PATH:
+            log.warning("no JSON-RPC Unix socket: its path %s is too long", path)
+            return None
+        refuse_live_socket(f"ipc://{path}")
+        return path
+
     async def run(self) -> int:
         cfg = self.config
         lock, engine = open_data_dir(cfg)
@@ -124,7 +140,7 @@ class Daemon:
             # runs a dead daemon left open: their clients get one lease to come back
             dispatcher.lease_stale_runs(engine.runs.open_run_ids())
         port = cfg.port
-        tcp = ws = zmq_server = None
+        tcp = ws = zmq_server = unix = None
         budget = plan_budget(
             raise_descriptor_limit(), cfg.max_connections, cfg.max_unauthenticated_connections
         )
@@ -142,6 +158,9 @@ class Daemon:
             loop.add_signal_handler(sig, self.stopping.set)
         try:
             tcp = await start_tcp_server(dispatcher, hub, cfg.host, port, **wire_limits)
+            unix_path = self._unix_socket_path()
+            if unix_path is not None:
+                unix = await start_unix_server(dispatcher, hub, unix_path, **wire_limits)
             ws = await start_websocket_server(
                 dispatcher, hub, cfg.host, port + 1 if port else 0, **wire_limits
             )
@@ -161,6 +180,7 @@ class Daemon:
             self.info = {
                 "pid": os.getpid(),
                 "jsonrpc_tcp": tcp.endpoint,
+                "jsonrpc_unix": unix.endpoint if unix is not None else None,
                 "websocket": ws.endpoint,
                 "http": http,
                 "zmq_router": zmq_server.router_endpoint,
@@ -182,7 +202,8 @@ class Daemon:
                 f"  store:           {self.info['store']}\n"
                 f"  connection file: {self.connection_file}\n"
                 f"  json-rpc tcp:    {tcp.endpoint}\n"
-                f"  websocket:       {ws.endpoint}\n"
+                + (f"  json-rpc unix:   {unix.endpoint}\n" if unix is not None else "")
+                + f"  websocket:       {ws.endpoint}\n"
                 f"  web page:        {http} (ctxd ui opens it logged in)\n"
                 f"  zmq router:      {zmq_server.router_endpoint}\n"
                 f"  zmq pub:         {zmq_server.pub_endpoint}",
@@ -195,7 +216,7 @@ class Daemon:
             try:
                 if self.info:
                     self.connection_file.unlink(missing_ok=True)
-                for server in (tcp, ws, zmq_server):
+                for server in (tcp, unix, ws, zmq_server):
                     if server is not None:
                         await server.close()
                 await dispatcher.scheduler.drain(SHUTDOWN_GRACE_SECONDS)

@@ -132,6 +132,13 @@ def ipc_endpoints(run_dir: Path, connection_file: Path) -> tuple[str, str]:
     return f"ipc://{run_dir}/zmq-{key}-router.sock", f"ipc://{run_dir}/zmq-{key}-pub.sock"
 
 
+def jsonrpc_socket_path(run_dir: Path, connection_file: Path) -> str:
+    """The JSON-RPC Unix socket of the daemon of `connection_file`, keyed like
+    `ipc_endpoints`."""
+    key = hashlib.sha256(str(connection_file.resolve()).encode()).hexdigest()[:12]
+    return f"{run_dir}/jsonrpc-{key}.sock"
+
+
 def refuse_live_socket(endpoint: str) -> None:
     """Raise `Refused` when a process listens on the ipc socket `endpoint`; remove a stale
     socket file. libzmq itself would unlink a live socket and silently take it over."""

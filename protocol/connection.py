@@ -1,8 +1,9 @@
 """Where a daemon lives and how clients find it: data dir, runtime dir, connection file.
 
 The connection file is JSON, mode 0600, in a 0700 runtime dir (like a Jupyter kernel's):
-`{"pid", "jsonrpc_tcp", "websocket", "http", "zmq_router", "zmq_pub", "token", "data_dir",
-"store", "version"}`; `http` is the web page's address (`ctxd ui` adds a one-time login to it).
+`{"pid", "jsonrpc_tcp", "jsonrpc_unix", "websocket", "http", "zmq_router", "zmq_pub",
+"token", "data_dir", "store", "version"}`; `http` is the web page's address (`ctxd ui`
+adds a one-time login to it).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import platformdirs
 CONNECTION_KEYS = (
     "pid",
     "jsonrpc_tcp",
+    "jsonrpc_unix",
     "websocket",
     "http",
     "zmq_router",

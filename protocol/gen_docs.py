@@ -37,6 +37,9 @@ DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
 CONNECTION_KEY_DOCS: dict[str, str] = {
     "pid": "Process id of the daemon; a client may check it is alive before connecting.",
     "jsonrpc_tcp": "Address of the JSON-RPC 2.0 TCP listener (Content-Length framing).",
+    "jsonrpc_unix": "Path of the same JSON-RPC listener on a Unix socket (mode 0600, in the "
+    "private runtime dir), or null; only this user can connect to it, so local clients "
+    "(`ctxd stdio`) prefer it.",
     "websocket": "URL of the JSON-RPC 2.0 WebSocket listener.",
     "http": "Address of the web page, served on the WebSocket port (`ctxd ui` opens it "
     "with a one-time login added).",

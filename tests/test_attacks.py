@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import resource
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -498,4 +500,37 @@ def test_a_full_quota_gives_its_places_to_new_connections(tmp_path: Path) -> Non
             s.close()
         late.close()
     finally:
+        assert d.stop() == 0
+
+
+def test_squatters_on_tcp_do_not_reach_ctxd_stdio(tmp_path: Path) -> None:
+    # another local user can hold every place the TCP wire keeps for clients that have not
+    # logged in yet; `ctxd stdio` comes in through the daemon's Unix socket, which only
+    # its own user can open, so it logs in at once however many wait on TCP
+    d = start(tmp_path, max_unauthenticated_connections=2, auth_timeout_seconds=30.0)
+    info = d.info()
+    assert Path(info["jsonrpc_unix"]).stat().st_mode & 0o777 == 0o600
+    squatters: list[socket.socket] = []
+    try:
+        for _ in range(40):  # far more than the quota: the rest wait in the backlog
+            squatters.append(socket.create_connection(host_port(info["jsonrpc_tcp"]),
+                                                      timeout=TIMEOUT))
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                           "params": {"clientInfo": {"name": "t"}}}).encode()
+        listed = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "session/list",
+                             "params": {}}).encode()
+        for _ in range(3):
+            proc = subprocess.run(
+                [sys.executable, "-m", "ctxd.clients.cli", "stdio", "--connection-file",
+                 str(d.connection_file)],
+                input=frame(body) + frame(listed), capture_output=True, env=d.env,
+                timeout=TIMEOUT * 2)
+            reader = FrameReader()
+            replies = reader.feed(proc.stdout)
+            by_id = {json.loads(r)["id"]: json.loads(r) for r in replies}
+            assert "result" in by_id[1], proc.stdout[:400]
+            assert "sessions" in by_id[2]["result"], proc.stdout[:400]
+    finally:
+        for s in squatters:
+            s.close()
         assert d.stop() == 0

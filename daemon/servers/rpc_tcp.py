@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
+import socket
 from collections import deque
+from typing import Any
 
 from ctxd.daemon.servers.admission import Acceptor, bind_listener
 from ctxd.daemon.servers.base import EventHub, RequestHandler
@@ -203,8 +207,11 @@ class JsonRpcTcpServer:
         self._acceptor = acceptor
         self._core = core
         self.host = host
-        self.port: int = server.sockets[0].getsockname()[1]
-        self.endpoint = format_hostport(host, self.port)
+        name = server.sockets[0].getsockname()
+        self.port: int = name[1] if isinstance(name, tuple) else 0
+        # a Unix socket's endpoint is its path (removed again at close)
+        self.unix_path: str | None = None if isinstance(name, tuple) else str(name)
+        self.endpoint = self.unix_path or format_hostport(host, self.port)
 
     @property
     def connections(self) -> set[JsonRpcConnection]:
@@ -221,6 +228,9 @@ class JsonRpcTcpServer:
         for conn in list(self._core.connections):
             conn._abort()
         await self._server.wait_closed()
+        if self.unix_path:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.unix_path)
 
 
 async def start_tcp_server(
@@ -265,4 +275,36 @@ async def start_tcp_server(
     acceptor.start()
     out = JsonRpcTcpServer(server, acceptor, core, host)
     log.info("JSON-RPC over TCP on %s", out.endpoint)
+    return out
+
+
+async def start_unix_server(
+    handler: RequestHandler, hub: EventHub, path: str, **limits: Any
+) -> JsonRpcTcpServer:
+    """The same framed JSON-RPC on a Unix socket (mode 0600, in the daemon's private
+    runtime dir). Only this user can connect to it, so other local users can neither
+    squat its login quota nor slow its logins; `ctxd stdio` prefers it. `limits` are
+    `start_tcp_server`'s keyword arguments; this wire has a quota of its own."""
+    core = ServerCore(handler, hub, **{
+        "max_frame": DEFAULT_MAX_FRAME, "max_queue_bytes": DEFAULT_MAX_QUEUE_BYTES,
+        "max_connections": DEFAULT_MAX_CONNECTIONS, "max_inflight": DEFAULT_MAX_INFLIGHT,
+        **limits,
+    })
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+        os.chmod(path, 0o600)
+        listener.listen(128)
+        listener.setblocking(False)
+    except BaseException:
+        listener.close()
+        raise
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: TcpConnection(core), sock=listener, start_serving=False
+    )
+    acceptor = Acceptor(listener, core.gate, lambda: TcpConnection(core), "JSON-RPC Unix socket")
+    acceptor.start()
+    out = JsonRpcTcpServer(server, acceptor, core, "")
+    log.info("JSON-RPC on the Unix socket %s", path)
     return out
