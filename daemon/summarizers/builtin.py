@@ -64,7 +64,7 @@ from ctxd.daemon.summary import SECTIONS, Summary, SummaryRequest
 # 2000") still changes a setting
 _SETS_VALUE = re.compile(
     r"\b(?:set|raise|lower|increase|decrease|reduce|bump|change|switch|limit|cap|use"
-    r"|should be|must be|from now on)\b|设为|设置为|设成|改到|改成|改为|调整|调到|换成|改用",
+    r"|should be|must be|from now on)\b|设为|设置为|设成|改到|改成|改为|调整|调到|换成|改用|使用|用|统一",
     re.IGNORECASE,
 )
 
@@ -310,23 +310,28 @@ class BuiltinSummarizer:
         check X", "Step 74: run the tests", "请看一下…") is a task, whatever numbers it
         names.
         """
-        request = is_request(sentence)
+        body = strip_series(sentence)
+        if is_request(sentence):
+            sets = (
+                not sentence.endswith(("?", "？"))
+                and _SETS_VALUE.search(body) is not None
+                and setting_of(body) is not None
+            )
+            if not sets:
+                # a task; "please never push to main" is still a rule, "please check
+                # m74.py and make sure its tests pass" is the request itself
+                return "rule" if _CONSTRAINT.search(sentence, slow) else None
         if (
             may_correct
             and _CORRECTION.search(sentence, slow)
             and not _ADDITIVE.search(sentence)
-            and not (request and not _SETS_VALUE.search(strip_series(sentence)))
         ):
             return "correction"
         if _CONSTRAINT.search(sentence, slow):
             return "rule"
         if _WEAK_CONSTRAINT.search(sentence, slow):
-            # "please check m74.py and make sure its tests pass" is the request itself
-            return None if request else "rule"
+            return "rule"
         if introduces_list(sentence):
-            return None
-        body = strip_series(sentence)
-        if request and not _SETS_VALUE.search(body):
             return None
         if _IMPERATIVE.match(body):
             return "rule"

@@ -55,6 +55,7 @@ _CODE_LINE = re.compile(
     r"|assert|print|console\.\w+)\b.*[(){}\[\];=:]\s*$"
     r"|^\s*[\w.\[\]\"']+\s*(?:=|\+=|-=|==|=>|->)\s*\S+.*[;)\]}]?\s*$(?<![.!?。！？])",
 )
+_LIST_ITEM = re.compile(r"^(?:[-*•]|\d+[.)])\s+")
 _CHECKLIST = re.compile(r"^(?:[-*+]\s*)?\[[ xX]\]\s")
 # how much of a line is code punctuation: more than this, and it is not prose
 _SYMBOLS = re.compile(r"[{}()\[\];=<>$\\|`]")
@@ -66,7 +67,7 @@ def is_pasted_line(line: str) -> bool:
         return False
     if _CHECKLIST.match(s):
         return True
-    if _BULLET.match(s):
+    if _LIST_ITEM.match(s):
         # a list item is prose, however deep it is indented
         return False
     if _PASTED_LINE.match(line):
@@ -106,7 +107,7 @@ def _cut_hedged_clause(sentence: str) -> list[str]:
     # "..., but that is only a guess" is about the rule itself: the sentence stays whole
     if qualifies_previous(_LEAD_CONJ.sub("", tail)):
         return [sentence]
-    return [head, tail]
+    return [head, _LEAD_CONJ.sub("", tail) or tail]
 
 
 _LEAD_CONJ = re.compile(
@@ -157,12 +158,13 @@ _OWN_CLAIM = re.compile(
     r"\s*(?:that\s+)?(?!(?:that|this|it|so|这|那|只是)\b)(?P<rest>\S.*)$",
     re.IGNORECASE,
 )
-_CONTENT_WORD = re.compile(r"[A-Za-z]{3,}|[\u4e00-\u9fff]{2,}")
+_ENGLISH_WORD = re.compile(r"[A-Za-z]{3,}")
+_CJK_CHARS = re.compile(r"[\u4e00-\u9fff]+")
 _HEDGE_WORDS = re.compile(
     r"\b(?:unconfirmed|unverified|confirmed|verified|guess|sure|certain|yet|only|just"
     r"|checked|tested|proven|hold|but|it|its|it's|that|this|not|haven't|hasn't|didn't"
     r"|have|has|did|so|far|true|right|the)\b"
-    r"|推测|猜测|确认|验证|不确定|只是|这|一点|还|没有?|尚未|不过|但是?",
+    r"|推测|猜测|确认|验证|不确定|只是|这|一点|还|没有?|尚未|不过|但是?|是|的|了|过",
     re.IGNORECASE,
 )
 
@@ -177,7 +179,10 @@ def qualifies_previous(sentence: str, hedged: bool | None = None) -> bool:
     if m is None:
         return True
     rest = _HEDGE_WORDS.sub(" ", m.group("rest"))
-    return len(_CONTENT_WORD.findall(rest)) < 2
+    # two words of its own in English, three characters in Chinese: a claim of its own
+    words = len(_ENGLISH_WORD.findall(rest))
+    chars = sum(len(r) for r in _CJK_CHARS.findall(rest))
+    return words < 2 and chars < 3
 
 
 # ---------------------------------------------------------------------- requests
