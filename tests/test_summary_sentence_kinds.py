@@ -217,7 +217,10 @@ def test_agents_md_bullets_are_constraints_verbatim() -> None:
         "1. Never commit secrets. Rotate them instead.\n"
         "2. Always write tests first.\n</user_instructions>"
     )
-    preamble = "## Guidelines\n- Only use the public API.\n- Prefer short functions.\n- 禁止使用全局变量。"
+    preamble = (
+        "## Guidelines\n- Only use the public API.\n- Prefer short functions.\n"
+        "- 禁止使用全局变量。"
+    )
     reminder = (
         "<system-reminder>\nAs you answer the user's questions, you can use the following "
         "context:\n# claudeMd\nContents of /repo/CLAUDE.md (project instructions):\n\n"

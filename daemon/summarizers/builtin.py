@@ -64,7 +64,8 @@ from ctxd.daemon.summary import SECTIONS, Summary, SummaryRequest
 # 2000") still changes a setting
 _SETS_VALUE = re.compile(
     r"\b(?:set|raise|lower|increase|decrease|reduce|bump|change|switch|limit|cap|use"
-    r"|should be|must be|from now on)\b|设为|设置为|设成|改到|改成|改为|调整|调到|换成|改用|使用|用|统一",
+    r"|should be|must be|from now on)\b"
+    r"|设为|设置为|设成|改到|改成|改为|调整|调到|换成|改用|使用|用|统一",
     re.IGNORECASE,
 )
 
