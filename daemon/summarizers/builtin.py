@@ -311,11 +311,16 @@ class BuiltinSummarizer:
         check X", "Step 74: run the tests", "请看一下…") is a task, whatever numbers it
         names.
         """
+        if sentence.endswith(("?", "？")):
+            # "why don't they show in the viewer?" asks; it sets no rule
+            return None
+        if introduces_list(sentence) and len(sentence.split()) <= 3:
+            # "Do NOT:", "Ensure:": the rules are the lines that follow
+            return None
         body = strip_series(sentence)
         if is_request(sentence):
             sets = (
-                not sentence.endswith(("?", "？"))
-                and _SETS_VALUE.search(body) is not None
+                _SETS_VALUE.search(body) is not None
                 and setting_of(body) is not None
             )
             if not sets:
@@ -336,7 +341,7 @@ class BuiltinSummarizer:
             return None
         if _IMPERATIVE.match(body):
             return "rule"
-        if not sentence.endswith(("?", "？")) and setting_of(body) is not None:
+        if setting_of(body) is not None:
             return "rule"
         if may_set and _SETTING.search(sentence, slow):
             return "rule"

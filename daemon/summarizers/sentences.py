@@ -38,7 +38,9 @@ _PASTED_LINE = re.compile(
     r"|\s*[{\[]\s*\"[^\"\n]*\"\s*[:,]"
     r"|\s*(?:\$|>>>|\.\.\.|❯|%|#)\s+\S.*\S$(?<![.!?。！？])"
     r"|\s*[\w.-]+@[\w.-]+:\S*[$#]\s"
-    r"|\s*(?:[\w./\\-]+\.\w+):\d+(?::\d+)?:\s"
+    r"|\s*(?:[\w./\\-]+\.\w+):\d+(?::\d+)?(?::|\s+\[)\s*"
+    r"|.*\b[A-Z]\w*(?:Error|Exception):\s"
+    r"|\s*\{.*\}\s*$|\s*\{\s*\w+:\s"
     r"|\s*(?:error|warning|note|help)(?:\[\w+\])?: "
     r"|\s*-->\s+\S+:\d+"
     r"|\s*npm (?:err|warn)!"
@@ -196,7 +198,8 @@ SERIES = re.compile(
 )
 # A request to do something: a task for the agent, never a standing rule.
 _REQUEST = re.compile(
-    r"^\W*(?:(?:ok(?:ay)?|now|next|then|also|and|so|first|finally|great|thanks|right)\b[,!.]?\s*)*"
+    r"^\W*(?:(?:ok(?:ay)?|now|next|then|also|and|so|first|finally|great|thanks|right"
+    r"|after that|afterwards|after this)\b[,!.]?\s*)*"
     r"(?:(?:please|pls|kindly)\b\s*|(?:can|could|would|will) you\b\s*(?:please\s+)?"
     r"|i(?:[’']d| would) like you to\s+|i (?:want|need) you to\s+|go ahead and\s+"
     r"|let[’']?s\s+(?=check|look|run|review|see|try|start|continue|fix|test)"
