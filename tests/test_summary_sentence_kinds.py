@@ -47,6 +47,30 @@ def marked(summary: Summary, section: str) -> list[tuple[str, bool]]:
 # ------------------------------------------------------------ deontic vs request
 
 
+def test_questions_lead_ins_and_narration_are_not_rules() -> None:
+    summary = run(users(
+        "Why don't the diffs show in the viewer when the timeline has them?",
+        "Do NOT:\n- add heavy libraries\n- add 3D engines",
+        "Raveera is a premium event platform, not rave-only or nightlife-only.",
+        "I never said to rewrite that file.",
+        "hook.js:608 [ErrorBoundary:App] ReferenceError: React is not defined",
+        "Bot 排除不要只靠已知名單。",
+        "部署前必須先跑完整測試。",
+    ))
+    assert texts(summary, "constraints") == [
+        # a lead-in's rules are the items under it
+        "Do NOT: add heavy libraries",
+        "Do NOT: add 3D engines",
+        "Bot 排除不要只靠已知名單。",
+        "部署前必須先跑完整測試。",
+    ]
+    assert texts(summary, "goals") == [
+        "Why don't the diffs show in the viewer when the timeline has them?",
+        "Raveera is a premium event platform, not rave-only or nightlife-only.",
+        "I never said to rewrite that file.",
+    ]
+
+
 def test_rules_need_deontic_force_and_requests_are_goals_in_english() -> None:
     summary = run(users(
         "Step 74: please check module m74.py and run its tests.",
@@ -263,6 +287,9 @@ BOILERPLATE = {
               "commands. DO NOT respond to these messages or otherwise consider them in your "
               "response unless the user explicitly asks you to.",
     "placeholder": "[Pasted text #1 +35 lines] [Image #2] [REDACTED]",
+    "hook": "Stop hook feedback: [scripts/hooks/stop.sh]: Cannot exit with unstaged changes. "
+            "Before stopping, you must commit or stash them.",
+    "interrupted": "[Request interrupted by user for tool use]",
 }
 
 

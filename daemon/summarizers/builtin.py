@@ -232,14 +232,28 @@ class BuiltinSummarizer:
         # the item the previous sentence went into: a hedge or a confirmation that
         # follows ("I haven't confirmed that", "不过这只是推测") is about it
         last: _Entry | None = None
+        # "Do NOT:" or "必须：" before a list: each item of the list is one of its rules
+        lead: str | None = None
         for unit in units(text):
             if unit.pasted:
                 # pasted output is evidence: its error line is kept below, nothing of it
                 # is a rule, a request or a decision
-                last = None
+                last = lead = None
                 continue
             sentence = unit.text
+            if lead is not None and unit.item:
+                last = draft.add(
+                    "constraints",
+                    trim_keeping_hedge(f"{lead} {sentence}", self.max_constraint_chars),
+                    [mid],
+                )
+                continue
+            lead = None
             slow = sentence.lower()
+            if introduces_list(sentence) and _deontic(sentence):
+                if len(sentence.split()) <= 3:
+                    lead = sentence
+                    continue
             hedged = is_hedged(sentence)
             if hedged and qualifies_previous(sentence, hedged):
                 if last is not None:
@@ -313,9 +327,6 @@ class BuiltinSummarizer:
         """
         if sentence.endswith(("?", "？")):
             # "why don't they show in the viewer?" asks; it sets no rule
-            return None
-        if introduces_list(sentence) and len(sentence.split()) <= 3:
-            # "Do NOT:", "Ensure:": the rules are the lines that follow
             return None
         body = strip_series(sentence)
         if is_request(sentence):
