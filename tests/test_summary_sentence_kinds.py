@@ -183,6 +183,16 @@ def test_the_agent_s_guess_is_kept_with_its_hedge() -> None:
     ]
 
 
+def test_the_agent_s_headings_and_questions_are_no_items() -> None:
+    summary = run([{"id": 1, "role": "assistant", "content":
+                    "## ✅ TODO App Creation Complete\n**Next Steps**\n"
+                    "- We still need to add tests for the parser.\n"
+                    "Want me to switch to a toast instead of logging?\n"
+                    "I'll use SQLite for the cache."}])
+    assert texts(summary, "open_items") == ["We still need to add tests for the parser."]
+    assert texts(summary, "decisions") == ["I'll use SQLite for the cache."]
+
+
 # ---------------------------------------------------------- pasted output is evidence
 
 

@@ -53,6 +53,7 @@ from ctxd.daemon.summarizers.paths import (
 )
 from ctxd.daemon.summarizers.sentences import (
     introduces_list,
+    is_heading,
     is_request,
     qualifies_previous,
     strip_series,
@@ -279,7 +280,7 @@ class BuiltinSummarizer:
                     draft.supersede_setting(entry, mid)
                 last = entry
                 continue
-            if may_open and _OPEN.search(sentence, slow):
+            if may_open and _OPEN.search(sentence, slow) and not is_heading(sentence):
                 last = draft.add("open_items", _trim(sentence, self.max_item_chars), [mid])
                 continue
             if hedged and not is_request(sentence):
@@ -383,9 +384,17 @@ class BuiltinSummarizer:
             if is_confirmation(sentence, hedged):
                 draft.confirm(sentence, last)
             last = None
+            if is_heading(sentence):
+                # "**Next Steps**": what follows is the content
+                continue
             if may_open and _OPEN.search(sentence, slow):
                 last = draft.add("open_items", _trim(sentence, self.max_item_chars), [mid])
-            elif may_decide and decisions < 3 and _DECISION.search(sentence, slow):
+            elif (
+                may_decide
+                and decisions < 3
+                and not sentence.endswith(("?", "？"))
+                and _DECISION.search(sentence, slow)
+            ):
                 decisions += 1
                 last = draft.add(
                     "decisions",

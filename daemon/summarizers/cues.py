@@ -142,7 +142,9 @@ _FIRM_DECISION = _Cue(
 )
 
 _OPEN = _Cue(
-    r"(?-i:\bTODO\b|\bFIXME\b)|\bnext steps?\b|\bstill (?:need|needs|have to|has to)\b"
+    # "a TODO app" is a kind of app, not a thing left to do
+    r"(?-i:\bTODO\b(?!\s+(?:app|list|item|application|manager)s?\b)|\bFIXME\b)"
+    r"|\bnext steps?\b|\bstill (?:need|needs|have to|has to)\b"
     r"|\bnot (?:yet )?(?:done|implemented|finished)\b|\bfollow[- ]up\b|\bleft to do\b"
     r"|待办|下一步|还需要|尚未|待完成|待处理",
     "todo|fixme|next step|still need|still have to|still has to|not done|not yet"

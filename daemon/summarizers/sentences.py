@@ -240,3 +240,17 @@ def is_request(sentence: str) -> bool:
 def introduces_list(sentence: str) -> bool:
     """"Use Task Master MCP to set task status:": a lead-in to what follows."""
     return sentence.rstrip().endswith((":", "："))
+
+
+_HEADING_MARKS = re.compile(r"^[#*_\s]+|[*_:：\s]+$")
+
+
+def is_heading(sentence: str) -> bool:
+    """"**Next Steps**", "### Follow-up", "next steps:": a title over what follows, not
+    an item of its own."""
+    s = sentence.strip()
+    bare = _HEADING_MARKS.sub("", s)
+    marked = s.startswith(("#", "**", "__")) or s.endswith((":", "："))
+    if not marked and bare == s:
+        return False
+    return len(bare.split()) <= 6 and len(bare) <= 60 and not bare.endswith((".", "。"))
