@@ -361,6 +361,10 @@ def test_a_folded_line_keeps_folding_across_summaries_and_in_chinese() -> None:
 
     zh = run(users(*[f"第 {n} 步：请检查模块 m{n}.py 并运行测试。" for n in range(1, 21)]))
     assert texts(zh, "goals") == ["第 1–20 步：检查模块 mN.py 并运行测试（共 20 条请求）"]
+    bare = run(users(*[f"请检查模块 m{n}.py 并运行测试。" for n in range(5, 8)]))
+    assert texts(bare, "goals") == ["检查模块 mN.py 并运行测试（N = 5–7，共 3 条请求）"]
+    bare = run(users("请检查模块 m8.py 并运行测试。", start=9), previous=bare)
+    assert texts(bare, "goals") == ["检查模块 mN.py 并运行测试（N = 5–8，共 4 条请求）"]
     # requests that differ in more than a number stay apart
     apart = run(users("Please tidy the parser module.", "Please tidy the cache module."))
     assert texts(apart, "goals") == [

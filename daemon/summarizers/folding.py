@@ -27,6 +27,8 @@ _FOLDED_ZH = re.compile(
     r"^第 (?P<lo>\d+)–(?P<hi>\d+) (?P<word>\S)：(?P<body>.+)（共 (?P<n>\d+) 条请求）$"
 )
 _FOLDED_BARE = re.compile(r"^(?P<body>.+) \(N = (?P<lo>\d+)–(?P<hi>\d+), (?P<n>\d+) requests\)$")
+_FOLDED_BARE_ZH = re.compile(r"^(?P<body>.+)（N = (?P<lo>\d+)–(?P<hi>\d+)，共 (?P<n>\d+) 条请求）$")
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
 
 
 @dataclass
@@ -69,7 +71,9 @@ def shape_of(text: str) -> _Shape | None:
 
 
 def _parse_folded(text: str) -> tuple[_Shape, int, int, int] | None:
-    for pattern, zh in ((_FOLDED_EN, False), (_FOLDED_ZH, True), (_FOLDED_BARE, False)):
+    for pattern, zh in (
+        (_FOLDED_EN, False), (_FOLDED_ZH, True), (_FOLDED_BARE, False), (_FOLDED_BARE_ZH, False)
+    ):
         m = pattern.match(text)
         if m:
             word = m.groupdict().get("word")
@@ -96,6 +100,8 @@ class _Fold:
             return f"第 {span} {s.word}：{s.body}（共 {self.count} 条请求）"
         if s.word:
             return f"{s.word}s {span}: {s.body} ({self.count} requests)"
+        if _CJK.search(s.body):
+            return f"{s.body}（N = {span}，共 {self.count} 条请求）"
         return f"{s.body} (N = {span}, {self.count} requests)"
 
 
