@@ -10,25 +10,20 @@ fails.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from ctxd.daemon.messages import content_text
 from ctxd.daemon.summarizers.boilerplate import clean
 from ctxd.daemon.summarizers.cues import (
-    _ADDITIVE,
     _CALL_ID_NOTE,
     _CJK_RUN,
-    _CONSTRAINT,
     _CORRECTION,
     _DECISION,
     _ERROR_ANY,
     _ERROR_LINE,
     _FAILURE_START,
-    _IMPERATIVE,
     _OPEN,
     _SETTING,
-    _WEAK_CONSTRAINT,
     _error_excerpt,
     _is_error_text,
     _trim,
@@ -39,11 +34,11 @@ from ctxd.daemon.summarizers.facts import (
     artifacts_of,
     is_confirmation,
     is_hedged,
-    setting_of,
     trim_keeping_hedge,
 )
 from ctxd.daemon.summarizers.fit import fit
 from ctxd.daemon.summarizers.folding import Folds
+from ctxd.daemon.summarizers.kinds import is_deontic, user_kind
 from ctxd.daemon.summarizers.paths import (
     _PATH_KEYS,
     _find_paths,
@@ -56,24 +51,9 @@ from ctxd.daemon.summarizers.sentences import (
     is_heading,
     is_request,
     qualifies_previous,
-    strip_series,
     units,
 )
 from ctxd.daemon.summary import SECTIONS, Summary, SummaryRequest
-
-# a verb that sets a value: a request that has one ("please raise the batch size to
-# 2000") still changes a setting
-_SETS_VALUE = re.compile(
-    r"\b(?:set|raise|lower|increase|decrease|reduce|bump|change|switch|limit|cap|use"
-    r"|should be|must be|from now on)\b"
-    r"|设为|设置为|设成|改到|改成|改为|调整|调到|换成|改用|使用|用|统一",
-    re.IGNORECASE,
-)
-
-
-def _deontic(rule: str) -> bool:
-    low = rule.lower()
-    return _CONSTRAINT.search(rule, low) or _WEAK_CONSTRAINT.search(rule, low)
 
 # -------------------------------------------------------------------- summarizer
 
@@ -216,7 +196,7 @@ class BuiltinSummarizer:
         cleaned = clean(text)
         for rule in cleaned.rules:
             # a rule of an AGENTS.md / CLAUDE.md block: verbatim, one item per line
-            if _deontic(rule):
+            if is_deontic(rule):
                 draft.add(
                     "constraints", trim_keeping_hedge(rule, self.max_constraint_chars), [mid]
                 )
@@ -251,7 +231,7 @@ class BuiltinSummarizer:
                 continue
             lead = None
             slow = sentence.lower()
-            if introduces_list(sentence) and _deontic(sentence):
+            if introduces_list(sentence) and is_deontic(sentence):
                 if len(sentence.split()) <= 3:
                     lead = sentence
                     continue
@@ -265,7 +245,7 @@ class BuiltinSummarizer:
                 continue
             if is_confirmation(sentence, hedged):
                 draft.confirm(sentence, last)
-            kind = self._user_kind(sentence, slow, may_correct, may_set)
+            kind = user_kind(sentence, slow, may_correct, may_set)
             if kind is not None:
                 is_correction = kind == "correction"
                 entry = draft.add(
@@ -316,48 +296,6 @@ class BuiltinSummarizer:
             else:
                 folds.add(draft, request, mid, unconfirmed=goal_hedged)
         return "\n".join([*cleaned.rules, text])
-
-    @staticmethod
-    def _user_kind(sentence: str, slow: str, may_correct: bool, may_set: bool) -> str | None:
-        """"correction" or "rule" when a sentence of the user is a constraint, else None.
-
-        A rule has deontic force (must, never, only, do not, 必须, 不要...) or sets how
-        something is (a setting, "use port 8080"); a request to do something ("please
-        check X", "Step 74: run the tests", "请看一下…") is a task, whatever numbers it
-        names.
-        """
-        if sentence.endswith(("?", "？")):
-            # "why don't they show in the viewer?" asks; it sets no rule
-            return None
-        body = strip_series(sentence)
-        if is_request(sentence):
-            sets = (
-                _SETS_VALUE.search(body) is not None
-                and setting_of(body) is not None
-            )
-            if not sets:
-                # a task; "please never push to main" is still a rule, "please check
-                # m74.py and make sure its tests pass" is the request itself
-                return "rule" if _CONSTRAINT.search(sentence, slow) else None
-        if (
-            may_correct
-            and _CORRECTION.search(sentence, slow)
-            and not _ADDITIVE.search(sentence)
-        ):
-            return "correction"
-        if _CONSTRAINT.search(sentence, slow):
-            return "rule"
-        if _WEAK_CONSTRAINT.search(sentence, slow):
-            return "rule"
-        if introduces_list(sentence):
-            return None
-        if _IMPERATIVE.match(body):
-            return "rule"
-        if setting_of(body) is not None:
-            return "rule"
-        if may_set and _SETTING.search(sentence, slow):
-            return "rule"
-        return None
 
     def _read_assistant(self, draft: _Draft, mid: int, text: str) -> None:
         if not text:
