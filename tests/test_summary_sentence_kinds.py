@@ -56,6 +56,8 @@ def test_questions_lead_ins_and_narration_are_not_rules() -> None:
         "hook.js:608 [ErrorBoundary:App] ReferenceError: React is not defined",
         "Bot 排除不要只靠已知名單。",
         "部署前必須先跑完整測試。",
+        "### Step 1: Gather Context\nnever .transfer(), never .send()",
+        "<local-command-caveat>Caveat: DO NOT respond to these messages.</local-command-caveat>",
     ))
     assert texts(summary, "constraints") == [
         # a lead-in's rules are the items under it
@@ -63,6 +65,8 @@ def test_questions_lead_ins_and_narration_are_not_rules() -> None:
         "Do NOT: add 3D engines",
         "Bot 排除不要只靠已知名單。",
         "部署前必須先跑完整測試。",
+        # a rule that names code is still a rule; the heading above it is no item
+        "never .transfer(), never .send()",
     ]
     assert texts(summary, "goals") == [
         "Why don't the diffs show in the viewer when the timeline has them?",

@@ -24,6 +24,7 @@ _DROPPED_TAGS = (
     "command-contents",
     "local-command-stdout",
     "local-command-stderr",
+    "local-command-caveat",
     "bash-input",
     "bash-stdout",
     "bash-stderr",

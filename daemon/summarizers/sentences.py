@@ -57,6 +57,7 @@ _CODE_LINE = re.compile(
     r"|assert|print|console\.\w+)\b.*[(){}\[\];=:]\s*$"
     r"|^\s*[\w.\[\]\"']+\s*(?:=|\+=|-=|==|=>|->)\s*\S+.*[;)\]}]?\s*$(?<![.!?。！？])",
 )
+_MD_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+\S")
 _LIST_ITEM = re.compile(r"^(?:[-*•]|\d+[.)])\s+")
 _CHECKLIST = re.compile(r"^(?:[-*+]\s*)?\[[ xX]\]\s")
 # how much of a line is code punctuation: more than this, and it is not prose
@@ -77,7 +78,8 @@ def is_pasted_line(line: str) -> bool:
     if _CODE_LINE.match(s) and not re.search(r"[\u4e00-\u9fff]", s):
         return True
     n = len(s)
-    return n >= 12 and len(_SYMBOLS.findall(s)) >= max(4, n // 8)
+    # "never .transfer(), never .send()" is a rule that names code, not code
+    return n >= 12 and len(_SYMBOLS.findall(s)) >= max(6, n // 8)
 
 
 @dataclass
@@ -135,6 +137,9 @@ def _prose_units(text: str) -> list[Unit]:
     out: list[Unit] = []
     pasted: list[str] = []
     for line in text.splitlines():
+        if _MD_HEADING.match(line):
+            # "### Step 1: Gather Context" titles what follows; it asks and sets nothing
+            continue
         if is_pasted_line(line):
             pasted.append(line)
             continue
@@ -194,8 +199,8 @@ def qualifies_previous(sentence: str, hedged: bool | None = None) -> bool:
 
 # "Step 74:", "Task #3 -", "turn 53:", "第 74 步：", "3)" : the label of a numbered series
 SERIES = re.compile(
-    r"^\s*(?:(?P<word>step|task|turn|item|part|phase|round|iteration|ticket|question|case"
-    r"|batch|chunk|job)\s*#?\s*(?P<n>\d+)\s*[:：.)\-–—]\s*"
+    r"^\s*(?:(?P<word>step|task|subtask|turn|item|part|phase|stage|round|iteration|ticket"
+    r"|question|case|batch|chunk|job|change|milestone)\s*#?\s*(?P<n>\d+)\s*[:：.)\-–—]\s*"
     r"|第\s*(?P<zn>\d+)\s*(?P<zw>[步项个轮题条批])\s*[:：、，,.]?\s*)",
     re.IGNORECASE,
 )
