@@ -304,6 +304,8 @@ BOILERPLATE = {
     "hook": "Stop hook feedback: [scripts/hooks/stop.sh]: Cannot exit with unstaged changes. "
             "Before stopping, you must commit or stash them.",
     "interrupted": "[Request interrupted by user for tool use]",
+    "skill": "Base directory for this skill: /home/u/.claude/skills/roast\n\n# Roast\n"
+             "You must always be blunt.",
 }
 
 
@@ -369,6 +371,11 @@ def test_a_folded_line_keeps_folding_across_summaries_and_in_chinese() -> None:
     assert texts(bare, "goals") == ["检查模块 mN.py 并运行测试（N = 5–7，共 3 条请求）"]
     bare = run(users("请检查模块 m8.py 并运行测试。", start=9), previous=bare)
     assert texts(bare, "goals") == ["检查模块 mN.py 并运行测试（N = 5–8，共 4 条请求）"]
+    # the same request twice is one item citing both, not a series
+    again = run(users("Deploy it with 5 replicas now.", "Deploy it with 5 replicas now."))
+    assert [(i.text, i.sources) for i in again.sections["goals"]] == [
+        ("Deploy it with 5 replicas now.", [1, 2])
+    ]
     # requests that differ in more than a number stay apart
     apart = run(users("Please tidy the parser module.", "Please tidy the cache module."))
     assert texts(apart, "goals") == [

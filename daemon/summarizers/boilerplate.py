@@ -60,7 +60,9 @@ _CONTINUATION = re.compile(
     # hook output and interruptions the front end writes as a user message
     r"|(?:stop|subagentstop|pretooluse|posttooluse|userpromptsubmit|sessionstart) hook "
     r"(?:feedback|error|blocking error)"
-    r"|\[request interrupted by user[^\]]*\]\s*$)",
+    r"|\[request interrupted by user[^\]]*\]\s*$"
+    # a skill's instructions, loaded from its file when the skill runs
+    r"|base directory for this skill: )",
     re.IGNORECASE,
 )
 _CAVEAT = re.compile(

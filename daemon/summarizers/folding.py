@@ -139,6 +139,9 @@ class Folds:
             return entry
         if mid in fold.entry.sources:
             return fold.entry
+        if fold.count == 1 and fold.lo == shape.number:
+            # the same request again, not a series: one item citing both
+            return draft.add("goals", text, [mid], unconfirmed=unconfirmed)
         if fold.shape.body != shape.body:
             # the requests differ in more than their own number: every number varies
             fold.shape.body = _DIGITS.sub("N", fold.shape.body)
