@@ -256,8 +256,8 @@ def test_agents_md_bullets_are_constraints_verbatim() -> None:
         "2. Always write tests first.\n</user_instructions>"
     )
     preamble = (
-        "## Guidelines\n- Only use the public API.\n- Prefer short functions.\n"
-        "- 禁止使用全局变量。"
+        "## Guidelines\n- Only use the public API.\n- 禁止使用全局变量。\n"
+        "- Add a health check to the worker.\n"
     )
     reminder = (
         "<system-reminder>\nAs you answer the user's questions, you can use the following "
@@ -276,7 +276,10 @@ def test_agents_md_bullets_are_constraints_verbatim() -> None:
         "禁止使用全局变量。",
         "NEVER edit generated files in gen/.",
     ]
-    assert texts(summary, "goals") == ["Please add a health endpoint."]
+    # under a generic "## Guidelines" heading, a request is still a request
+    assert texts(summary, "goals") == [
+        "Add a health check to the worker.", "Please add a health endpoint."
+    ]
 
 
 # -------------------------------------------------------- boilerplate left out

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ctxd.daemon.summarizers.cues import _CONSTRAINT, _WEAK_CONSTRAINT
+
 # Tags whose whole content is markup or machine output, never the person's words.
 _DROPPED_TAGS = (
     "environment_context",
@@ -50,9 +52,9 @@ _RULE_TAGS = re.compile(
 _CLAUDE_MD = re.compile(r"<system-reminder>(.*?claude(?:md|\.md).*?)(?:</system-reminder>|\Z)",
                         re.DOTALL | re.IGNORECASE)
 _RULES_HEADING = re.compile(
-    r"^\s*#{1,6}\s*(?:(?:[\w./-]*/)?(?:agents|claude|gemini|copilot-instructions)\.md\b.*"
+    r"^\s*#{1,6}\s*(?:(?P<file>(?:[\w./-]*/)?(?:agents|claude|gemini|copilot-instructions)\.md\b.*)"
     r"|(?:project |user |coding |house )?(?:rules|guidelines|instructions|conventions"
-    r"|constraints|requirements)\s*:?\s*)$",
+    r"|constraints)\s*:?\s*)$",
     re.IGNORECASE | re.MULTILINE,
 )
 _CONTINUATION = re.compile(
@@ -92,6 +94,16 @@ class Cleaned:
     rules: list[str] = field(default_factory=list)
     # the message was boilerplate as a whole (a continuation preamble, a slash command)
     boilerplate: bool = False
+
+
+def _is_deontic(line: str) -> bool:
+    low = line.lower()
+    return _CONSTRAINT.search(line, low) or _WEAK_CONSTRAINT.search(line, low)
+
+
+def _rule_text(line: str) -> str:
+    m = _RULE_LINE.match(line)
+    return m.group(1) if m else line.strip()
 
 
 def _rule_lines(block: str) -> list[str]:
@@ -134,9 +146,18 @@ def clean(text: str) -> Cleaned:
     text = _PLACEHOLDER.sub(" ", text)
     heading = _RULES_HEADING.search(text)
     if heading and not text[: heading.start()].strip():
-        # A preamble of rules sent as a user message ("# AGENTS.md instructions for
-        # /repo", "## Rules"): every line of it is a rule or a heading, none a request.
-        rules += _rule_lines(text[heading.end() :])
-        text = ""
+        body = text[heading.end() :]
+        if heading.group("file"):
+            # An AGENTS.md / CLAUDE.md sent as a user message ("# AGENTS.md instructions
+            # for /repo"): every line of it is a rule or a heading, none a request.
+            rules += _rule_lines(body)
+            text = ""
+        else:
+            # "## Rules" over a message: its rules are verbatim, the rest is read as usual
+            lines = _rule_lines(body)
+            ruled = [line for line in lines if _is_deontic(line)]
+            rules += ruled
+            rest = [line for line in body.splitlines() if _rule_text(line) not in ruled]
+            text = "\n".join(rest)
     text = _LEFTOVER_TAG.sub("", text)
     return Cleaned(text.strip(), rules, boilerplate=not text.strip() and not rules)
