@@ -166,14 +166,17 @@ def test_a_hedge_marks_its_own_clause_in_chinese() -> None:
         "禁止直接推到 main 分支。我猜是缓存过期了，不过还没确认。",
         "支付服务的工作进程必须留在只读副本上。这一点尚未确认。",
         "请修复登录的问题。导出慢可能是连接池引起的。",
+        "不要改 vendor 目录，我猜是缓存的问题。",
     ))
     assert marked(summary, "constraints") == [
         ("禁止直接推到 main 分支。", False),
         ("支付服务的工作进程必须留在只读副本上。", True),
+        ("不要改 vendor 目录", False),
     ]
     assert marked(summary, "open_items") == [
         ("我猜是缓存过期了，不过还没确认。", True),
         ("导出慢可能是连接池引起的。", True),
+        ("我猜是缓存的问题。", True),
     ]
     assert marked(summary, "goals") == [("请修复登录的问题。", False)]
     assert "- [推测] 我猜是缓存过期了，不过还没确认。 [msg 1]" in summary.render()

@@ -96,7 +96,10 @@ class Unit:
 # rule before it, so the hedge marks the guess and the rule stays firm.
 _CLAUSE_CUT = re.compile(
     r"(?:,|;|，|；)\s*(?=(?:but|however|though|although|and|while|但是?|不过|可是|而且)\b)"
-    r"|(?:,|，)\s*(?=(?:但是?|不过|可是)\S)",
+    r"|(?:,|，)\s*(?=(?:但是?|不过|可是)\S)"
+    # "never touch vendor/, I suspect the cache is stale": a guess after a comma
+    r"|(?:,|;|，|；)\s*(?=(?:i (?:suspect|think|guess|believe)|maybe|perhaps|probably)\b"
+    r"|我猜|我觉得|我怀疑|我估计|可能|也许|或许|估计)",
     re.IGNORECASE,
 )
 
