@@ -268,7 +268,12 @@ def test_agents_md_bullets_are_constraints_verbatim() -> None:
         "- NEVER edit generated files in gen/.\n- Use uv for installs.\n</system-reminder>\n"
         "Please add a health endpoint."
     )
-    summary = run(users(codex, wrapped, preamble, reminder))
+    skill = (
+        "Base directory for this skill: /home/u/.claude/skills/roast\n\n# Roast my product\n"
+        "Read the pitch, then score it.\n- Don't sandwich with compliments.\n"
+        "- Never say \"overall it's pretty good\" — find the problems."
+    )
+    summary = run(users(codex, wrapped, preamble, reminder, skill))
     assert texts(summary, "constraints") == [
         "do NOT activate any existing venv",
         "Commits MUST pass lint (MUST, Blocking)",
@@ -278,6 +283,9 @@ def test_agents_md_bullets_are_constraints_verbatim() -> None:
         "Only use the public API.",
         "禁止使用全局变量。",
         "NEVER edit generated files in gen/.",
+        # a skill's instructions bind the agent like an AGENTS.md
+        "Don't sandwich with compliments.",
+        "Never say \"overall it's pretty good\" — find the problems.",
     ]
     # under a generic "## Guidelines" heading, a request is still a request
     assert texts(summary, "goals") == [
@@ -310,8 +318,7 @@ BOILERPLATE = {
     "hook": "Stop hook feedback: [scripts/hooks/stop.sh]: Cannot exit with unstaged changes. "
             "Before stopping, you must commit or stash them.",
     "interrupted": "[Request interrupted by user for tool use]",
-    "skill": "Base directory for this skill: /home/u/.claude/skills/roast\n\n# Roast\n"
-             "You must always be blunt.",
+
 }
 
 
