@@ -384,6 +384,10 @@ def test_a_folded_line_keeps_folding_across_summaries_and_in_chinese() -> None:
     assert texts(bare, "goals") == ["检查模块 mN.py 并运行测试（N = 5–7，共 3 条请求）"]
     bare = run(users("请检查模块 m8.py 并运行测试。", start=9), previous=bare)
     assert texts(bare, "goals") == ["检查模块 mN.py 并运行测试（N = 5–8，共 4 条请求）"]
+    batches = run(users(*[f"Batch {n}: import part{n}.csv." for n in range(1, 4)]))
+    assert texts(batches, "goals") == ["Batches 1–3: import partN.csv (3 requests)"]
+    batches = run(users("Batch 4: import part4.csv.", start=7), previous=batches)
+    assert texts(batches, "goals") == ["Batches 1–4: import partN.csv (4 requests)"]
     # the same request twice is one item citing both, not a series
     again = run(users("Deploy it with 5 replicas now.", "Deploy it with 5 replicas now."))
     assert [(i.text, i.sources) for i in again.sections["goals"]] == [

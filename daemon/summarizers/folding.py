@@ -21,7 +21,7 @@ _DIGITS = re.compile(r"\d+")
 _LEAD = re.compile(r"^\W*(?:(?:please|pls|kindly)\b\s*,?\s*|请)", re.IGNORECASE)
 # what a folded line looks like, so the next compaction can extend it
 _FOLDED_EN = re.compile(
-    r"^(?P<word>[A-Z][a-z]+)s (?P<lo>\d+)–(?P<hi>\d+): (?P<body>.+) \((?P<n>\d+) requests\)$"
+    r"^(?P<word>[A-Z][a-z]+) (?P<lo>\d+)–(?P<hi>\d+): (?P<body>.+) \((?P<n>\d+) requests\)$"
 )
 _FOLDED_ZH = re.compile(
     r"^第 (?P<lo>\d+)–(?P<hi>\d+) (?P<word>\S)：(?P<body>.+)（共 (?P<n>\d+) 条请求）$"
@@ -77,6 +77,9 @@ def _parse_folded(text: str) -> tuple[_Shape, int, int, int] | None:
         m = pattern.match(text)
         if m:
             word = m.groupdict().get("word")
+            if word and not zh:
+                # back from the plural the line was written with
+                word = word[:-2] if word.endswith(("ches", "shes", "xes", "sses")) else word[:-1]
             body = m.group("body")
             shape = _Shape(
                 f"{word or ''}|{zh}|" + _DIGITS.sub("#", _norm(body)), word, zh, None, body
@@ -99,7 +102,8 @@ class _Fold:
         if s.zh:
             return f"第 {span} {s.word}：{s.body}（共 {self.count} 条请求）"
         if s.word:
-            return f"{s.word}s {span}: {s.body} ({self.count} requests)"
+            plural = s.word + ("es" if s.word.endswith(("ch", "sh", "x", "s")) else "s")
+            return f"{plural} {span}: {s.body} ({self.count} requests)"
         if _CJK.search(s.body):
             return f"{s.body}（N = {span}，共 {self.count} 条请求）"
         return f"{s.body} (N = {span}, {self.count} requests)"
