@@ -49,8 +49,9 @@ _RULE_TAGS = re.compile(
 )
 # A reminder that carries CLAUDE.md ("Contents of /repo/CLAUDE.md (project
 # instructions...)") holds the project's rules, not machine noise.
-_CLAUDE_MD = re.compile(r"<system-reminder>(.*?claude(?:md|\.md).*?)(?:</system-reminder>|\Z)",
-                        re.DOTALL | re.IGNORECASE)
+_REMINDER = re.compile(r"<system-reminder>(.*?)(?:</system-reminder>|\Z)",
+                       re.DOTALL | re.IGNORECASE)
+_CLAUDE_MD = re.compile(r"claude(?:md|\.md)", re.IGNORECASE)
 _RULES_HEADING = re.compile(
     r"^\s*#{1,6}\s*(?:(?P<file>(?:[\w./-]*/)?(?:agents|claude|gemini|copilot-instructions)\.md\b.*)"
     r"|(?:project |user |coding |house )?(?:rules|guidelines|instructions|conventions"
@@ -133,9 +134,9 @@ def clean(text: str) -> Cleaned:
         return Cleaned("", _rule_lines(text[skill.end() :]))
     rules: list[str] = []
     if "<" in text:
-        for m in _CLAUDE_MD.finditer(text):
-            rules += _rule_lines(m.group(1))
-        text = _CLAUDE_MD.sub("\n", text)
+        for m in _REMINDER.finditer(text):
+            if _CLAUDE_MD.search(m.group(1)):
+                rules += _rule_lines(m.group(1))
         for m in _RULE_TAGS.finditer(text):
             rules += _rule_lines(m.group(2))
         text = _RULE_TAGS.sub("\n", text)

@@ -68,6 +68,11 @@ def is_pasted_line(line: str) -> bool:
     s = line.strip()
     if not s:
         return False
+    if len(s) > 8000:
+        # nobody writes a sentence this long: a minified file, a blob, a log dump
+        return True
+    # what a line is shows at its start; the patterns never need to read a whole blob
+    line, s = line[:2000], s[:2000]
     if _CHECKLIST.match(s):
         return True
     if _LIST_ITEM.match(s):
