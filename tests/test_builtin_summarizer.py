@@ -609,7 +609,12 @@ def big_conversation(n: int) -> list[dict[str, Any]]:
     for mid in range(1, n + 1):
         kind = mid % 5
         if kind == 1:
-            messages.append(user(mid, f"Refactor src/mod_{mid}.py for batch {mid}. {filler}"))
+            # a word of its own per request: requests alike but for their numbers fold
+            # into one line, and this conversation is meant to overflow the budget
+            word = "".join(chr(97 + int(d)) for d in str(mid))
+            messages.append(
+                user(mid, f"Refactor src/mod_{mid}.py for the {word} batch. {filler}")
+            )
         elif kind == 2:
             messages.append(
                 assistant(
@@ -810,8 +815,10 @@ def test_tiny_budget_truncates_then_drops_constraints() -> None:
 def test_instructions_protect_matching_items() -> None:
     messages: list[dict[str, Any]] = []
     for n in range(1, 41):
-        topic = "database migration" if n == 3 else f"widget {n} styling"
-        messages.append(user(n, f"Please improve the {topic} in module {n} today."))
+        # a word per widget, not a number: requests alike but for a number fold into one
+        word = "".join(chr(97 + int(d)) for d in str(n))
+        topic = "database migration" if n == 3 else f"widget {word} styling"
+        messages.append(user(n, f"Please improve the {topic} in the {word} module today."))
     plain = run(messages, budget=120)
     focused = run(messages, budget=120, instructions="focus on the database migration")
     assert count_tokens(focused.render()) <= 120

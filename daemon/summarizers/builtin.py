@@ -13,41 +13,45 @@ from __future__ import annotations
 from typing import Any
 
 from ctxd.daemon.messages import content_text
+from ctxd.daemon.summarizers.boilerplate import clean
 from ctxd.daemon.summarizers.cues import (
-    _ADDITIVE,
     _CALL_ID_NOTE,
     _CJK_RUN,
-    _CONSTRAINT,
     _CORRECTION,
     _DECISION,
     _ERROR_ANY,
     _ERROR_LINE,
     _FAILURE_START,
-    _IMPERATIVE,
     _OPEN,
     _SETTING,
-    _WEAK_CONSTRAINT,
     _error_excerpt,
     _is_error_text,
-    _sentences,
     _trim,
 )
 from ctxd.daemon.summarizers.draft import _Call, _Draft, _Entry
 from ctxd.daemon.summarizers.facts import (
+    _HEDGE,
     artifacts_of,
     is_confirmation,
-    is_hedge_only,
     is_hedged,
-    setting_of,
     trim_keeping_hedge,
 )
 from ctxd.daemon.summarizers.fit import fit
+from ctxd.daemon.summarizers.folding import Folds
+from ctxd.daemon.summarizers.kinds import is_deontic, user_kind
 from ctxd.daemon.summarizers.paths import (
     _PATH_KEYS,
     _find_paths,
     _key_args,
     _parse_args,
     _walk_strings,
+)
+from ctxd.daemon.summarizers.sentences import (
+    introduces_list,
+    is_heading,
+    is_request,
+    qualifies_previous,
+    units,
 )
 from ctxd.daemon.summary import SECTIONS, Summary, SummaryRequest
 
@@ -109,6 +113,8 @@ class BuiltinSummarizer:
             if m.get("role") == "tool" and m.get("tool_call_id") is not None
         }
         self._load_previous(draft, request.previous, answered)
+        folds = Folds()
+        folds.load(draft)
 
         files: dict[str, list[int]] = {}
         calls: dict[str, _Call] = {}
@@ -120,7 +126,8 @@ class BuiltinSummarizer:
             # many in passing, so it gets a tighter bound.
             limit = self.max_paths_per_message * 2
             if role == "user":
-                self._read_user(draft, mid, text)
+                # boilerplate (the run's environment, IDE tabs) names no file of the work
+                text = self._read_user(draft, mid, text, folds)
             elif role == "assistant":
                 self._read_assistant(draft, mid, text)
                 for n, call in enumerate(msg.get("tool_calls") or []):
@@ -181,10 +188,23 @@ class BuiltinSummarizer:
                 )
         draft.supersessions.update(previous.supersessions)
 
-    def _read_user(self, draft: _Draft, mid: int, text: str) -> None:
+    def _read_user(
+        self, draft: _Draft, mid: int, text: str, folds: Folds | None = None
+    ) -> str:
+        """File the sentences of a user message; returns the text that is not
+        boilerplate."""
+        cleaned = clean(text)
+        for rule in cleaned.rules:
+            # a rule of an AGENTS.md / CLAUDE.md block: verbatim, one item per line
+            if is_deontic(rule):
+                draft.add(
+                    "constraints", trim_keeping_hedge(rule, self.max_constraint_chars), [mid]
+                )
+        text = cleaned.prose
+        if not text:
+            return "\n".join(cleaned.rules)
         low = text.lower()
         may_correct = _CORRECTION.gate(low)
-        may_constrain = _CONSTRAINT.gate(low) or _WEAK_CONSTRAINT.gate(low)
         may_set = _SETTING.gate(low)
         may_open = _OPEN.gate(low)
         may_fail = _ERROR_ANY.gate(low)
@@ -193,10 +213,30 @@ class BuiltinSummarizer:
         # the item the previous sentence went into: a hedge or a confirmation that
         # follows ("I haven't confirmed that", "不过这只是推测") is about it
         last: _Entry | None = None
-        for sentence in _sentences(text):
+        # "Do NOT:" or "必须：" before a list: each item of the list is one of its rules
+        lead: str | None = None
+        for unit in units(text):
+            if unit.pasted:
+                # pasted output is evidence: its error line is kept below, nothing of it
+                # is a rule, a request or a decision
+                last = lead = None
+                continue
+            sentence = unit.text
+            if lead is not None and unit.item:
+                last = draft.add(
+                    "constraints",
+                    trim_keeping_hedge(f"{lead} {sentence}", self.max_constraint_chars),
+                    [mid],
+                )
+                continue
+            lead = None
             slow = sentence.lower()
+            if introduces_list(sentence) and is_deontic(sentence):
+                if len(sentence.split()) <= 3:
+                    lead = sentence
+                    continue
             hedged = is_hedged(sentence)
-            if hedged and is_hedge_only(sentence, hedged):
+            if hedged and qualifies_previous(sentence, hedged):
                 if last is not None:
                     last.unconfirmed = True
                 else:
@@ -205,25 +245,9 @@ class BuiltinSummarizer:
                 continue
             if is_confirmation(sentence, hedged):
                 draft.confirm(sentence, last)
-            is_correction = bool(
-                may_correct
-                and _CORRECTION.search(sentence, slow)
-                and not _ADDITIVE.search(sentence)
-            )
-            setting = setting_of(sentence) if not sentence.endswith(("?", "？")) else None
-            if (
-                is_correction
-                or setting is not None
-                or _IMPERATIVE.match(sentence)
-                or (may_set and _SETTING.search(sentence, slow))
-                or (
-                    may_constrain
-                    and (
-                        _CONSTRAINT.search(sentence, slow)
-                        or _WEAK_CONSTRAINT.search(sentence, slow)
-                    )
-                )
-            ):
+            kind = user_kind(sentence, slow, may_correct, may_set)
+            if kind is not None:
+                is_correction = kind == "correction"
                 entry = draft.add(
                     "constraints",
                     trim_keeping_hedge(sentence, self.max_constraint_chars),
@@ -236,8 +260,18 @@ class BuiltinSummarizer:
                     draft.supersede_setting(entry, mid)
                 last = entry
                 continue
-            if may_open and _OPEN.search(sentence, slow):
+            if may_open and _OPEN.search(sentence, slow) and not is_heading(sentence):
                 last = draft.add("open_items", _trim(sentence, self.max_item_chars), [mid])
+                continue
+            if hedged and not is_request(sentence):
+                # a guess of its own ("I suspect the cache is stale"): kept with its hedge,
+                # apart from the requests and rules around it
+                last = draft.add(
+                    "open_items",
+                    trim_keeping_hedge(sentence, self.max_item_chars),
+                    [mid],
+                    unconfirmed=True,
+                )
                 continue
             last = None
             # Lines of pasted output are covered by the one excerpt below; a traceback
@@ -256,12 +290,12 @@ class BuiltinSummarizer:
         request = " ".join(goal)
         # "ok", "thanks", "继续" carry no request worth keeping.
         if len(request) >= 12 or (len(request) >= 4 and _CJK_RUN.search(request)):
-            draft.add(
-                "goals",
-                trim_keeping_hedge(request, self.max_item_chars),
-                [mid],
-                unconfirmed=goal_hedged,
-            )
+            request = trim_keeping_hedge(request, self.max_item_chars)
+            if folds is None:
+                draft.add("goals", request, [mid], unconfirmed=goal_hedged)
+            else:
+                folds.add(draft, request, mid, unconfirmed=goal_hedged)
+        return "\n".join([*cleaned.rules, text])
 
     def _read_assistant(self, draft: _Draft, mid: int, text: str) -> None:
         if not text:
@@ -269,21 +303,36 @@ class BuiltinSummarizer:
         low = text.lower()
         may_open = _OPEN.gate(low)
         may_decide = _DECISION.gate(low)
+        may_hedge = _HEDGE.gate(low)
         decisions = 0
+        guesses = 0
         last: _Entry | None = None
-        for sentence in _sentences(text) if may_open or may_decide else ():
+        for unit in units(text) if may_open or may_decide or may_hedge else ():
+            if unit.pasted:
+                # quoted output, a diff, a table: evidence, never a decision
+                last = None
+                continue
+            sentence = unit.text
             slow = sentence.lower()
             hedged = is_hedged(sentence)
-            if hedged and is_hedge_only(sentence, hedged):
+            if hedged and qualifies_previous(sentence, hedged):
                 if last is not None:
                     last.unconfirmed = True
                 continue
             if is_confirmation(sentence, hedged):
                 draft.confirm(sentence, last)
             last = None
+            if is_heading(sentence):
+                # "**Next Steps**": what follows is the content
+                continue
             if may_open and _OPEN.search(sentence, slow):
                 last = draft.add("open_items", _trim(sentence, self.max_item_chars), [mid])
-            elif may_decide and decisions < 3 and _DECISION.search(sentence, slow):
+            elif (
+                may_decide
+                and decisions < 3
+                and not sentence.endswith(("?", "？"))
+                and _DECISION.search(sentence, slow)
+            ):
                 decisions += 1
                 last = draft.add(
                     "decisions",
@@ -293,6 +342,15 @@ class BuiltinSummarizer:
                 )
                 if last is not None:
                     draft.supersede_setting(last, mid)
+            elif hedged and guesses < 1 and not sentence.endswith(("?", "？")):
+                # a conclusion the agent drew but did not confirm: kept as such
+                guesses += 1
+                last = draft.add(
+                    "open_items",
+                    trim_keeping_hedge(sentence, self.max_item_chars),
+                    [mid],
+                    unconfirmed=True,
+                )
         # The assistant talks about errors it fixed; only quoted error output counts.
         line = _error_excerpt(text)
         if line:

@@ -74,14 +74,19 @@ class _CueSet:
 # 别忘了 are reminders of a task, not rules, so they stay with the request. 务必 is not
 # the one in 服务必须 ("the service must"): stripped, it would cut the subject in half.
 _CONSTRAINT = _Cue(
-    r"\b(?:must(?:n[’']?t| not)?|never|always|avoid|only|should(?:n[’']?t| not)|no longer"
+    r"\b(?:must(?:n[’']?t| not)?|always|avoid|should(?:n[’']?t| not)|no longer"
+    # "I never said that" tells what happened; "rave-only" names a kind of thing
+    r"|never(?!\s+(?:said|told|asked|meant|wanted|did|had|was|were|knew|saw|got|thought)\b)"
+    r"|(?<!-)only(?!-)"
     r"|for the record|fyi|keep in mind|bear in mind|note that|remember that)\b"
     r"|\b(?:don[’']?t|dont|do not)\b(?!\s+forget)"
-    r"|必须|不要(?!忘)|禁止|务必(?!须)|一定要|不能|只能|不许|不准|请勿|备注|记住"
+    r"|必须|必須|不要(?!忘)|禁止|务必(?!须)|務必(?!須)|一定要|不能|只能|不许|不許|不准|请勿|請勿"
+    r"|备注|備註|记住|記住"
     r"|(?<![特区分识级类告性个派差鉴辨])别(?![的人名处忘])",
     "must|never|don|do not|always|avoid|only|should|no longer|for the record|fyi"
     "|keep in mind|bear in mind|note that|remember that"
-    "|必须|不要|禁止|务必|一定要|不能|只能|不许|不准|请勿|备注|记住|别",
+    "|必须|必須|不要|禁止|务必|務必|一定要|不能|只能|不许|不許|不准|请勿|請勿|备注|備註|记住"
+    "|記住|别",
 )
 
 # "Make sure the tests still pass" is as often a one-off request as a standing rule, so
@@ -137,7 +142,9 @@ _FIRM_DECISION = _Cue(
 )
 
 _OPEN = _Cue(
-    r"(?-i:\bTODO\b|\bFIXME\b)|\bnext steps?\b|\bstill (?:need|needs|have to|has to)\b"
+    # "a TODO app" is a kind of app, not a thing left to do
+    r"(?-i:\bTODO\b(?!\s+(?:app|list|item|application|manager)s?\b)|\bFIXME\b)"
+    r"|\bnext steps?\b|\bstill (?:need|needs|have to|has to)\b"
     r"|\bnot (?:yet )?(?:done|implemented|finished)\b|\bfollow[- ]up\b|\bleft to do\b"
     r"|待办|下一步|还需要|尚未|待完成|待处理",
     "todo|fixme|next step|still need|still have to|still has to|not done|not yet"

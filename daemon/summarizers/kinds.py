@@ -1,0 +1,77 @@
+"""The kind of a sentence a user wrote: a rule, a correction, or neither.
+
+A rule has deontic force (must, never, only, do not, 必须, 不要...) or sets how something
+is (a setting, "use port 8080"); a request to do something is a task, whatever numbers
+it names; a question sets nothing.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ctxd.daemon.summarizers.cues import (
+    _ADDITIVE,
+    _CONSTRAINT,
+    _CORRECTION,
+    _IMPERATIVE,
+    _SETTING,
+    _WEAK_CONSTRAINT,
+)
+from ctxd.daemon.summarizers.facts import setting_of
+from ctxd.daemon.summarizers.sentences import introduces_list, is_request, strip_series
+
+# a verb that sets a value: a request that has one ("please raise the batch size to
+# 2000") still changes a setting
+_SETS_VALUE = re.compile(
+    r"\b(?:set|raise|lower|increase|decrease|reduce|bump|change|switch|limit|cap|use"
+    r"|should be|must be|from now on)\b"
+    r"|设为|设置为|设成|改到|改成|改为|调整|调到|换成|改用|使用|用|统一",
+    re.IGNORECASE,
+)
+
+
+def is_deontic(rule: str) -> bool:
+    low = rule.lower()
+    return _CONSTRAINT.search(rule, low) or _WEAK_CONSTRAINT.search(rule, low)
+
+
+def user_kind(sentence: str, slow: str, may_correct: bool, may_set: bool) -> str | None:
+    """"correction" or "rule" when a sentence of the user is a constraint, else None.
+
+    A rule has deontic force (must, never, only, do not, 必须, 不要...) or sets how
+    something is (a setting, "use port 8080"); a request to do something ("please
+    check X", "Step 74: run the tests", "请看一下…") is a task, whatever numbers it
+    names.
+    """
+    if sentence.endswith(("?", "？")):
+        # "why don't they show in the viewer?" asks; it sets no rule
+        return None
+    body = strip_series(sentence)
+    if is_request(sentence):
+        sets = (
+            _SETS_VALUE.search(body) is not None
+            and setting_of(body) is not None
+        )
+        if not sets:
+            # a task; "please never push to main" is still a rule, "please check
+            # m74.py and make sure its tests pass" is the request itself
+            return "rule" if _CONSTRAINT.search(sentence, slow) else None
+    if (
+        may_correct
+        and _CORRECTION.search(sentence, slow)
+        and not _ADDITIVE.search(sentence)
+    ):
+        return "correction"
+    if _CONSTRAINT.search(sentence, slow):
+        return "rule"
+    if _WEAK_CONSTRAINT.search(sentence, slow):
+        return "rule"
+    if introduces_list(sentence):
+        return None
+    if _IMPERATIVE.match(body):
+        return "rule"
+    if setting_of(body) is not None:
+        return "rule"
+    if may_set and _SETTING.search(sentence, slow):
+        return "rule"
+    return None

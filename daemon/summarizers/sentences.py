@@ -1,0 +1,269 @@
+"""Messages cut into the units that have a kind: sentences and clauses, and pasted output.
+
+A message mixes kinds: a rule, a request and a guess can sit in three sentences of one
+message, and a traceback pasted under a question is evidence, not something the person
+said. The summary files each unit on its own, so the cut comes before any
+classification.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ctxd.daemon.summarizers.cues import _CONSTRAINT, _WEAK_CONSTRAINT
+from ctxd.daemon.summarizers.facts import is_hedge_only, is_hedged
+
+_FENCE = re.compile(r"^[ \t]*(```|~~~).*?(?:^[ \t]*\1[ \t]*$|\Z)", re.DOTALL | re.MULTILINE)
+_SENT_SPLIT = re.compile(r"(?<=[.!?])\s+(?=\S)|(?<=[。！？；;])\s*")
+_BULLET = re.compile(r"^(?:[-*•>]+|\d+[.)])\s+")
+
+# A line of pasted output: stack frames, log lines, diffs, tables, checklists, JSON,
+# code, shell prompts, compiler diagnostics.
+_PASTED_LINE = re.compile(
+    r"^(?:"
+    r"\s*traceback \(most recent call last\)"
+    r"|\s*file \"[^\"]+\", line \d+"
+    r"|\s+at \S.*(?:\(|:\d+)"
+    r"|\s*at [\w.$<>]+ \(.*:\d+(?::\d+)?\)"
+    r"|\s*(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Warning)\b(?::|$)"
+    r"|\s*\[?\d{4}-\d\d-\d\d[ t]\d\d:\d\d"
+    r"|\s*\[?\d\d:\d\d:\d\d(?:[.,]\d+)?\]?\s"
+    r"|\s*\[?(?:trace|debug|info|warn|warning|error|fatal|critical)\]?\s*[:\]|-]\s"
+    r"|diff --git |index [0-9a-f]{6,}\.\.|@@ -\d|\+\+\+ |--- (?:a/|/dev/null)"
+    r"|[+-](?![ +-])\S"
+    r"|\s*\|.*\|\s*$|\s*[-+|: =]{6,}$"
+    r"|\s*[-*]\s*\[[ xX]\]"
+    r"|\s*[\[\]{}(),;]+\s*$|\s*\"[^\"\n]{1,80}\"\s*:\s*\S"
+    r"|\s*[{\[]\s*\"[^\"\n]*\"\s*[:,]"
+    r"|\s*(?:\$|>>>|\.\.\.|❯|%|#)\s+\S.*\S$(?<![.!?。！？])"
+    r"|\s*[\w.-]+@[\w.-]+:\S*[$#]\s"
+    r"|\s*(?:[\w./\\-]+\.\w+):\d+(?::\d+)?(?::|\s+\[)\s*"
+    r"|.*\b[A-Z]\w*(?:Error|Exception):\s"
+    r"|\s*\{.*\}\s*$|\s*\{\s*\w+:\s"
+    r"|\s*(?:error|warning|note|help)(?:\[\w+\])?: "
+    r"|\s*-->\s+\S+:\d+"
+    r"|\s*npm (?:err|warn)!"
+    r"|\s*<[\w-]+(?:\s[^<>]*)?>.*</[\w-]+>\s*$"
+    r"|\t"
+    r"|\s{4,}\S"
+    r")",
+    re.IGNORECASE,
+)
+# Source code in a line: a keyword at the start and code punctuation after it.
+_CODE_LINE = re.compile(
+    r"^\s*(?:raise|return|def|class|import|from\s+\S+\s+import|if|elif|else|for|while|try"
+    r"|except|with|const|let|var|function|public|private|static|fn|pub|use|package|func"
+    r"|assert|print|console\.\w+)\b.*[(){}\[\];=:]\s*$"
+    r"|^\s*[\w.\[\]\"']+\s*(?:=|\+=|-=|==|=>|->)\s*\S+.*[;)\]}]?\s*$(?<![.!?。！？])",
+)
+_MD_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+\S")
+_LIST_ITEM = re.compile(r"^(?:[-*•]|\d+[.)])\s+")
+_CHECKLIST = re.compile(r"^(?:[-*+]\s*)?\[[ xX]\]\s")
+# how much of a line is code punctuation: more than this, and it is not prose
+_SYMBOLS = re.compile(r"[{}()\[\];=<>$\\|`]")
+
+
+def is_pasted_line(line: str) -> bool:
+    s = line.strip()
+    if not s:
+        return False
+    if len(s) > 8000:
+        # nobody writes a sentence this long: a minified file, a blob, a log dump
+        return True
+    # what a line is shows at its start; the patterns never need to read a whole blob
+    line, s = line[:2000], s[:2000]
+    if _CHECKLIST.match(s):
+        return True
+    if _LIST_ITEM.match(s):
+        # a list item is prose, however deep it is indented
+        return False
+    if _PASTED_LINE.match(line):
+        return True
+    if _CODE_LINE.match(s) and not re.search(r"[\u4e00-\u9fff]", s):
+        return True
+    n = len(s)
+    # "never .transfer(), never .send()" is a rule that names code, not code
+    return n >= 12 and len(_SYMBOLS.findall(s)) >= max(6, n // 8)
+
+
+@dataclass
+class Unit:
+    """A sentence or clause of a message, or a run of pasted lines."""
+
+    text: str
+    pasted: bool = False
+    # an item of a list ("- ...", "2. ..."): under "Do NOT:" it is one of the rules
+    item: bool = False
+
+
+# A clause after "but" / "however" / "不过" that carries its own guess: cut off from a
+# rule before it, so the hedge marks the guess and the rule stays firm.
+_CLAUSE_CUT = re.compile(
+    r"(?:,|;|，|；)\s*(?=(?:but|however|though|although|and|while|但是?|不过|可是|而且)\b)"
+    r"|(?:,|，)\s*(?=(?:但是?|不过|可是)\S)"
+    # "never touch vendor/, I suspect the cache is stale": a guess after a comma
+    r"|(?:,|;|，|；)\s*(?=(?:i (?:suspect|think|guess|believe)|maybe|perhaps|probably)\b"
+    r"|我猜|我觉得|我怀疑|我估计|可能|也许|或许|估计)",
+    re.IGNORECASE,
+)
+
+
+def _cut_hedged_clause(sentence: str) -> list[str]:
+    parts = _CLAUSE_CUT.split(sentence, maxsplit=1)
+    if len(parts) != 2:
+        return [sentence]
+    head, tail = parts[0].strip(), parts[1].strip()
+    if not head or not tail or is_hedged(head) or not is_hedged(tail):
+        return [sentence]
+    if not (_CONSTRAINT.search(head) or _WEAK_CONSTRAINT.search(head)):
+        return [sentence]
+    # "..., but that is only a guess" is about the rule itself: the sentence stays whole
+    if qualifies_previous(_LEAD_CONJ.sub("", tail)):
+        return [sentence]
+    return [head, _LEAD_CONJ.sub("", tail) or tail]
+
+
+_LEAD_CONJ = re.compile(
+    r"^\W*(?:but|however|though|although|and|while|但是?|不过|可是|而且)\s*,?\s*", re.I
+)
+
+
+def units(text: str) -> list[Unit]:
+    """Sentences and clauses of a message, in order, with pasted output apart."""
+    out: list[Unit] = []
+    pos = 0
+    for m in _FENCE.finditer(text):
+        out += _prose_units(text[pos : m.start()])
+        out.append(Unit(m.group(0), pasted=True))
+        pos = m.end()
+    out += _prose_units(text[pos:])
+    return out
+
+
+def _prose_units(text: str) -> list[Unit]:
+    out: list[Unit] = []
+    pasted: list[str] = []
+    for line in text.splitlines():
+        if _MD_HEADING.match(line):
+            # "### Step 1: Gather Context" titles what follows; it asks and sets nothing
+            continue
+        if is_pasted_line(line):
+            pasted.append(line)
+            continue
+        if pasted:
+            out.append(Unit("\n".join(pasted), pasted=True))
+            pasted = []
+        body = _BULLET.sub("", line.strip()).strip()
+        item = body != line.strip()
+        for sentence in _SENT_SPLIT.split(body):
+            sentence = sentence.strip()
+            if sentence:
+                out += (Unit(c, item=item) for c in _cut_hedged_clause(sentence))
+    if pasted:
+        out.append(Unit("\n".join(pasted), pasted=True))
+    return out
+
+
+# ------------------------------------------------------------------------ hedges
+
+# A hedge that opens a claim of its own: "I suspect the cache is stale", "我猜是缓存的问题".
+_OWN_CLAIM = re.compile(
+    r"^\W*(?:(?:but|and|so|also)\s+)?(?:i (?:suspect|think|believe|guess|assume|reckon|feel)"
+    r"|maybe|perhaps|probably|possibly|presumably|my (?:guess|hunch|theory) is"
+    r"|it (?:might|may|could) be(?: that)?"
+    r"|我猜|我觉得|我估计|我怀疑|我认为|可能|也许|或许|大概|估计|应该是)"
+    r"\s*(?:that\s+)?(?!(?:that|this|it|so|这|那|只是)\b)(?P<rest>\S.*)$",
+    re.IGNORECASE,
+)
+_ENGLISH_WORD = re.compile(r"[A-Za-z]{3,}")
+_CJK_CHARS = re.compile(r"[\u4e00-\u9fff]+")
+_HEDGE_WORDS = re.compile(
+    r"\b(?:unconfirmed|unverified|confirmed|verified|guess|sure|certain|yet|only|just"
+    r"|checked|tested|proven|hold|but|it|its|it's|that|this|not|haven't|hasn't|didn't"
+    r"|have|has|did|so|far|true|right|the)\b"
+    r"|推测|猜测|确认|验证|不确定|只是|这|一点|还|没有?|尚未|不过|但是?|是|的|了|过",
+    re.IGNORECASE,
+)
+
+
+def qualifies_previous(sentence: str, hedged: bool | None = None) -> bool:
+    """Whether a hedged sentence is about the one before it ("I haven't confirmed
+    that.", "不过这只是推测。") rather than a guess of its own ("I suspect the cache is
+    stale, but it's unconfirmed.")."""
+    if not is_hedge_only(sentence, hedged):
+        return False
+    m = _OWN_CLAIM.match(sentence)
+    if m is None:
+        return True
+    rest = _HEDGE_WORDS.sub(" ", m.group("rest"))
+    # two words of its own in English, three characters in Chinese: a claim of its own
+    words = len(_ENGLISH_WORD.findall(rest))
+    chars = sum(len(r) for r in _CJK_CHARS.findall(rest))
+    return words < 2 and chars < 3
+
+
+# ---------------------------------------------------------------------- requests
+
+# "Step 74:", "Task #3 -", "turn 53:", "第 74 步：", "3)" : the label of a numbered series
+SERIES = re.compile(
+    r"^\s*(?:(?P<word>step|task|subtask|turn|item|part|phase|stage|round|iteration|ticket"
+    r"|question|case|batch|chunk|job|change|milestone)\s*#?\s*(?P<n>\d+)\s*[:：.)\-–—]\s*"
+    r"|第\s*(?P<zn>\d+)\s*(?P<zw>[步项个轮题条批])\s*[:：、，,.]?\s*)",
+    re.IGNORECASE,
+)
+# A request to do something: a task for the agent, never a standing rule.
+_REQUEST = re.compile(
+    r"^\W*(?:(?:ok(?:ay)?|now|next|then|also|and|so|first|finally|great|thanks|right"
+    r"|after that|afterwards|after this)\b[,!.]?\s*)*"
+    r"(?:(?:please|pls|kindly)\b\s*|(?:can|could|would|will) you\b\s*(?:please\s+)?"
+    r"|i(?:[’']d| would) like you to\s+|i (?:want|need) you to\s+|go ahead and\s+"
+    r"|let[’']?s\s+(?=check|look|run|review|see|try|start|continue|fix|test)"
+    r"|(?:check|look(?: at| into| over)?|run|review|investigate|read|open|show|find|explain"
+    r"|fix|add|implement|create|write|refactor|test|debug|tidy|clean up|summari[sz]e"
+    r"|analy[sz]e|commit|push|deploy|build|install|try|continue|proceed|help|rename"
+    r"|delete|remove|start|finish|complete|verify|compare|list|print|search|generate"
+    r"|draft|document|inspect|audit|profile|benchmark|measure|go through|walk through"
+    r"|take a look|have a look|resume)\b)"
+    r"|^\W*(?:请|麻烦|帮我|帮忙|劳驾|你(?:能|可以)|能不能|可以帮|看一下|看看|再看|检查|运行|跑一下|修复"
+    r"|实现|添加|整理|查一下|排查|调查|继续|接下来)",
+    re.IGNORECASE,
+)
+# "Use Task Master MCP to set task status": a tool to use for a task, not a rule of how.
+_USE_FOR_TASK = re.compile(
+    r"^\W*(?:please\s+)?use\s+(?:the\s+)?[\w .:/-]{1,60}?\s+(?:to|for)\s+"
+    r"(?!the\b)(?:\w+\s+){0,1}\w+", re.IGNORECASE
+)
+
+
+def strip_series(sentence: str) -> str:
+    m = SERIES.match(sentence)
+    return sentence[m.end() :] if m else sentence
+
+
+def is_request(sentence: str) -> bool:
+    """A request for the agent to do something ("please check X", "Step 74: run the
+    tests", "请看一下…"), as opposed to a rule about how things must be."""
+    body = strip_series(sentence)
+    return bool(_REQUEST.match(body)) or bool(SERIES.match(sentence)) or bool(
+        _USE_FOR_TASK.match(body) and body.rstrip().endswith((":", "："))
+    )
+
+
+def introduces_list(sentence: str) -> bool:
+    """"Use Task Master MCP to set task status:": a lead-in to what follows."""
+    return sentence.rstrip().endswith((":", "："))
+
+
+_HEADING_MARKS = re.compile(r"^[#*_\s]+|[*_:：\s]+$")
+
+
+def is_heading(sentence: str) -> bool:
+    """"**Next Steps**", "### Follow-up", "next steps:": a title over what follows, not
+    an item of its own."""
+    s = sentence.strip()
+    bare = _HEADING_MARKS.sub("", s)
+    marked = s.startswith(("#", "**", "__")) or s.endswith((":", "："))
+    if not marked and bare == s:
+        return False
+    return len(bare.split()) <= 6 and len(bare) <= 60 and not bare.endswith((".", "。"))
