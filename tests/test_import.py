@@ -471,3 +471,28 @@ def test_hostile_json_lines_are_skipped_or_repaired_and_the_run_goes_on(
     assert archive(client, "claude-code-b-later")
     assert [d for d in report["details"] if "a-hostile.jsonl" in d] == [
         f"{folder / 'a-hostile.jsonl'}:1: corrupt JSON: nested too deeply"]
+
+
+def test_one_file_name_in_two_project_folders_stays_two_sessions(
+        daemon: DaemonProcess, client: Client, tmp_path: Path) -> None:
+    source = (CC_DIR / "-home-dev-shop" / "7f1c2a9e-4b1d-4c53-9a11-2f7a0c6e9b10.jsonl")
+    base = json.loads(source.read_text(encoding="utf-8").splitlines()[1])
+    name = "0b7e7c1e-2f55-4e43-9d0c-5d1f2a3b4c5d.jsonl"
+    texts = {"alpha": "the alpha project's only request", "beta": "the beta project's request"}
+    for project, text in texts.items():
+        folder = tmp_path / "projects" / f"-home-dev-{project}"
+        folder.mkdir(parents=True)
+        line = dict(base, uuid=f"{project}-1", message={"role": "user", "content": text})
+        (folder / name).write_text(json.dumps(line) + "\n")
+    first = ctxd_import(daemon, "claude-code", str(tmp_path / "projects"))
+    assert first["sessionsCreated"] == 2 and first["messages"] == 2
+    again = ctxd_import(daemon, "claude-code", str(tmp_path / "projects"))
+    assert again["messages"] == 0 and again["sessionsCreated"] == 0
+    found = {}
+    for project, text in texts.items():
+        hits = client.search(text, limit=5)["hits"]
+        sids = {h["sessionId"] for h in hits if h["sessionId"].startswith("claude-code-0b7e")}
+        assert len(sids) == 1, hits
+        found[project] = sids.pop()
+        assert [m["content"] for m in archive(client, found[project])] == [text]
+    assert found["alpha"] != found["beta"]

@@ -79,7 +79,8 @@ class ClaudeCodeMapper:
         return (None, "sidechain")
 
     def session_info(self, target: str | None) -> tuple[str, dict[str, Any]]:
-        meta: dict[str, Any] = {"source": SOURCE, "sourcePath": str(self.path), **self.meta}
+        meta: dict[str, Any] = {"source": SOURCE, "sourcePath": str(self.path.resolve()),
+                                **self.meta}
         title = self.title or self.first_text or self.path.stem
         if target is not None or self.is_agent_file:
             meta["sidechain"] = True

@@ -71,7 +71,7 @@ class CodexMapper:
         return (None,)
 
     def session_info(self, target: str | None) -> tuple[str, dict[str, Any]]:
-        meta = {"source": SOURCE, "sourcePath": str(self.path), **self.meta}
+        meta = {"source": SOURCE, "sourcePath": str(self.path.resolve()), **self.meta}
         return self.first_text or self.path.stem, meta
 
     def merge(self, prev: dict[str, Any], new: dict[str, Any]) -> bool:

@@ -72,6 +72,8 @@ class Mapper(Protocol):
     """Turns one parsed transcript line into messages. One instance per file."""
 
     source: str
+    # the file's session id; the importer extends it when another file holds it
+    base_id: str
 
     def session_id(self, target: str | None) -> str: ...
 
@@ -354,7 +356,29 @@ class FileImporter:
         p.starts.append((line_start, line_no - 1))
         p.nbytes += _approx_size(emit.message)
 
+    def _claim_session_id(self) -> None:
+        """Transcripts are named by their session (`<uuid>.jsonl`), and one name can occur
+        in two project folders. The first file imported keeps the plain id; another file
+        of the same name gets an id with a hash of its path, so two transcripts never
+        merge into one session (and a re-import finds each again)."""
+        base = self.mapper.session_id(None)
+        try:
+            session = self.client.get_session(base)["session"]
+        except CtxdError as exc:
+            if exc.code == -32010:  # SESSION_NOT_FOUND: the plain id is free
+                return
+            raise
+        owner = str((session.get("metadata") or {}).get("sourcePath") or "")
+        # a relative path (written by an older import) cannot be compared: taken as ours
+        if not owner or not Path(owner).is_absolute():
+            return
+        mine = self.path.resolve()
+        if Path(owner) != mine:
+            digest = hashlib.sha1(str(mine).encode()).hexdigest()[:8]
+            self.mapper.base_id = safe_id(self.mapper.base_id, digest)
+
     def run(self) -> None:
+        self._claim_session_id()
         position = self._last_position()
         if position is None:
             self.report.notes.append(
