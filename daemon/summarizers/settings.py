@@ -126,7 +126,7 @@ _OWNER_EN = re.compile(
     r"(?P<what>[^.;!?]{3,80})"
 )
 _OWNER_ZH = re.compile(
-    r"(?:(?P<what1>[\u4e00-\u9fff\w]{2,12})(?:改由|由|交给|换成|改成)(?P<who1>[\u4e00-\u9fff\w]{1,8}?)"
+    r"(?:(?P<what1>[\u4e00-\u9fff\w]{2,12}?)(?:改由|由|交给|换成|改成)(?P<who1>[\u4e00-\u9fff\w]{1,8}?)"
     r"(?:来)?负责)"
     r"|(?:(?P<who2>[\u4e00-\u9fff\w]{1,8}?)(?:来)?负责(?P<what2>[\u4e00-\u9fff\w]{1,12}))"
 )
@@ -224,9 +224,6 @@ def setting_of(text: str, loose: bool = False) -> Setting | None:
     if is_pasted(text):
         return None
     low = text.casefold()
-    owner = _owner(text)
-    if owner is not None:
-        return owner
     values: list[str] = []
     old: list[str] = []
     ids: list[str] = []
@@ -260,6 +257,9 @@ def setting_of(text: str, loose: bool = False) -> Setting | None:
             else:
                 values.append(v)
                 value_spans.append(m.span(group))
+    if not values and not old:
+        # who owns a piece of work, when no number or day is set
+        return _owner(text)
     if not values:
         return None
     # `len=335`, `workers=4`: a value after "=" sets something only with a verb that sets
