@@ -319,6 +319,10 @@ class _Draft:
                 continue  # "turn 53" after "turn 52": the next task, not a correction
             if entry.status == "current" and not changes_value(old, new.setting):
                 continue
+            # the cue lets fewer words name the subject, not other words: "solved X
+            # by using Y instead" is no correction of a rule that merely shares two
+            if same_subject(old, new.setting) < 0.5:
+                continue
             score = _similarity(entry, new)
             if score >= 0.5:
                 scored.append((score, entry))

@@ -33,7 +33,8 @@ _WEEKDAY_ONLY = re.compile(rf"(?:{_WEEKDAY})$", re.IGNORECASE)
 # a value with its position: numbers, versions, sizes, numbered names, weekdays; Chinese
 # writes them against the characters around them ("用8080", "重试2次")
 _VALUE = re.compile(
-    r"(?<![a-z0-9_.])(?:\d+(?:[.,:]\d+)*(?:\s?(?:%|ms|s|m|h|d|kb|mb|gb|k)(?![a-z]))?"
+    r"(?<![a-z0-9_.])\d{4}-\d\d-\d\d(?:(?:\.\.|/|~| to )\d{4}-\d\d-\d\d)?(?![\w-])"
+    r"|(?<![a-z0-9_.])(?:\d+(?:[.,:]\d+)*(?:\s?(?:%|ms|s|m|h|d|kb|mb|gb|k)(?![a-z]))?"
     r"|[a-z]+(?:-[a-z0-9]+)*-\d+[a-z]?)(?![a-z0-9_]|\.\d)|" + _WEEKDAY,
     re.IGNORECASE,
 )
@@ -44,7 +45,8 @@ _LABEL_BEFORE = re.compile(
     r"|issue|case|question|problem|exercise|worker|agent|request|message|number|no\.|pr"
     r"|mr|line|lines|page|module|test|example|figure|fig\.?|table|row|column|col|attempt"
     r"|job|build|commit|episode|day|week|sprint|milestone|slide|screen|image|img|frame"
-    r"|node|shard|instance|host|server|epoch|room|lesson|bug|story|trial|sample)\s*#?\s*"
+    r"|node|shard|instance|host|server|epoch|room|lesson|bug|story|trial|sample|chunk"
+    r"|batch no\.?)\s*#?\s*"
     r"|#\s*|第\s*)$",
     re.IGNORECASE,
 )
@@ -86,6 +88,9 @@ _CJK_VERBS = re.compile(
     r"应该是|需要|"
     r"从原来的|原来的|用|按|吧|换成|以后|放在|不是|而是|不对|搞错了?|是|了"
 )
+# particles and modal verbs between the words of a subject: "账本客户端必须重试" and
+# "账本客户端的重试" name the same thing, so neither "端必" nor "的重" is a bigram of it
+_CJK_GLUE = re.compile(r"必须|务必|一定要|一定|应该|不要|禁止|只能|不能|的|得|地|都|也|就|再|先")
 _CLAUSE = re.compile(r"[，,；;]")
 _PUNCT = " 。.！!？?：:，,；;"
 _SUBJECT_STOP = _STOP | frozenset(
@@ -148,6 +153,7 @@ _PASTED = re.compile(
     r"|\[?(?:info|debug|warn|warning|error|trace|fatal|notice|critical)\]?[\s:]"
     r"|\$ |>>> |[+\-]{3} |@@ |traceback\b|caused by:)"
     r"|\[(?:image|pasted text|pasted|file) #?\d+|screenshot|screen shot|截图|截屏"
+    r"|</?[a-z][\w-]*>|&(?:gt|lt|amp|quot);"
     r"|\.(?:png|jpe?g|gif|webp|bmp|svg)\b"
     r"|\b[\w-]+\.(?:py|js|mjs|ts|tsx|jsx|go|rs|java|rb|c|cc|cpp|h|hpp|kt|swift|php|cs|scala)"
     r":\d+",
@@ -392,7 +398,7 @@ def _before_value(clause: str) -> str:
 def _bigrams(clauses: list[str]) -> list[str]:
     grams: list[str] = []
     for clause in clauses:
-        clause = _VALUE.sub(" ", _CJK_VERBS.sub(" ", clause))
+        clause = _VALUE.sub(" ", _CJK_GLUE.sub(" ", _CJK_VERBS.sub(" ", clause)))
         for run in _CJK_RUN.findall(clause):
             grams += (run[i : i + 2] for i in range(len(run) - 1))
     return [g for g in grams if g not in _CJK_STOP]
