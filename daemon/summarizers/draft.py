@@ -317,7 +317,11 @@ class _Draft:
             old = entry.setting
             if old.ids and new.setting.ids and old.ids != new.setting.ids:
                 continue  # "turn 53" after "turn 52": the next task, not a correction
-            if entry.status == "current" and not changes_value(old, new.setting):
+            if not changes_value(old, new.setting):
+                if entry.status != "current" and old.values <= new.setting.values:
+                    # an older value set again: that statement is no longer superseded
+                    for src in entry.sources:
+                        self.supersessions.pop(src, None)
                 continue
             # the cue lets fewer words name the subject, not other words: "solved X
             # by using Y instead" is no correction of a rule that merely shares two

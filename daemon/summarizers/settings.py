@@ -62,7 +62,7 @@ _OLD_BEFORE = re.compile(
 # "subject: value" line is read by _COLON_VALUE).
 _SETS = re.compile(
     r"\b(?:set|raise|lower|increase|decrease|reduce|bump|make|change|move|use|go with"
-    r"|switch|should be|must be|is|are|will be|from now on|limit|cap|let[’']?s do"
+    r"|switch|be|is|are|from now on|limit|cap|let[’']?s do"
     r"|let[’']?s (?:go|have|keep)|keep|own|owns)\b"
     r"|设为|设置为|设成|定为|定在|安排在|改到|改在|改成|改为|调整|调到|提高到|降低到|应该是|是|用|按"
     r"|换成|放在|上限|下限|负责",
@@ -95,7 +95,9 @@ _CLAUSE = re.compile(r"[，,；;]")
 _PUNCT = " 。.！!？?：:，,；;"
 _SUBJECT_STOP = _STOP | frozenset(
     """raise lower increase decrease reduce bump go from now on be with after before
-    look looking correction update updated ll ve re do have""".split()
+    look looking correction update updated ll ve re do have has hold held move moved bump
+    wait need needs want put schedule scheduled get got stay remain plan planned meant mean
+    sorry again still already""".split()
 )
 # A statement that names no subject and points back at the last setting: "Make it 2000.",
 # "No, 4.", "改成 200。"
