@@ -51,10 +51,11 @@ _LABEL_BEFORE = re.compile(
     re.IGNORECASE,
 )
 _LABEL_AFTER = re.compile(r"^\s*(?:号|步|轮|章|节|题|楼)")
-# what precedes an old value: "45 days, not 30", "instead of 8080", "从原来的 500 调整到"
+# what precedes an old value: "45 days, not 30", "instead of 8080", "从原来的 500 调整到",
+# "不是放 eu-west-1"
 _OLD_BEFORE = re.compile(
     r"(?:\bnot|instead of|rather than|\bfrom|\bwas|previously|no longer"
-    r"|不是|而不是|原来的?|从|之前的?|以前的?)\s*$",
+    r"|不是[\u4e00-\u9fff]{0,2}|而不是|原来的?|从|之前的?|以前的?)\s*$",
     re.IGNORECASE,
 )
 # update verbs and copulas: a sentence with one of these and a value sets something.
@@ -90,7 +91,7 @@ _CJK_VERBS = re.compile(
 )
 # particles and modal verbs between the words of a subject: "账本客户端必须重试" and
 # "账本客户端的重试" name the same thing, so neither "端必" nor "的重" is a bigram of it
-_CJK_GLUE = re.compile(r"必须|务必|一定要|一定|应该|不要|禁止|只能|不能|的|得|地|都|也|就|再|先")
+_CJK_GLUE = re.compile(r"必须|(?<!服)务必|一定要|一定|应该|不要|禁止|只能|不能|的|得|地|都|也|就|再|先")
 _CLAUSE = re.compile(r"[，,；;]")
 _PUNCT = " 。.！!？?：:，,；;"
 _SUBJECT_STOP = _STOP | frozenset(
