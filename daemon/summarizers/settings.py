@@ -71,6 +71,10 @@ _SETS = re.compile(
 )
 # "svc batch size: 500 records from now on": a short subject, a colon, the value
 _COLON_VALUE = re.compile(r"^[^:：]{1,60}[:：]\s*$")
+_PAST = re.compile(
+    r"\b(?:was|were|did|had|took|got|ran|went|came|saw|found|broke|hit|[a-z]{3,}ed)\b"
+    r"|[\u4e00-\u9fff]了|过了|已经|昨天|上周|刚才"
+)
 _PATHISH = re.compile(r"[\w-]+[/\\][\w.-]|\b[\w-]+\.[a-z]{1,5}\b")
 _WHEN_BEFORE = re.compile(r"(?:\b(?:at|on|by|before|until|from|to|every)|在|到|于|从|每)\s*$")
 # requests and questions: "Please check the 3 tests", "Can you look at ...", "看看…"
@@ -333,6 +337,9 @@ def _sets(low: str, value_spans: list[tuple[int, int]]) -> bool:
     start = value_spans[0][0]
     if _COLON_VALUE.match(low[:start]):
         return True
+    if _PAST.search(low):
+        # "at 10:32 the job failed", "the test took 30 seconds": what happened, not a setting
+        return False
     # "run the cleanup at 04:00", "the retro is on thursday": when something happens
     for a, b in value_spans:
         value = low[a:b]
