@@ -95,7 +95,9 @@ _CJK_VERBS = re.compile(
 )
 # particles and modal verbs between the words of a subject: "账本客户端必须重试" and
 # "账本客户端的重试" name the same thing, so neither "端必" nor "的重" is a bigram of it
-_CJK_GLUE = re.compile(r"必须|(?<!服)务必|一定要|一定|应该|不要|禁止|只能|不能|的|得|地|都|也|就|再|先")
+_CJK_GLUE = re.compile(
+    r"必须|(?<!服)务必|一定要|一定|应该|不要|禁止|只能|不能|的|得|地|都|也|就|再|先"
+)
 _CLAUSE = re.compile(r"[，,；;]")
 _PUNCT = " 。.！!？?：:，,；;"
 _SUBJECT_STOP = _STOP | frozenset(
