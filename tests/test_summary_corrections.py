@@ -132,6 +132,28 @@ def test_only_the_subject_that_changed_is_superseded() -> None:
     assert summary.supersessions == {1: 5, 4: 6}
 
 
+def test_a_statement_without_its_subject_keeps_it_across_compactions() -> None:
+    first = run([user(1, "Set the export batch size to 500.")])
+    second = run([user(3, "Make it 2000.")], previous=first)
+    third = run([user(5, "Make it 3000.")], previous=second)
+    fourth = run([user(7, "Set the export batch size to 4000.")], previous=third)
+    assert [(i.text, i.status, i.was, i.subject) for i in fourth.sections["constraints"]] == [
+        ("Set the export batch size to 500.", "superseded", None, "export batch size"),
+        ("Make it 2000.", "superseded", "export batch size 500", "export batch size"),
+        ("Make it 3000.", "superseded", "export batch size 2000", "export batch size"),
+        ("Set the export batch size to 4000.", "current", "3000", "export batch size"),
+    ]
+    assert fourth.supersessions == {1: 3, 3: 5, 5: 7}
+    zh_first = run([user(1, "每批导出上限设为 500 条。")])
+    zh = run([user(3, "改成 2000 条。")], previous=zh_first)
+    zh = run([user(5, "每批导出上限改为 800 条。")], previous=zh)
+    assert [(i.text, i.status) for i in zh.sections["constraints"]] == [
+        ("每批导出上限设为 500 条。", "superseded"),
+        ("改成 2000 条。", "superseded"),
+        ("每批导出上限改为 800 条。", "current"),
+    ]
+
+
 def test_a_correction_word_without_a_changed_value_supersedes_nothing() -> None:
     summary = run([
         user(1, "Never run migrations on Mondays."),

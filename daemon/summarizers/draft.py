@@ -124,7 +124,10 @@ class _Draft:
         *,
         unconfirmed: bool = False,
         was: str | None = None,
+        subject: str | None = None,
     ) -> _Entry | None:
+        """`subject`: what an item of the previous summary set, for a statement that
+        does not name it ("Make it 2000.")."""
         text = text.strip()
         src = list(sources)
         key = _norm(text)
@@ -163,6 +166,8 @@ class _Draft:
         elif section == "decisions":
             entry.weak = not _FIRM_DECISION.search(text)
             entry.setting = setting_of(text, True)
+        if entry.setting is not None and not entry.setting.terms and subject:
+            entry.setting = _with_subject(entry.setting, subject)
         elif section == "goals":
             entry.weak = _QUANTITY.search(text) is None
         if entry.setting is not None:
@@ -353,6 +358,14 @@ class _Call:
     paths: list[str] = field(default_factory=list)
     raw: Any = None  # the parsed arguments, for the artifacts the call produced
 
+
+
+def _with_subject(setting: Setting, subject: str) -> Setting:
+    """A setting that names no subject, given the one it was found to be about."""
+    named = setting_of(f"{subject} {' '.join(sorted(setting.values))}", True)
+    if named is None or not named.terms:
+        return setting
+    return Setting(named.terms, setting.values, setting.old, named.order, subject, named.ids)
 
 
 def _as_written(value: str, text: str) -> str:
