@@ -33,7 +33,8 @@ _WEEKDAY_ONLY = re.compile(rf"(?:{_WEEKDAY})$", re.IGNORECASE)
 # a value with its position: numbers, versions, sizes, numbered names, weekdays; Chinese
 # writes them against the characters around them ("用8080", "重试2次")
 _VALUE = re.compile(
-    r"(?<![a-z0-9_.])\d{4}-\d\d-\d\d(?:(?:\.\.|/|~| to )\d{4}-\d\d-\d\d)?(?![\w-])"
+    r"(?<![a-z0-9_.])\d{4}([-/])\d\d\1\d\d(?:(?:\.\.|/|~| to )\d{4}[-/]\d\d[-/]\d\d)?"
+    r"(?![\w-])"
     r"|(?<![a-z0-9_.])(?:\d+(?:[.,:]\d+)*(?:\s?(?:%|ms|s|m|h|d|kb|mb|gb|k)(?![a-z]))?"
     r"|[a-z]+(?:-[a-z0-9]+)*-\d+[a-z]?)(?![a-z0-9_]|\.\d)|" + _WEEKDAY,
     re.IGNORECASE,
@@ -65,10 +66,13 @@ _SETS = re.compile(
     r"\b(?:set|raise|lower|increase|decrease|reduce|bump|make|change|move|use|go with"
     r"|switch|be|is|are|from now on|limit|cap|let[’']?s do"
     r"|let[’']?s (?:go|have|keep)|keep|own|owns)\b"
-    r"|设为|设置为|设成|定为|定在|安排在|改到|改在|改成|改为|调整|调到|提高到|降低到|应该是|是|用|按"
+    r"|设为|设置为|设成|定为|定在|安排在|改到|改在|改成|改为|调整|调到|提高到|降低到|应该是"
     r"|换成|放在|上限|下限|负责",
     re.IGNORECASE,
 )
+# Chinese copulas and "use" are everywhere in prose ("更穩健的做法是用 AST-level diff"):
+# they set something only right before the value ("端口是 8080", "缓存用 Redis")
+_SETS_NEAR = re.compile(r"(?:是|用|按|为)\s*(?:[\u4e00-\u9fff]{0,2}\s*)?$")
 # "svc batch size: 500 records from now on": a short subject, a colon, the value
 _COLON_VALUE = re.compile(r"^[^:：]{1,60}[:：]\s*$")
 _PAST = re.compile(
@@ -157,17 +161,18 @@ _NOT_NAMES = frozenset(
 # screenshots, stack frames, log lines, shell prompts, diff headers.
 _PASTED = re.compile(
     r"^\W{0,3}(?:\[(?:pasted text|pasted|image|file|screenshot|attachment)\b"
-    r"|<[a-z_-]+[ >/]|file \"[^\"]+\", line \d+|at [\w$.<>/]+\(|#\d+\s+0x[0-9a-f]+"
+    r"|<[a-z_-]+[ >/]|file \"[^\"]+\", line \d+|at [\w$.<>/]+\s?\(|#\d+\s+0x[0-9a-f]+"
     r"|\d{4}-\d\d-\d\d[ t]\d\d:\d\d|\d\d:\d\d:\d\d|\[\d\d:\d\d"
     r"|\[?(?:info|debug|warn|warning|error|trace|fatal|notice|critical)\]?[\s:]"
     r"|\$ |>>> |[+\-]{3} |@@ |traceback\b|caused by:)"
     r"|\[(?:image|pasted text|pasted|file) #?\d+|screenshot|screen shot|截图|截屏"
-    r"|</?[a-z][\w-]*>|&(?:gt|lt|amp|quot);"
+    r"|</?[a-z][\w-]*>|&(?:gt|lt|amp|quot);|:\d+:\d+\)"
     r"|\.(?:png|jpe?g|gif|webp|bmp|svg)\b"
     r"|\b[\w-]+\.(?:py|js|mjs|ts|tsx|jsx|go|rs|java|rb|c|cc|cpp|h|hpp|kt|swift|php|cs|scala)"
     r":\d+",
     re.IGNORECASE,
 )
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+")
 _KEY_EQ = re.compile(r"\b[\w.-]+=\S")
 _JSON_KEY = re.compile(r"[\"'][\w.-]+[\"']\s*:")
 # "Set max_connections=200 and pool_timeout=30." is written, not pasted
@@ -216,8 +221,12 @@ def value_kind(value: str) -> str:
     return "number" if value[:1].isdigit() else "name"
 
 
-def _is_label(low: str, start: int, end: int) -> str | None:
+def _is_label(low: str, start: int, end: int, text: str = "") -> str | None:
     number = low[start:end]
+    if text[start:end].isupper() and re.fullmatch(r"[A-Z]{2,}-\d+", text[start:end]):
+        return number  # a ticket: FW-005, JIRA-123
+    if low[end : end + 1] == ")" and "(" not in low[max(0, start - 12) : start]:
+        return f"item{number}"  # an enumeration: "1) ..., 2) ..."
     if number.isdigit() and re.search(rf"[a-z_]{number}(?!\d)|(?<!\d){number}[_]", low):
         # "batch 201" of "src/mod_201.py": the number of a numbered thing
         return f"n{number}"
@@ -238,7 +247,8 @@ def setting_of(text: str, loose: bool = False) -> Setting | None:
     500", "连接池上限 100")."""
     if is_pasted(text):
         return None
-    low = text.casefold()
+    # the numbers of a URL (hosts, ports, paths) are part of an address, not values
+    low = _URL.sub(lambda m: " " * len(m.group(0)), text.casefold())
     values: list[str] = []
     old: list[str] = []
     ids: list[str] = []
@@ -246,7 +256,7 @@ def setting_of(text: str, loose: bool = False) -> Setting | None:
     value_spans: list[tuple[int, int]] = []
     for m in _VALUE.finditer(low):
         spans.append(m.span())
-        label = _is_label(low, *m.span())
+        label = _is_label(low, *m.span(), text)
         if label is not None:
             ids.append(label)
             continue
@@ -336,6 +346,8 @@ def _sets(low: str, value_spans: list[tuple[int, int]]) -> bool:
         return True
     if not value_spans or low.rstrip().endswith(("?", "？")):
         return False
+    if any(_SETS_NEAR.search(low[max(0, a - 8) : a]) for a, _ in value_spans):
+        return True
     start = value_spans[0][0]
     if _COLON_VALUE.match(low[:start]):
         return True
