@@ -133,6 +133,14 @@ _NAMED = re.compile(
     re.IGNORECASE,
 )
 _NAMED_OLD = frozenset({4, 5})
+# substrings without which neither pattern can match: most sentences skip both
+_NAMED_GATE = re.compile(
+    r"use|go with|adopt|prefer|pick|choose|switch|move|change|migrate|instead|rather|not"
+    r"|用|换成|改成|改为|不是"
+)
+_OWNER_GATE = re.compile(r"own|responsible|in charge|handle|review|lead|负责", re.IGNORECASE)
+# a longer "sentence" is pasted text that no sentence split could cut
+_MAX_SENTENCE = 1000
 _NEGATED = re.compile(r"不是|不再|\bnot\b|\bno longer\b")
 
 # Who owns a piece of work: "Alice owns the billing migration", "Bob will review the
@@ -245,10 +253,12 @@ def setting_of(text: str, loose: bool = False) -> Setting | None:
     (unless `loose`: the sentence is already known to be a rule) a verb that sets, a
     "subject: value" shape or the bare "subject value" of a short line ("export batch
     500", "连接池上限 100")."""
-    if is_pasted(text):
+    if len(text) > _MAX_SENTENCE or is_pasted(text):
         return None
-    # the numbers of a URL (hosts, ports, paths) are part of an address, not values
-    low = _URL.sub(lambda m: " " * len(m.group(0)), text.casefold())
+    low = text.casefold()
+    if "://" in low:
+        # the numbers of a URL (hosts, ports, paths) are part of an address, not values
+        low = _URL.sub(lambda m: " " * len(m.group(0)), low)
     values: list[str] = []
     old: list[str] = []
     ids: list[str] = []
@@ -266,7 +276,7 @@ def setting_of(text: str, loose: bool = False) -> Setting | None:
         else:
             values.append(v)
             value_spans.append(m.span())
-    if not values and not old:
+    if not values and not old and _NAMED_GATE.search(low):
         # no number or day: a named choice ("use Redis for the job queue", "缓存改用 Redis")
         for m in _NAMED.finditer(low):
             group = next(g for g in range(1, 6) if m.group(g))
@@ -377,6 +387,8 @@ def _sets(low: str, value_spans: list[tuple[int, int]]) -> bool:
 
 def _owner(text: str) -> Setting | None:
     """An owner statement as a setting: the work is the subject, the person its value."""
+    if not _OWNER_GATE.search(text):
+        return None
     for m in _OWNER_EN.finditer(text):
         words = m.group("who").split()
         while words and words[0].casefold() in _NOT_NAMES:
