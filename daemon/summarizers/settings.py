@@ -35,7 +35,8 @@ _WEEKDAY_ONLY = re.compile(rf"(?:{_WEEKDAY})$", re.IGNORECASE)
 _VALUE = re.compile(
     r"(?<![a-z0-9_.])\d{4}([-/])\d\d\1\d\d(?:(?:\.\.|/|~| to )\d{4}[-/]\d\d[-/]\d\d)?"
     r"(?![\w-])"
-    r"|(?<![a-z0-9_.])(?:\d+(?:[.,:]\d+)*(?:\s?(?:%|ms|s|m|h|d|kb|mb|gb|k)(?![a-z]))?"
+    r"|\d{1,2}\s*月\s*\d{1,2}\s*[日号]"
+    r"|(?<![a-z0-9_.])(?:\d+(?:[.,:]\d+)*(?:\s?(?:%|ms|s|m|h|d|kb|mb|gb|k|am|pm)(?![a-z]))?"
     r"|[a-z]+(?:-[a-z0-9]+)*-\d+[a-z]?)(?![a-z0-9_]|\.\d)|" + _WEEKDAY,
     re.IGNORECASE,
 )
@@ -46,7 +47,7 @@ _LABEL_BEFORE = re.compile(
     r"|issue|case|question|problem|exercise|worker|agent|request|message|number|no\.|pr"
     r"|mr|line|lines|page|module|test|example|figure|fig\.?|table|row|column|col|attempt"
     r"|job|build|commit|episode|day|week|sprint|milestone|slide|screen|image|img|frame"
-    r"|node|shard|instance|host|server|epoch|room|lesson|bug|story|trial|sample|chunk"
+    r"|shard|instance|host|server|epoch|room|lesson|bug|story|trial|sample|chunk"
     r"|batch no\.?)\s*#?\s*"
     r"|#\s*|第\s*)$",
     re.IGNORECASE,
@@ -65,7 +66,9 @@ _OLD_BEFORE = re.compile(
 _SETS = re.compile(
     r"\b(?:set|raise|lower|increase|decrease|reduce|bump|make|change|move|use|go with"
     r"|switch|be|is|are|from now on|limit|cap|let[’']?s do"
-    r"|let[’']?s (?:go|have|keep)|keep|own|owns)\b"
+    r"|let[’']?s (?:go|have|keep)|keep|own|owns"
+    r"|(?:moved|moves|changed|switched|pushed|postponed|brought forward|bumped) to)\b"
+    r"|推迟到|提前到|挪到|延到|延期到"
     r"|设为|设置为|设成|定为|定在|安排在|改到|改在|改成|改为|调整|调到|提高到|降低到|应该是"
     r"|换成|放在|上限|下限|负责",
     re.IGNORECASE,
