@@ -164,6 +164,24 @@ def test_a_statement_without_its_subject_keeps_it_across_compactions() -> None:
     ]
 
 
+def test_what_else_a_corrected_statement_said_stays_current() -> None:
+    summary = run([
+        user(1, "数据库迁移必须在周五之前完成，熊猫团队负责审核。"),
+        user(2, "Use port 8080 for the dev server, and never expose it publicly."),
+        user(3, "数据库迁移改到周四之前完成。"),
+        user(4, "Actually, use port 9090 for the dev server."),
+    ])
+    assert [(i.text, i.status, i.was, i.sources) for i in summary.sections["constraints"]] == [
+        ("数据库迁移必须在周五之前完成，熊猫团队负责审核。", "superseded", None, [1]),
+        ("Use port 8080 for the dev server, and never expose it publicly.", "superseded",
+         None, [2]),
+        ("数据库迁移改到周四之前完成。", "current", "周五", [3]),
+        ("熊猫团队负责审核", "current", None, [1]),
+        ("Actually, use port 9090 for the dev server.", "current", "8080", [4]),
+        ("never expose it publicly", "current", None, [2]),
+    ]
+
+
 def test_a_correction_word_without_a_changed_value_supersedes_nothing() -> None:
     summary = run([
         user(1, "Never run migrations on Mondays."),

@@ -18,6 +18,7 @@ from ctxd.daemon.summarizers.cues import (
 from ctxd.daemon.summarizers.settings import (
     Setting,
     changes_value,
+    other_parts,
     same_subject,
     setting_of,
     value_kind,
@@ -282,7 +283,8 @@ class _Draft:
             new.was = f"{old.label} {new.was}"
 
     def _retire(self, old: _Entry, new: _Entry) -> None:
-        if old.status == "current" and old.setting is not None:
+        was_current = old.status == "current"
+        if was_current and old.setting is not None:
             # "(was X)": the value it replaces, unless the new text names it already
             gone = sorted(old.setting.values - (new.setting.values if new.setting else set()))
             gone = [_as_written(v, old.text) for v in gone if v not in new.text.casefold()]
@@ -292,6 +294,10 @@ class _Draft:
         if new.sources:
             for src in old.sources:
                 self.supersessions[src] = new.sources[-1]
+        if was_current and old.setting is not None and old.section == "constraints":
+            # what else the old statement said still holds, as its own item
+            for part in other_parts(old.text, old.setting):
+                self.add("constraints", part, old.sources, unconfirmed=old.unconfirmed)
 
     def supersede(self, new: _Entry, message_id: int, *, correction: bool) -> bool:
         """Mark the earlier instructions a correction replaces as superseded.

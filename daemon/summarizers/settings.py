@@ -19,6 +19,7 @@ from functools import lru_cache
 from ctxd.daemon.summarizers.cues import (
     _CJK_RUN,
     _CJK_STOP,
+    _CONSTRAINT,
     _STOP,
     _TOKEN,
     _TOKEN_PARTS,
@@ -489,3 +490,27 @@ def changes_value(old: Setting, new: Setting) -> bool:
         return False
     kinds = {value_kind(v) for v in new.values}
     return any(value_kind(v) in kinds for v in old.values)
+
+
+# the joints of a statement with more than one part: "…完成，熊猫团队负责审核", "use port
+# 8080; never expose it", "…, and never expose it"
+_PARTS = re.compile(r"[，；;]\s*|,\s+(?=(?:and|but)\b)|\s+(?:and|but)\s+(?=(?:never|always|do not"
+                    r"|don[’']t|must|only)\b)")
+_JOINER = re.compile(r"^(?:and|but|also|然后|并且|而且|同时)\s*", re.IGNORECASE)
+
+
+def other_parts(text: str, setting: Setting) -> list[str]:
+    """The parts of a statement besides the one its setting is in, when they hold a rule
+    or a setting of their own: when "数据库迁移必须在周五之前完成，熊猫团队负责审核" has its
+    day corrected, who reviews is still true."""
+    parts = [_JOINER.sub("", p.strip(_PUNCT)) for p in _PARTS.split(text)]
+    if len(parts) < 2:
+        return []
+    out: list[str] = []
+    for part in parts:
+        low = _norm_value(part)
+        if not part or any(v in low for v in setting.values | setting.old):
+            continue
+        if setting_of(part) is not None or _CONSTRAINT.search(part):
+            out.append(part)
+    return out
