@@ -184,7 +184,7 @@ class BuiltinSummarizer:
                     continue
                 draft.add(
                     name, item.text, item.sources, item.status,
-                    unconfirmed=item.unconfirmed, was=item.was,
+                    unconfirmed=item.unconfirmed, was=item.was, subject=item.subject,
                 )
         draft.supersessions.update(previous.supersessions)
 

@@ -30,7 +30,10 @@ Kinds of facts:
 value, in any wording ("raise the batch size to 2000", "改到周二上午", "45 days, not 30"), \
 the old value is no longer current: mark the old item "status": "superseded" (or drop it) \
 and write the new one, optionally with "was": the old value. Never state a replaced value \
-as current.
+as current. Only a changed value of the same subject is a correction: a numbered series \
+of tasks ("step 74", "step 75"), the same statement repeated, numbers in pasted logs, \
+stack frames, screenshots or tool output (`len=335`, `workers=4`) and similar subjects \
+("upload retries", "download retries") supersede nothing.
 8. A conclusion stated with a hedge ("probably", "may not hold", "I haven't confirmed \
 that", "推测", "不一定") keeps the hedge: keep the hedging words or add "unconfirmed": true. \
 An item of the previous summary with "unconfirmed": true keeps it unless a message \

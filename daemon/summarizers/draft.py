@@ -15,7 +15,14 @@ from ctxd.daemon.summarizers.cues import (
     _norm,
     _subject,
 )
-from ctxd.daemon.summarizers.facts import Setting, same_subject, setting_of
+from ctxd.daemon.summarizers.settings import (
+    Setting,
+    changes_value,
+    other_parts,
+    same_subject,
+    setting_of,
+    value_kind,
+)
 from ctxd.daemon.summary import SECTIONS
 
 # What each kind of item may claim of an overfull summary, least important first. Rules
@@ -118,7 +125,10 @@ class _Draft:
         *,
         unconfirmed: bool = False,
         was: str | None = None,
+        subject: str | None = None,
     ) -> _Entry | None:
+        """`subject`: what an item of the previous summary set, for a statement that
+        does not name it ("Make it 2000.")."""
         text = text.strip()
         src = list(sources)
         key = _norm(text)
@@ -127,8 +137,13 @@ class _Draft:
         existing = self._by_key.get((section, key))
         if existing is not None:
             existing.sources = _merge_sources(existing.sources, src, self._max_sources)
-            # Repeating an instruction makes it current again even if it was corrected.
+            # Repeating an instruction makes it current again even if it was corrected;
+            # its earlier statements are then no longer superseded (by anything, and
+            # least of all by this repeat of them).
             if status == "current":
+                if existing.status != "current":
+                    for old in existing.sources:
+                        self.supersessions.pop(old, None)
                 existing.status = "current"
             existing.unconfirmed = existing.unconfirmed or unconfirmed
             return existing
@@ -152,6 +167,8 @@ class _Draft:
         elif section == "decisions":
             entry.weak = not _FIRM_DECISION.search(text)
             entry.setting = setting_of(text, True)
+        if entry.setting is not None and not entry.setting.terms and subject:
+            entry.setting = _with_subject(entry.setting, subject)
         elif section == "goals":
             entry.weak = _QUANTITY.search(text) is None
         if entry.setting is not None:
@@ -195,8 +212,12 @@ class _Draft:
         """A later value for the same subject supersedes the earlier one, whatever the
         wording: "raise the batch size to 2000" after "batch size 500", "改到周二上午".
         A current setting goes when its subject is (almost) all in the new one's and
-        its value differs."""
+        its value differs. The same value again, a numbered series ("turn 52", "turn
+        53") and another subject ("upload retries", "download retries") replace nothing."""
         if new.setting is None or new.status != "current":
+            return
+        if not new.setting.terms:
+            self._supersede_elided(new, message_id)
             return
         # only settings sharing enough of the subject's terms are scored: a bulk batch
         # holds hundreds, and comparing each new one with all of them would be quadratic
@@ -217,7 +238,7 @@ class _Draft:
                 continue
             if entry.sources and entry.sources[-1] >= message_id:
                 continue
-            if setting.values <= new.setting.values:
+            if not changes_value(setting, new.setting):
                 continue  # the same value again: a restatement, not an update
             # every current value of the subject goes, not only the closest wording:
             # two phrasings of it may both be current when a third one comes
@@ -226,53 +247,98 @@ class _Draft:
         for entry in sorted(scored, key=_Entry.recency):
             self._retire(entry, new)
 
+    def _supersede_elided(self, new: _Entry, message_id: int) -> None:
+        """"Make it 2000.", "No, 4.", "改成 200。": no subject of its own, so it is about
+        the setting stated last, when that holds a value of the same kind."""
+        assert new.setting is not None
+        kinds = {value_kind(v) for v in new.setting.values}
+        last: _Entry | None = None
+        for section in ("constraints", "decisions"):
+            for entry in self.sections[section]:
+                if (
+                    entry is not new
+                    and entry.setting is not None
+                    and entry.setting.terms
+                    and entry.sources
+                    and entry.sources[-1] < message_id
+                    and (last is None or entry.recency() > last.recency())
+                ):
+                    last = entry
+        if last is None or last.status != "current" or last.setting is None:
+            return
+        if not kinds & {value_kind(v) for v in last.setting.values}:
+            return
+        if not changes_value(last.setting, new.setting):
+            return
+        old = last.setting
+        # the new statement takes the subject over, so later values of it find it
+        new.setting = Setting(
+            old.terms, new.setting.values, new.setting.old, old.order, old.label, old.ids
+        )
+        for term in old.terms:
+            self._settings.setdefault(term, []).append(new)
+        self._retire(last, new)
+        # "Make it 2000. (was export batch 500)": the text alone does not say of what
+        if new.was and old.label:
+            new.was = f"{old.label} {new.was}"
+
     def _retire(self, old: _Entry, new: _Entry) -> None:
-        if old.status == "current" and old.setting is not None:
+        was_current = old.status == "current"
+        if was_current and old.setting is not None:
             # "(was X)": the value it replaces, unless the new text names it already
             gone = sorted(old.setting.values - (new.setting.values if new.setting else set()))
-            gone = [v for v in gone if v not in new.text.casefold()]
+            gone = [_as_written(v, old.text) for v in gone if v not in new.text.casefold()]
             if gone:
                 new.was = ", ".join(gone[:2])
         old.status = "superseded"
         if new.sources:
             for src in old.sources:
                 self.supersessions[src] = new.sources[-1]
+        if was_current and old.setting is not None and old.section == "constraints":
+            # what else the old statement said still holds, as its own item
+            for part in other_parts(old.text, old.setting):
+                self.add("constraints", part, old.sources, unconfirmed=old.unconfirmed)
 
     def supersede(self, new: _Entry, message_id: int, *, correction: bool) -> bool:
-        """Mark the earlier instructions `new` replaces as superseded.
+        """Mark the earlier instructions a correction replaces as superseded.
 
-        A correction replaces the instruction it matches best, not every one it resembles:
-        "the ledger client should retry 2 times" shares most words with the catalog
-        client's retry rule, but all of them with the ledger's own. The best match may
-        be one already superseded (a second correction of the ledger's retries); then
-        only the current instructions that match as well go. An instruction without a
-        correction cue replaces only one with the same words and another value ("Set
-        the timeout to 30 seconds" after "Set the timeout to 20 seconds").
+        Only a value that changes is a correction: both statements set something (a
+        number, a day, a named choice, an owner), of the same subject, to different
+        values. A correction replaces the instruction it matches best, not every one it
+        resembles: "the ledger client should retry 2 times" shares most words with the
+        catalog client's retry rule, but all of them with the ledger's own. The best
+        match may be one already superseded (a second correction of the ledger's
+        retries); then only the current instructions that match as well go. Without a
+        correction cue the setting match (`supersede_setting`) decides alone.
         """
-        if not new.terms or not (correction or new.values):
+        if not correction or new.setting is None or not new.setting.terms or not new.terms:
             return False
-        if correction:
-            # the rules sharing a word with it: a correction matches nothing else
-            found: dict[int, _Entry] = {}
-            for term in new.terms:
-                for entry in self._by_term.get(term, ()):
-                    found.setdefault(id(entry), entry)
-            candidates: Iterable[_Entry] = sorted(found.values(), key=lambda e: e.seq)
-        else:
-            candidates = self._by_terms.get(new.terms, ())
+        # the rules sharing a word with it: a correction matches nothing else
+        found: dict[int, _Entry] = {}
+        for term in new.terms:
+            for entry in self._by_term.get(term, ()):
+                found.setdefault(id(entry), entry)
         scored: list[tuple[float, _Entry]] = []
-        for entry in candidates:
-            if entry is new:
+        for entry in sorted(found.values(), key=lambda e: e.seq):
+            if entry is new or entry.setting is None:
                 continue
             # Sentences of the same message are read together, not as a correction chain.
             if entry.sources and entry.sources[-1] >= message_id:
                 continue
-            if correction:
-                score = _similarity(entry, new)
-            elif entry.terms == new.terms and entry.values and new.values:
-                score = 0.0 if entry.values == new.values else 1.0
-            else:
+            old = entry.setting
+            if old.ids and new.setting.ids and old.ids != new.setting.ids:
+                continue  # "turn 53" after "turn 52": the next task, not a correction
+            if not changes_value(old, new.setting):
+                if entry.status != "current" and old.values <= new.setting.values:
+                    # an older value set again: that statement is no longer superseded
+                    for src in entry.sources:
+                        self.supersessions.pop(src, None)
                 continue
+            # the cue lets fewer words name the subject, not other words: "solved X
+            # by using Y instead" is no correction of a rule that merely shares two
+            if same_subject(old, new.setting) < 0.5:
+                continue
+            score = _similarity(entry, new)
             if score >= 0.5:
                 scored.append((score, entry))
         if not scored:
@@ -298,6 +364,23 @@ class _Call:
     paths: list[str] = field(default_factory=list)
     raw: Any = None  # the parsed arguments, for the artifacts the call produced
 
+
+
+def _with_subject(setting: Setting, subject: str) -> Setting:
+    """A setting that names no subject, given the one it was found to be about."""
+    named = setting_of(f"{subject} {' '.join(sorted(setting.values))}", True)
+    if named is None or not named.terms:
+        return setting
+    return Setting(named.terms, setting.values, setting.old, named.order, subject, named.ids)
+
+
+def _as_written(value: str, text: str) -> str:
+    """A value as the statement wrote it ("Alice", "Thursday"); values are compared
+    case-folded."""
+    at = text.casefold().find(value)
+    if at < 0 or len(text.casefold()) != len(text):
+        return value
+    return text[at : at + len(value)]
 
 
 def _similarity(old: _Entry, new: _Entry) -> float:
