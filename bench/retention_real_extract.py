@@ -41,6 +41,9 @@ class EngineClient:
         return self.engine.read_archive(session_id, after_id=after_id or 0, limit=limit or 200,
                                         before_id=before_id)
 
+    def get_session(self, session_id: str) -> dict[str, Any]:
+        return self.engine.get_session(session_id)
+
     def create_session(self, session_id: str, title: str | None = None,
                        metadata: dict[str, Any] | None = None) -> dict[str, Any]:
         return self.engine.create_session(session_id, title=title, metadata=metadata)

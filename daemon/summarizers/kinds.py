@@ -48,10 +48,9 @@ def user_kind(sentence: str, slow: str, may_correct: bool, may_set: bool) -> str
         return None
     body = strip_series(sentence)
     if is_request(sentence):
-        sets = (
-            _SETS_VALUE.search(body) is not None
-            and setting_of(body) is not None
-        )
+        # "run the cleanup at 04:00" sets when it runs; "please check m74.py" sets
+        # nothing (setting_of reads a numbered series as the subject, not a value)
+        sets = setting_of(body) is not None
         if not sets:
             # a task; "please never push to main" is still a rule, "please check
             # m74.py and make sure its tests pass" is the request itself
