@@ -31,7 +31,7 @@ from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.ids import new_id
 from ctxd.daemon.stores.base import Store
-from ctxd.daemon.summary import Summarizer, Summary
+from ctxd.daemon.summary import Summarizer, Summary, SummaryItem
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import (
     ApprovalPending,
@@ -53,6 +53,16 @@ SHARED_POLL_MAX = 0.5
 
 def _nowhere(session_id: str) -> bool:
     return False
+
+
+def _say_instructions(result: dict[str, Any]) -> None:
+    """Instructions given to a compaction that committed nothing were not used: say so
+    rather than drop them silently."""
+    applied = bool(result.get("compactionId"))
+    result["instructionsApplied"] = applied
+    if not applied:
+        why = result.get("reason") or "nothing was committed"
+        result["reason"] = f"{why}; the instructions were not applied (the summary is unchanged)"
 
 
 class ActiveContexts(Protocol):
@@ -202,6 +212,8 @@ class Compactor:
             )
             if under and trigger == "manual" and not force and not result["effective"]:
                 self._say_under_limits(result)
+            if instructions and not dry_run:
+                _say_instructions(result)
         except CtxdError:
             if trigger == "auto":
                 self.auto_failures[session_id] = self.auto_failures.get(session_id, 0) + 1
@@ -338,9 +350,16 @@ class Compactor:
             keep_tokens=self.policy.max_active_tokens // 2,
             force=force,
             abandoned=inputs.abandoned_calls(self.archive, region),
+            force_keep=self.policy.force_keep_messages,
         )
-        if trigger == "rebuild" and boundary is None and region:
-            boundary = 0  # nothing to summarize: the whole region is the tail
+        if trigger == "rebuild" and region:
+            # a rebuild re-derives the summary; it never brings summarized messages back
+            # into the tail, which would make the context bigger
+            current = next(
+                (i for i, m in enumerate(region) if m["id"] >= (st.tail_start_id or 0)),
+                len(region),
+            )
+            boundary = max(boundary or 0, min(current, len(region) - 1))
         if boundary is None:
             return self._not_effective(
                 a,
@@ -364,6 +383,13 @@ class Compactor:
         previous = Summary() if rederive else st.summary
         pins = [p["text"] for p in self.store.pins.list(session_id)]
         ordinals = inputs.ordinals(self.archive, session_id, st.summary, leaving)
+        # what leaves the context now (a rebuild or re-derivation also reads messages
+        # the old summary stands for): the summary may grow by a share of it
+        start = st.tail_start_id or 0
+        departing = sum(int(m.get("tokens", 0)) for m in region[:boundary] if m["id"] >= start)
+        limit = inputs.size_limit(
+            self.policy, st.summary_tokens, self._summary_overhead(session_id), departing
+        )
         try:
             summary = await inputs.summarize(
                 self.summarizer,
@@ -378,6 +404,7 @@ class Compactor:
                 lambda done: self._progress(
                     session_id, cid, {"kind": "report", "percentage": done}
                 ),
+                limit,
             )
         except CtxdError:
             raise
@@ -385,6 +412,13 @@ class Compactor:
             self._failed(a, before, leaving, exc)
         inputs.finish(summary, st.summary, previous, leaving, ordinals, cid, rederive)
         return self._commit(a, st, summary, region[boundary]["id"], leaving, rederive)
+
+    def _summary_overhead(self, session_id: str) -> int:
+        """Tokens the summary message takes besides the summary's own text: the header,
+        the pins, the message's framing."""
+        probe = Summary(sections={"goals": [SummaryItem(text="x", sources=[1])]})
+        whole = self.contexts.summary_tokens(session_id, probe)
+        return max(0, whole - self.tokens.count_text(probe.render()))
 
     def _failed(
         self, a: Attempt, before: dict[str, int], leaving: list[dict[str, Any]], exc: Exception

@@ -809,8 +809,12 @@ def test_tiny_budget_truncates_then_drops_constraints() -> None:
 
 def test_instructions_protect_matching_items() -> None:
     messages: list[dict[str, Any]] = []
+    # requests of different shapes: one shape repeated is a routine series, whose lines
+    # go first anyway, which would keep the odd one out without any instructions
+    words = ["login", "search", "avatar", "billing", "export", "sidebar", "pager", "theme"]
     for n in range(1, 41):
-        topic = "database migration" if n == 3 else f"widget {n} styling"
+        topic = ("database migration" if n == 3
+                 else f"{words[n % 8]} {words[(n // 8) % 8]} widget styling")
         messages.append(user(n, f"Please improve the {topic} in module {n} today."))
     plain = run(messages, budget=120)
     focused = run(messages, budget=120, instructions="focus on the database migration")
