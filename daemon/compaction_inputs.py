@@ -18,7 +18,7 @@ from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.messages import for_model, strip_archive_fields
 from ctxd.daemon.stores.base import ArchiveStore
-from ctxd.daemon.summary import Summarizer, Summary, SummaryRequest
+from ctxd.daemon.summary import Summarizer, Summary, SummaryItem, SummaryRequest
 from ctxd.daemon.tokens import TokenCounter
 
 # messages read per page when a compaction reads the archive from the start
@@ -187,6 +187,15 @@ def size_limit(
     new message's own `overhead_tokens` (pins and header)."""
     grown = old_message_tokens + policy.summary_share * leaving_tokens
     return max(0, int(grown) - overhead_tokens)
+
+
+def summary_overhead(
+    message_tokens: Callable[[Summary], int], count_text: Callable[[str], int]
+) -> int:
+    """Tokens the summary message takes besides the summary's own text (the header,
+    the pins, the message's framing), measured on a one-line summary."""
+    probe = Summary(sections={"goals": [SummaryItem(text="x", sources=[1])]})
+    return max(0, message_tokens(probe) - count_text(probe.render()))
 
 
 async def run_summarizer(summarizer: Summarizer, request: SummaryRequest) -> Summary:

@@ -35,8 +35,8 @@ def fit(
     draft: _Draft, request: SummaryRequest, truncated_chars: int
 ) -> dict[str, list[SummaryItem]]:
     """The draft's items that fit: within `budget_tokens` always, and within
-    `size_limit_tokens` (when given) except for the hard constraints, which are kept
-    whole past it."""
+    `size_limit_tokens` (when given) except for the hard constraints and the latest
+    request, which are kept whole past it."""
     budget = request.budget_tokens
     if budget <= 0:
         return {}
@@ -50,17 +50,19 @@ def fit(
     ops = _drop_plan(entries, request.instructions, dict(line_est), truncated_chars, routine)
     limit = request.size_limit_tokens
     if limit is not None and limit < budget:
-        hard = {id(e) for e in entries["constraints"] if _hard(e) and id(e) not in routine}
-        soft = [op for op in ops if id(op[1]) not in hard]
-        # the smallest cut that fits the limit, or, when even the hard constraints
-        # alone do not, those alone (the budget still bounds them)
+        kept = {id(e) for e in entries["constraints"] if _hard(e) and id(e) not in routine}
+        # the latest request too: when a forced compaction summarizes it (one request,
+        # then a long tool chain), the summary is all that is left of it
+        if entries["goals"]:
+            kept.add(id(max(entries["goals"], key=_Entry.recency)))
+        soft = [op for op in ops if id(op[1]) not in kept]
         found = _search(entries, soft, line_est, request, limit)
-        if found is None:
-            alone = _Plan(entries, soft, line_est, request).build(len(soft))
-            if _measure(alone, request) <= budget:
-                return alone
-        else:
+        if found is not None:
             return found
+        # even those alone do not fit the limit: they alone, within the budget
+        alone = _Plan(entries, soft, line_est, request).build(len(soft))
+        if _measure(alone, request) <= budget:
+            return alone
     found = _search(entries, ops, line_est, request, budget)
     # Nothing measured fits: only the empty summary (the whole plan applied) is left.
     return found if found is not None else {}
@@ -294,14 +296,16 @@ def _drop_plan(
                 heapq.heappush(heap, (-size[cls] / _CLASS_SHARES[cls], order[cls], cls))
 
     every = [e for es in entries.values() for e in es if id(e) not in floor_ids]
+    floors.sort(key=lambda e: (tier(e), order[_class(e)]))
+    # the newest item of each section goes after every other item, but before the
+    # items the instructions ask for: those are kept first
     for keep_focus in (False, True):
         for level in (0, 1, 2):
             drain(
                 [e for e in every if favoured(e) == keep_focus and tier(e) == level],
                 trims[level] if not keep_focus else deque(),
             )
-    floors.sort(key=lambda e: (favoured(e), tier(e), order[_class(e)]))
-    ops.extend(("drop", e, "") for e in floors)
+        ops.extend(("drop", e, "") for e in floors if favoured(e) == keep_focus)
     return ops
 
 
