@@ -9,6 +9,7 @@ from collections import deque
 
 from ctxd.daemon.summarizers.cues import _CONSTRAINT, _key_terms, _trim
 from ctxd.daemon.summarizers.draft import _SHARES, _Draft, _Entry, _share_class
+from ctxd.daemon.summarizers.facts import trim_keeping_hedge
 from ctxd.daemon.summary import SECTIONS, UNPOINTED, Summary, SummaryItem, SummaryRequest
 
 _PLAIN_COST = 1 / 5.2
@@ -174,7 +175,7 @@ def _search(
 # What each kind may claim of an overfull summary, least important first: the kinds of
 # the drafts (`_SHARES`) and hedged conclusions, which are kept with their hedge rather
 # than lost with the plain requests and tentative decisions they were filed with.
-_CLASS_SHARES: dict[str, float] = {**_SHARES, "hedged": 0.10}
+_CLASS_SHARES: dict[str, float] = {**_SHARES, "hedged": 0.20}
 _CLASS_ORDER = [*_SHARES][:-3] + ["hedged"] + [*_SHARES][-3:]
 
 # tiers: what goes first when the summary must shrink (0), then (1), last (2)
@@ -255,17 +256,23 @@ def _drop_plan(
         if pool:
             floors.append(max(pool, key=_Entry.recency))
     floor_ids = {id(e) for e in floors}
-    # A long rule loses its tail before any rule of its tier is lost.
-    trims: dict[int, deque[tuple[_Entry, str]]] = {0: deque(), 1: deque(), 2: deque()}
-    for e in sorted(entries["constraints"], key=_Entry.recency):
-        short = _trim(e.text, truncated_chars)
-        if short != e.text:
-            trims[tier(e)].append((e, short))
+    # A long rule loses its tail before any rule of its tier is lost, and a long hedged
+    # statement its middle (the hedge stays) before any of them is lost.
+    trims: dict[int, dict[str, deque[tuple[_Entry, str]]]] = {
+        level: {"constraints": deque(), "hedged": deque()} for level in (0, 1, 2)
+    }
+    for e in sorted((e for es in entries.values() for e in es), key=_Entry.recency):
+        cls = _class(e)
+        if cls == "constraints" or (cls == "hedged" and e.section != "constraints"):
+            short = (_trim(e.text, truncated_chars) if cls == "constraints"
+                     else trim_keeping_hedge(e.text, truncated_chars))
+            if short != e.text:
+                trims[tier(e)][cls].append((e, short))
 
     ops: list[tuple[str, _Entry, str]] = []
 
-    def drain(members: list[_Entry], cut: deque[tuple[_Entry, str]]) -> None:
-        """Drop `members` (and shorten `cut`'s rules first, within their kind): the kind
+    def drain(members: list[_Entry], cuts: dict[str, deque[tuple[_Entry, str]]]) -> None:
+        """Drop `members` (and shorten `cuts`' items first, within their kind): the kind
         furthest over its share first; ties go to the one listed first in
         _CLASS_ORDER, the one that matters least."""
         size: dict[str, float] = dict.fromkeys(_CLASS_SHARES, 0.0)
@@ -277,12 +284,13 @@ def _drop_plan(
         heap = [
             (-size[cls] / _CLASS_SHARES[cls], order[cls], cls)
             for cls in _CLASS_SHARES
-            if queues[cls] or (cls == "constraints" and cut)
+            if queues[cls] or cuts.get(cls)
         ]
         heapq.heapify(heap)
         while heap:
             _, _, cls = heapq.heappop(heap)
-            if cls == "constraints" and cut:
+            cut = cuts.get(cls)
+            if cut:
                 e, short = cut.popleft()
                 saved = est[id(e)] - _estimate(_line(e, short))
                 est[id(e)] -= saved
@@ -292,7 +300,7 @@ def _drop_plan(
                 e = queues[cls].popleft()
                 size[cls] -= est[id(e)]
                 ops.append(("drop", e, ""))
-            if queues[cls] or (cls == "constraints" and cut):
+            if queues[cls] or cuts.get(cls):
                 heapq.heappush(heap, (-size[cls] / _CLASS_SHARES[cls], order[cls], cls))
 
     every = [e for es in entries.values() for e in es if id(e) not in floor_ids]
@@ -303,7 +311,7 @@ def _drop_plan(
         for level in (0, 1, 2):
             drain(
                 [e for e in every if favoured(e) == keep_focus and tier(e) == level],
-                trims[level] if not keep_focus else deque(),
+                trims[level] if not keep_focus else {},
             )
         ops.extend(("drop", e, "") for e in floors if favoured(e) == keep_focus)
     return ops
