@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import random
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 from helpers import DaemonProcess, agent_turn, make_config, tool_turn
 
-from ctxd.daemon.config import load_config
+from ctxd.daemon.config import ConfigError, load_config
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
 from ctxd.daemon.summary import Summary, SummaryRequest
@@ -530,3 +531,40 @@ def test_cli_says_what_compact_and_rebuild_did(daemon: DaemonProcess) -> None:
     assert r.stdout.startswith("rebuild: ")
     # kept and "not effective" are never said together
     assert not ("not effective" in r.stdout and "kept" in r.stdout), r.stdout
+
+
+# ------------------------------------------------------------------- config
+
+
+def test_size_keys_in_config_file_environment_and_ctxd_config(tmp_path: Path) -> None:
+    toml = tmp_path / "ctxd.toml"
+    toml.write_text("[compaction]\nsummary_share = 0.25\nforce_keep_messages = 4\n")
+    policy = load_config(toml, environ={}).compaction
+    assert (policy.summary_share, policy.force_keep_messages) == (0.25, 4)
+    env = {"CTXD_SUMMARY_SHARE": "0.5", "CTXD_FORCE_KEEP_MESSAGES": "8"}
+    policy = load_config(environ=env).compaction
+    assert (policy.summary_share, policy.force_keep_messages) == (0.5, 8)
+    for bad in ({"CTXD_SUMMARY_SHARE": "1.5"}, {"CTXD_SUMMARY_SHARE": "0"},
+                {"CTXD_FORCE_KEEP_MESSAGES": "0"}):
+        with pytest.raises(ConfigError) as info:
+            load_config(environ=bad)
+        assert next(iter(bad)) in str(info.value)
+    out = subprocess.run([sys.executable, "-m", "ctxd.clients.cli", "config"],
+                         env={**os.environ, "CTXD_SUMMARY_SHARE": "0.3"}, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert '"summary_share": 0.3' in out.stdout and '"force_keep_messages": 6' in out.stdout
+
+
+def test_force_keep_messages_sets_the_tail_of_a_forced_compaction(tmp_path: Path) -> None:
+    for keep in (2, 10):
+        engine = Engine(make_config(tmp_path / str(keep), force_keep_messages=keep))
+        try:
+            sid = engine.create_session()["sessionId"]
+            engine.append(sid, _short_messages(60))
+            out = asyncio.run(engine.compact(sid, force=True))
+            assert out["effective"], out
+            # the summary message and a tail of about `keep` (a user message stays first)
+            assert keep - 1 <= out["after"]["messages"] - 1 <= keep + 1, out
+        finally:
+            engine.close()
