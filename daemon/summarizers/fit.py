@@ -224,13 +224,14 @@ def _drop_plan(
 
     Tiers first: routine lines (tool activity, files merely mentioned, plain requests,
     a repeated series of requests) go before everything else; the user's rules in
-    force and live corrections go last. Within a tier each kind of item may claim its
-    share of what is left (`_CLASS_SHARES`): the kind furthest over its share loses its
-    oldest item next, and what a kind does not use goes to the others. So a long
-    session keeps its recent decisions and files next to its rules instead of dropping
-    whole sections in turn. Every section keeps its most recent item until everything
-    else is gone, and items the instructions ask to focus on go after all others.
-    `est` holds each item's estimated size; it is updated as long rules are shortened.
+    force, live corrections, the agent's own artifacts and hedged conclusions go last.
+    Within a tier each kind of item may claim its share of what is left
+    (`_CLASS_SHARES`): the kind furthest over its share loses its oldest item next, and
+    what a kind does not use goes to the others. So a long session keeps its recent
+    decisions and files next to its rules instead of dropping whole sections in turn.
+    Every section keeps its most recent item until everything else is gone, and items
+    the instructions ask to focus on go after all others. `est` holds each item's
+    estimated size; it is updated as long rules are shortened.
     """
     focus = _key_terms(instructions) if instructions else frozenset()
 
@@ -245,7 +246,15 @@ def _drop_plan(
             return 0
         if e.section == "goals" and _class(e) == "goals":
             return 0
-        if _hard(e) or (e.was and e.status == "current"):
+        # the agent's own changes and the ids its tools returned, and the conclusions
+        # not yet confirmed, stand beside the rules: nothing else in the context says
+        # what was done and what is still a guess
+        if (
+            _hard(e)
+            or (e.was and e.status == "current")
+            or e.section == "artifacts"
+            or _class(e) == "hedged"
+        ):
             return 2
         return 1
 
