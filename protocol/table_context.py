@@ -116,14 +116,16 @@ CONTEXT_METHODS: tuple[Method, ...] = (
                 "force",
                 "boolean",
                 False,
-                "Compact even when the context is under its threshold.",
+                "Compact even when the context is under its threshold, keeping only the "
+                "last few messages (`compaction.force_keep_messages`, at most half).",
                 default=False,
             ),
             Param(
                 "instructions",
                 "string",
                 False,
-                "Extra guidance for the summarizer (what to keep).",
+                "Extra guidance for the summarizer (what to keep first); the result's "
+                "`instructionsApplied` says whether they shaped a committed summary.",
                 max=INSTRUCTIONS_MAX,
             ),
         ),
