@@ -275,20 +275,33 @@ def test_forced_compaction_of_ten_or_more_messages_is_effective(engine: Engine, 
         assert "Refactor the billing client" in text and "keep its public API" in text
 
 
-def test_manual_compaction_right_after_an_automatic_one(engine: Engine) -> None:
+def _file_requests(n: int, start: int, zh: bool) -> list[dict[str, Any]]:
+    """Short requests naming files: each gives a goal and file items, more summary
+    lines than the message had tokens, so an unbounded summary grows past what leaves."""
+    out: list[dict[str, Any]] = []
+    for k in range(start, start + n):
+        ask = (f"检查 src/pkg/mod_{k}.py 和 tests/test_mod_{k}.py" if zh
+               else f"check src/pkg/mod_{k}.py and tests/test_mod_{k}.py")
+        out += [user(ask), assistant("好" if zh else "ok")]
+    return out
+
+
+@pytest.mark.parametrize("zh", [False, True], ids=["en", "zh"])
+def test_manual_compaction_right_after_an_automatic_one(engine: Engine, zh: bool) -> None:
     sid = engine.create_session()["sessionId"]
     engine.append(sid, [{"role": "system", "content": "You are a careful agent."}])
-    for i in range(21):
-        engine.append(sid, agent_turn(i))
+    engine.append(sid, _file_requests(42, 0, zh))  # 85 messages: over the limit
+    assert engine.auto_compaction_due(sid)
     auto = asyncio.run(engine.compact(sid, trigger="auto"))
-    assert auto["effective"]
-    engine.append(sid, agent_turn(50))
+    assert auto["effective"], auto
+    engine.append(sid, _file_requests(1, 100, zh))
     assert engine.status(sid)["activeMessages"] >= 26
     manual = asyncio.run(engine.compact(sid, force=True))
     assert manual["effective"], manual
     assert manual["after"]["tokens"] < manual["before"]["tokens"]
     check_pairs(engine.context_messages(sid))
     # and again, right away: still shrinks while 10 or more messages are there
+    engine.append(sid, _file_requests(5, 200, zh))
     while engine.status(sid)["activeMessages"] >= 10:
         again = asyncio.run(engine.compact(sid, force=True))
         assert again["effective"], again
