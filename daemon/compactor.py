@@ -354,8 +354,10 @@ class Compactor:
             return self._not_effective(
                 a,
                 before,
-                "nothing can leave the context without splitting a tool call from its "
-                "result, or dropping the latest user message (force mode)",
+                "nothing can leave the context: the tail keeps at least the latest message "
+                "and never starts between a tool call and its result"
+                + ("" if force else f", and it keeps {self.policy.keep_messages} messages "
+                   "(pass force to keep fewer)"),
             )
         abandoned = inputs.abandoned_calls(self.archive, region)
         pins = [p["text"] for p in self.store.pins.list(session_id)]
