@@ -97,6 +97,18 @@ def tail_boundary(
     return best
 
 
+def rebuild_boundary(
+    msgs: Sequence[dict[str, Any]], boundary: int | None, tail_start_id: int | None
+) -> int:
+    """Where a rebuild's tail starts: where `tail_boundary` says, but never before the
+    current tail's start. A rebuild re-derives the summary; bringing summarized messages
+    back into the tail would make the context bigger."""
+    current = next(
+        (i for i, m in enumerate(msgs) if m["id"] >= (tail_start_id or 0)), len(msgs)
+    )
+    return max(boundary or 0, min(current, len(msgs) - 1))
+
+
 def check_summary(summary: Summary, allowed_ids: set[int]) -> list[str]:
     """Reasons a summary must not be committed (empty list: it may)."""
     problems: list[str] = []

@@ -25,7 +25,7 @@ from typing import Any, NoReturn, Protocol
 
 from ctxd.daemon import compaction_commit as commit
 from ctxd.daemon import compaction_inputs as inputs
-from ctxd.daemon.compaction import tail_boundary, valid_boundaries
+from ctxd.daemon.compaction import rebuild_boundary, tail_boundary, valid_boundaries
 from ctxd.daemon.compaction_commit import Attempt
 from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.context_store import ContextState
@@ -343,13 +343,7 @@ class Compactor:
             force_keep=self.policy.force_keep_messages,
         )
         if trigger == "rebuild" and region:
-            # a rebuild re-derives the summary; it never brings summarized messages back
-            # into the tail, which would make the context bigger
-            current = next(
-                (i for i, m in enumerate(region) if m["id"] >= (st.tail_start_id or 0)),
-                len(region),
-            )
-            boundary = max(boundary or 0, min(current, len(region) - 1))
+            boundary = rebuild_boundary(region, boundary, st.tail_start_id)
         if boundary is None:
             return self._not_effective(
                 a,
