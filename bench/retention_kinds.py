@@ -158,6 +158,10 @@ class Tally:
     max_summary: int = 0
     compactions: int = 0
     messages: int = 0
+    # per committed compaction: new summary message tokens / (old one + messages that left)
+    ratios: list[float] = field(default_factory=list)
+    small_ratios: list[float] = field(default_factory=list)  # spans under 5,000 tokens
+    grew: int = 0  # compactions whose model input was bigger after than before
 
     def add(self, name: str, ok: bool) -> None:
         self.checks[name] = self.checks.get(name, 0) + 1
@@ -342,6 +346,9 @@ class Session:
             shown = [ln for ln in lines if key in ln]
             if shown:
                 tally.add("hedged shown without hedge", not all(HEDGE.search(ln) for ln in shown))
+            if chunk == CHUNKS - 1:
+                tally.add("hedged kept with hedge (end)",
+                          any(HEDGE.search(ln) for ln in shown))
         for key, mid in self.constraints:
             if 0 <= mid < tail:
                 tally.add("hard constraints kept", key in everything)
@@ -354,6 +361,30 @@ class Session:
                 tally.add("tool ids (last 3 compactions)", ident in everything)
 
 
+def size(engine: Engine, sid: str, old: int, result: dict[str, Any], tally: Tally) -> None:
+    """The summary's size against what it replaced: the old summary message and the
+    messages that left the context."""
+    if result["after"]["tokens"] > result["before"]["tokens"]:
+        tally.grew += 1
+    if not result.get("compactionId") or result.get("summarizedFrom") is None:
+        return
+    lo, hi = result["summarizedFrom"], result["summarizedTo"]
+    read = engine.read_archive(sid, after_id=lo - 1, before_id=hi + 1, limit=10_000)
+    left = sum(m["tokens"] for m in read["messages"])
+    new = engine.context_state(sid).summary_tokens
+    ratio = new / max(old + left, 1)
+    tally.ratios.append(ratio)
+    if left < 5000:
+        tally.small_ratios.append(ratio)
+
+
+def _quantiles(values: list[float]) -> str:
+    if not values:
+        return "—"
+    v = sorted(values)
+    return (f"median {v[len(v) // 2]:.2f}, max {v[-1]:.2f} ({len(v)})")
+
+
 async def run(lang: str, sessions: int, seed: int, root: Path) -> Tally:
     tally = Tally()
     engine = Engine(Config(data_dir=root / f"kinds-{lang}"))
@@ -364,7 +395,9 @@ async def run(lang: str, sessions: int, seed: int, root: Path) -> Tally:
             for chunk in range(CHUNKS):
                 for _ in range(TURNS):
                     s.turn(chunk)
-                await engine.compact(s.sid)
+                old = engine.context_state(s.sid).summary_tokens
+                result = await engine.compact(s.sid)
+                size(engine, s.sid, old, result, tally)
                 s.check(chunk, tally)
             tally.messages += engine.archive.message_count(s.sid)
     finally:
@@ -378,6 +411,7 @@ ROWS = (
     ("own files (last 3 compactions)", "≥95%", False),
     ("tool ids (last 3 compactions)", "≥90%", False),
     ("hard constraints kept", "100%", False),
+    ("hedged kept with hedge (end)", "≥90%", False),
 )
 
 
@@ -396,6 +430,12 @@ def render(tallies: dict[str, Tally], budget: int) -> str:
     out.append("| pointer tokens / summary tokens | ≤10% | " + " | ".join(cells) + " |")
     cells = [f"{t.max_summary:,}" for t in tallies.values()]
     out.append(f"| largest pins + summary (tokens) | ≤{budget:,} | " + " | ".join(cells) + " |")
+    cells = [_quantiles(t.ratios) for t in tallies.values()]
+    out.append("| summary / what it replaced, per compaction | <1 | " + " | ".join(cells) + " |")
+    cells = [_quantiles(t.small_ratios) for t in tallies.values()]
+    out.append("| the same, spans under 5,000 tokens | <1 | " + " | ".join(cells) + " |")
+    cells = [str(t.grew) for t in tallies.values()]
+    out.append("| compactions that made the context bigger | 0 | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 

@@ -95,8 +95,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
     p = add("compact", cmd_compact, "compact a session's active context now")
     p.add_argument("session", help="session id")
     p.add_argument("--force", action="store_true",
-                   help="compact even when the context is under its threshold")
-    p.add_argument("--instructions", help="extra guidance for the summarizer")
+                   help="compact even when the context is under its threshold, keeping "
+                        "only the last few messages (compaction.force_keep_messages)")
+    p.add_argument("--instructions",
+                   help="what the summary should keep first (said when not applied)")
 
     p = add("rebuild", cmd_rebuild, "rebuild a session's summary from the whole archive")
     p.add_argument("session", help="session id")

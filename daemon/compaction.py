@@ -57,20 +57,28 @@ def tail_boundary(
     keep_tokens: int | None = None,
     force: bool = False,
     abandoned: Collection[str] = (),
+    force_keep: int | None = None,
 ) -> int | None:
     """The index where the kept tail starts, or None when nothing can leave.
 
     Normal mode keeps about `keep` messages. Force mode (manual compaction) also works
-    on short contexts: it keeps at most half of them, but never summarizes the latest
-    user message. With `keep_tokens`, a tail heavier than that moves forward.
+    on short contexts: it keeps about `force_keep` messages (`keep` when not given), at
+    most half of them, and keeps the latest user message when a boundary before it
+    moves at least half as much; otherwise (one request, then a long tool chain) the
+    request may leave too, so any context with a boundary can be compacted. With
+    `keep_tokens`, a tail heavier than that moves forward.
     """
     n = len(msgs)
     candidates = valid_boundaries(msgs, abandoned)
     if force:
+        kept = keep if force_keep is None else force_keep
+        target = n - min(kept, max(1, n // 2))
         last_user = max((i for i, m in enumerate(msgs) if m["role"] == "user"), default=None)
         if last_user is not None:
-            candidates = [i for i in candidates if i <= last_user]
-        target = n - min(keep, max(1, n // 2))
+            before_user = [i for i in candidates if i <= last_user]
+            # a boundary that moves only a sliver would not pay for the summary
+            if before_user and before_user[-1] >= target // 2:
+                candidates = before_user
     else:
         target = n - keep
         if target <= 0:
@@ -87,6 +95,18 @@ def tail_boundary(
             lighter = [i for i in candidates if i > best and suffix[i] <= keep_tokens]
             best = lighter[0] if lighter else candidates[-1]
     return best
+
+
+def rebuild_boundary(
+    msgs: Sequence[dict[str, Any]], boundary: int | None, tail_start_id: int | None
+) -> int:
+    """Where a rebuild's tail starts: where `tail_boundary` says, but never before the
+    current tail's start. A rebuild re-derives the summary; bringing summarized messages
+    back into the tail would make the context bigger."""
+    current = next(
+        (i for i, m in enumerate(msgs) if m["id"] >= (tail_start_id or 0)), len(msgs)
+    )
+    return max(boundary or 0, min(current, len(msgs) - 1))
 
 
 def check_summary(summary: Summary, allowed_ids: set[int]) -> list[str]:

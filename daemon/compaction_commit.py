@@ -200,3 +200,13 @@ def not_effective(a: Attempt, before: dict[str, int], reason: str) -> dict[str, 
         "rederived": False,
         "reason": reason,
     }
+
+
+def say_instructions(result: dict[str, Any]) -> None:
+    """Instructions given to a compaction that committed nothing were not used: say so
+    rather than drop them silently."""
+    applied = bool(result.get("compactionId"))
+    result["instructionsApplied"] = applied
+    if not applied:
+        why = result.get("reason") or "nothing was committed"
+        result["reason"] = f"{why}; the instructions were not applied (the summary is unchanged)"

@@ -18,7 +18,7 @@ from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.messages import for_model, strip_archive_fields
 from ctxd.daemon.stores.base import ArchiveStore
-from ctxd.daemon.summary import Summarizer, Summary, SummaryRequest
+from ctxd.daemon.summary import Summarizer, Summary, SummaryItem, SummaryRequest
 from ctxd.daemon.tokens import TokenCounter
 
 # messages read per page when a compaction reads the archive from the start
@@ -26,6 +26,10 @@ ARCHIVE_PAGE = 2000
 
 # ordinals counted per compaction for sources cited before ordinals were kept
 _BACKFILL = 32
+
+# a summarizer that does not honour `size_limit_tokens` gets it as its budget, but never
+# below this: a model asked for a handful of tokens answers nothing useful
+_MODEL_FLOOR = 200
 
 
 def rederives(
@@ -131,26 +135,36 @@ async def summarize(
     instructions: str | None,
     ordinals: dict[int, int],
     report: Callable[[int], None],
+    size_limit: int | None = None,
 ) -> Summary:
     """The summary of `previous` and `leaving`, chunk by chunk; `report` gets the
-    percentage done after each chunk when there are several."""
+    percentage done after each chunk when there are several. `size_limit` bounds the
+    final summary below the budget (see `size_limit`)."""
     # a summarizer may say how much it takes at once (the built-in one takes large
     # batches: one hop to its worker thread instead of one per 200 messages)
     chunk = max(1, getattr(summarizer, "chunk_messages", 0) or policy.rebuild_chunk_messages)
+    budget = policy.summary_budget_tokens
+    honours = bool(getattr(summarizer, "honours_size_limit", False))
     summary = previous
     allowed = previous.all_sources()
     for start in range(0, len(leaving), chunk):
         part = leaving[start : start + chunk]
         allowed |= {m["id"] for m in part}
+        # the chunks before the last one are steps: only the result is bounded
+        last = start + chunk >= len(leaving)
+        limit = size_limit if last and size_limit is not None and size_limit < budget else None
         request = SummaryRequest(
             session_id=session_id,
             previous=summary,
             messages=[{**for_model(strip_archive_fields(m)), "id": m["id"]} for m in part],
             pins=pins,
             instructions=instructions,
-            budget_tokens=policy.summary_budget_tokens,
+            budget_tokens=(
+                budget if limit is None or honours else min(budget, max(limit, _MODEL_FLOOR))
+            ),
             count_tokens=tokens.count_text,
             ordinals=ordinals,
+            size_limit_tokens=limit if honours else None,
         )
         summary = await run_summarizer(summarizer, request)
         problems = check_summary(summary, allowed)
@@ -159,6 +173,29 @@ async def summarize(
         if len(leaving) > chunk:
             report(min(99, (start + chunk) * 100 // len(leaving)))
     return summary
+
+
+def size_limit(
+    policy: CompactionPolicy,
+    old_message_tokens: int,
+    overhead_tokens: int,
+    leaving_tokens: int,
+) -> int:
+    """The most tokens the new summary's text may take so that the summary message
+    grows by at most `summary_share` of what leaves the context: the old summary
+    message (`old_message_tokens`, pins and header included) plus that share, less the
+    new message's own `overhead_tokens` (pins and header)."""
+    grown = old_message_tokens + policy.summary_share * leaving_tokens
+    return max(0, int(grown) - overhead_tokens)
+
+
+def summary_overhead(
+    message_tokens: Callable[[Summary], int], count_text: Callable[[str], int]
+) -> int:
+    """Tokens the summary message takes besides the summary's own text (the header,
+    the pins, the message's framing), measured on a one-line summary."""
+    probe = Summary(sections={"goals": [SummaryItem(text="x", sources=[1])]})
+    return max(0, message_tokens(probe) - count_text(probe.render()))
 
 
 async def run_summarizer(summarizer: Summarizer, request: SummaryRequest) -> Summary:

@@ -55,12 +55,15 @@ class CompactionRecord:
     summarized_to: int | None
     summarizer: str | None
     error: str | None
+    # what the caller asked the summarizer to keep (a manual compaction's instructions)
+    instructions: str | None = None
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...]) -> CompactionRecord:
-        (cid, trigger, started, duration, bm, bt, am, at, eff, com, sf, st, summ, err) = row
+        (cid, trigger, started, duration, bm, bt, am, at, eff, com, sf, st, summ, err,
+         instr) = row
         return cls(cid, trigger, started, duration, bm, bt, am, at, bool(eff), bool(com), sf, st,
-                   summ, err)
+                   summ, err, instr)
 
     def to_wire(self) -> dict[str, Any]:
         """The wire's camelCase names, in the fields' order."""
@@ -84,7 +87,7 @@ _INSERT = (
 _HISTORY = (
     "SELECT id, trigger, started_at, duration_ms, before_messages, before_tokens, "
     "after_messages, after_tokens, effective, committed, summarized_from, "
-    "summarized_to, summarizer, error "
+    "summarized_to, summarizer, error, instructions "
     "FROM compactions WHERE session_id = ? ORDER BY started_at DESC LIMIT ?"
 )
 

@@ -25,7 +25,7 @@ from typing import Any, NoReturn, Protocol
 
 from ctxd.daemon import compaction_commit as commit
 from ctxd.daemon import compaction_inputs as inputs
-from ctxd.daemon.compaction import tail_boundary
+from ctxd.daemon.compaction import rebuild_boundary, tail_boundary, valid_boundaries
 from ctxd.daemon.compaction_commit import Attempt
 from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.context_store import ContextState
@@ -202,6 +202,8 @@ class Compactor:
             )
             if under and trigger == "manual" and not force and not result["effective"]:
                 self._say_under_limits(result)
+            if instructions and not dry_run:
+                commit.say_instructions(result)
         except CtxdError:
             if trigger == "auto":
                 self.auto_failures[session_id] = self.auto_failures.get(session_id, 0) + 1
@@ -338,53 +340,82 @@ class Compactor:
             keep_tokens=self.policy.max_active_tokens // 2,
             force=force,
             abandoned=inputs.abandoned_calls(self.archive, region),
+            force_keep=self.policy.force_keep_messages,
         )
-        if trigger == "rebuild" and boundary is None and region:
-            boundary = 0  # nothing to summarize: the whole region is the tail
+        if trigger == "rebuild" and region:
+            boundary = rebuild_boundary(region, boundary, st.tail_start_id)
         if boundary is None:
             return self._not_effective(
                 a,
                 before,
-                "nothing can leave the context without splitting a tool call from its "
-                "result, or dropping the latest user message (force mode)",
+                "nothing can leave the context: the tail keeps at least the latest message "
+                "and never starts between a tool call and its result"
+                + ("" if force else f", and it keeps {self.policy.keep_messages} messages "
+                   "(pass force to keep fewer)"),
             )
-        if rederive and trigger != "rebuild":
+        abandoned = inputs.abandoned_calls(self.archive, region)
+        pins = [p["text"] for p in self.store.pins.list(session_id)]
+        tries = [boundary]
+        last = valid_boundaries(region, abandoned)[-1:]
+        if force and trigger == "manual" and last and last[0] > boundary:
+            # a summary that would not pay for itself (short messages, the header's
+            # cost): the shortest tail is tried once more
+            tries.append(last[0])
+        for boundary in tries:
+            summary, leaving, departing = await self._summarize_upto(
+                a, st, region, boundary, rederive, pins, before
+            )
+            grows = self.contexts.summary_tokens(session_id, summary) - st.summary_tokens
+            if grows < departing:
+                break
+        return self._commit(a, st, summary, region[boundary]["id"], leaving, rederive)
+
+    async def _summarize_upto(
+        self,
+        a: Attempt,
+        st: ContextState,
+        region: list[dict[str, Any]],
+        boundary: int,
+        rederive: bool,
+        pins: list[str],
+        before: dict[str, int],
+    ) -> tuple[Summary, list[dict[str, Any]], int]:
+        """The summary for a tail starting at `region[boundary]`, what it summarized,
+        and the tokens of the messages leaving the context."""
+        session_id, cid = a.session_id, a.cid
+        if rederive and a.trigger != "rebuild":
             # summarize everything before the new tail again, from the archive
             cut = region[boundary]["id"]
             leaving = await inputs.non_system_messages(self.archive, session_id, st, before_id=cut)
-            log.info(
-                "compaction %s of %s re-derives the summary from the archive after %d "
-                "incremental compactions",
-                cid,
-                session_id,
-                st.summary.depth,
-            )
+            log.info("compaction %s of %s re-derives the summary from the archive after %d "
+                     "incremental compactions", cid, session_id, st.summary.depth)
         else:
             leaving = region[:boundary]
         previous = Summary() if rederive else st.summary
-        pins = [p["text"] for p in self.store.pins.list(session_id)]
         ordinals = inputs.ordinals(self.archive, session_id, st.summary, leaving)
+        # what leaves the context now (a rebuild or re-derivation also reads messages
+        # the old summary stands for): the summary may grow by a share of it
+        start = st.tail_start_id or 0
+        departing = sum(int(m.get("tokens", 0)) for m in region[:boundary] if m["id"] >= start)
+        overhead = inputs.summary_overhead(
+            lambda s: self.contexts.summary_tokens(session_id, s), self.tokens.count_text
+        )
+        limit = inputs.size_limit(self.policy, st.summary_tokens, overhead, departing)
         try:
             summary = await inputs.summarize(
-                self.summarizer,
-                self.policy,
-                self.tokens,
-                session_id,
-                previous,
-                leaving,
-                pins,
-                instructions,
-                ordinals,
+                self.summarizer, self.policy, self.tokens, session_id, previous, leaving, pins,
+                a.instructions, ordinals,
                 lambda done: self._progress(
                     session_id, cid, {"kind": "report", "percentage": done}
                 ),
+                limit,
             )
         except CtxdError:
             raise
         except Exception as exc:
             self._failed(a, before, leaving, exc)
         inputs.finish(summary, st.summary, previous, leaving, ordinals, cid, rederive)
-        return self._commit(a, st, summary, region[boundary]["id"], leaving, rederive)
+        return summary, leaving, departing
 
     def _failed(
         self, a: Attempt, before: dict[str, int], leaving: list[dict[str, Any]], exc: Exception

@@ -22,6 +22,13 @@ class CompactionPolicy:
     keep_messages: int = 24
     # the rendered summary must fit this many tokens
     summary_budget_tokens: int = 2_000
+    # ...and grow by at most this share of the tokens of the messages it replaces, so a
+    # compaction never makes the model input bigger (hard constraints are kept verbatim
+    # even past it; 0 < share <= 1)
+    summary_share: float = 0.4
+    # a forced (manual) compaction keeps at most this many recent messages, and at most
+    # half the context, so a short context can be compacted before a new phase of work
+    force_keep_messages: int = 6
     # rebuild summarizes the archive in chunks of this many messages
     rebuild_chunk_messages: int = 200
     # drift bound: after this many incremental compactions the next one re-derives the
@@ -275,8 +282,26 @@ def load_config(
             "keep_messages, so the context could never get under the limit; expected "
             "max_active_messages >= keep_messages"
         )
+    _check_sizes(policy, sources)
     cfg.data_dir = Path(cfg.data_dir).expanduser().resolve()
     return cfg
+
+
+def _check_sizes(policy: CompactionPolicy, sources: dict[str, str]) -> None:
+    if not 0 < policy.summary_share <= 1:
+        where = sources.get("compaction.summary_share", "defaults")
+        raise ConfigError(
+            f"{where}: compaction.summary_share: expected a number above 0 and at most 1 "
+            f"(the share of the replaced messages' tokens a summary may take), got "
+            f"{policy.summary_share!r}"
+        )
+    if policy.force_keep_messages < 1:
+        where = sources.get("compaction.force_keep_messages", "defaults")
+        raise ConfigError(
+            f"{where}: compaction.force_keep_messages: expected an integer of at least 1 "
+            f"(a forced compaction keeps the latest messages), got "
+            f"{policy.force_keep_messages!r}"
+        )
 
 
 def _check_postgres(cfg: Config, env: Any) -> None:

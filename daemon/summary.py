@@ -206,12 +206,18 @@ class SummaryRequest:
     # archive id -> ordinal in the session, for the messages and the previous summary's
     # sources: the summary renders its pointers with them
     ordinals: dict[int, int] = field(default_factory=dict)
+    # a bound below `budget_tokens` from the size of what the summary replaces (the
+    # previous summary plus a share of the leaving messages): a summarizer that honours
+    # it (`honours_size_limit`) keeps the user's hard constraints whole past it
+    size_limit_tokens: int | None = None
 
 
 class Summarizer(Protocol):
     """Optional attributes: `drifts` (default True: errors can compound over incremental
-    summaries, so the compactor re-derives from the archive now and then) and
-    `summarize_sync(request)` (CPU-bound work the compactor runs in a worker thread)."""
+    summaries, so the compactor re-derives from the archive now and then),
+    `summarize_sync(request)` (CPU-bound work the compactor runs in a worker thread) and
+    `honours_size_limit` (default False: the compactor then lowers `budget_tokens` to the
+    request's `size_limit_tokens` instead)."""
 
     name: str
 

@@ -29,7 +29,10 @@ _COMPACT_RESULT = (
     "active context, `summarizedFrom`/`summarizedTo` (archive ids), `trigger`, "
     "`rederived` (true when the summary was derived again from the archive: the drift "
     "bound). A compaction without `force` of a context under its limits that moved nothing "
-    "also has `underLimits: true` and `limits` (`{messages, tokens}`)."
+    "also has `underLimits: true` and `limits` (`{messages, tokens}`). With "
+    "`instructions`, `instructionsApplied` says whether they shaped a committed summary "
+    "(when false, `reason` says so too). A rebuild that did not shrink the context is "
+    "kept anyway and says so in `note`."
 )
 CONTEXT_METHODS: tuple[Method, ...] = (
     Method(
@@ -113,14 +116,16 @@ CONTEXT_METHODS: tuple[Method, ...] = (
                 "force",
                 "boolean",
                 False,
-                "Compact even when the context is under its threshold.",
+                "Compact even when the context is under its threshold, keeping only the "
+                "last few messages (`compaction.force_keep_messages`, at most half).",
                 default=False,
             ),
             Param(
                 "instructions",
                 "string",
                 False,
-                "Extra guidance for the summarizer (what to keep).",
+                "Extra guidance for the summarizer (what to keep first); the result's "
+                "`instructionsApplied` says whether they shaped a committed summary.",
                 max=INSTRUCTIONS_MAX,
             ),
         ),
@@ -223,7 +228,8 @@ CONTEXT_METHODS: tuple[Method, ...] = (
         "`compactions`, newest first: each `compactionId`, `trigger`, `startedAt`, "
         "`durationMs`, `beforeMessages`, `beforeTokens`, `afterMessages`, `afterTokens`, "
         "`effective`, `committed`, `summarizedFrom`, `summarizedTo`, `summarizer`, `error` "
-        "(null, or why it failed), `archiveMessages` and `archiveTokens` (the archive's size "
+        "(null, or why it failed), `instructions` (null, or what the caller asked the "
+        "summarizer to keep), `archiveMessages` and `archiveTokens` (the archive's size "
         "when it ran).",
         "The session's compaction attempts, effective or not: what each one saved.",
         (_E.SESSION_NOT_FOUND,),

@@ -213,6 +213,9 @@ class CompactResult(_Wire):
     proposed: JSON = None
     under_limits: bool | None = None
     limits: Size | None = None
+    # given instructions: whether they shaped a committed summary
+    instructions_applied: bool | None = None
+    note: str | None = None
     # context/rebuild with dryRun
     dry_run: bool | None = None
     messages: list[ChatMessage] | None = None
@@ -254,6 +257,7 @@ class Compaction(_Wire):
     error: str | None
     archive_messages: int | None
     archive_tokens: int | None
+    instructions: str | None = None
 
 
 class CompactionsResult(_Wire):

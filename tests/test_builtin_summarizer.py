@@ -814,6 +814,8 @@ def test_tiny_budget_truncates_then_drops_constraints() -> None:
 
 def test_instructions_protect_matching_items() -> None:
     messages: list[dict[str, Any]] = []
+    # requests of different shapes: one shape repeated is a routine series, whose lines
+    # go first anyway, which would keep the odd one out without any instructions
     for n in range(1, 41):
         # a word per widget, not a number: requests alike but for a number fold into one
         word = "".join(chr(97 + int(d)) for d in str(n))

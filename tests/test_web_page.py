@@ -425,7 +425,7 @@ def test_compaction_progress_shows_in_every_tab(tmp_path: Path, browser: Browser
                 tab1.click("#compact-button")
                 expect(tab1.locator("#compact-result")).to_have_class("no", timeout=2 * WAIT_MS)
                 result = tab1.inner_text("#compact-result")
-                assert "Not effective" in result and "latest user message" in result
+                assert "Not effective" in result and "nothing can leave" in result
         finally:
             ctx.close()
             d.stop()

@@ -89,24 +89,29 @@ def _compaction_report(ctx: Context, result: dict[str, Any], verb: str) -> int:
     before, after = result.get("before") or {}, result.get("after") or {}
     numbers = (f"{before.get('messages', '?')} → {after.get('messages', '?')} messages, "
                f"{before.get('tokens', '?')} → {after.get('tokens', '?')} tokens")
+    span = ""
+    if result.get("summarizedFrom") is not None:
+        span = f" (summarized #{result['summarizedFrom']}–#{result['summarizedTo']})"
     if result.get("effective"):
-        span = ""
-        if result.get("summarizedFrom") is not None:
-            span = f" (summarized #{result['summarizedFrom']}–#{result['summarizedTo']})"
         out.line(f"{verb}: effective, {numbers}{span}")
+    elif result.get("compactionId"):
+        # a rebuild is kept even when it did not shrink the context: say what happened,
+        # not "not effective"
+        out.line(f"{verb}: done, the context did not shrink, {numbers}{span}")
+        out.line("note: " + cli_message(result.get("note") or (
+            "a rebuild is kept even when it does not shrink the context")))
     elif result.get("underLimits"):
         limits = result.get("limits") or {}
         out.line(f"{verb}: not effective, {numbers}")
         out.line(f"reason: the context is under its limit ({before.get('messages', '?')} of "
                  f"{limits.get('messages', '?')} messages, {before.get('tokens', '?')} of "
                  f"{limits.get('tokens', '?')} tokens); use --force to compact it anyway")
+        if result.get("instructionsApplied") is False:
+            out.line("instructions: not applied (nothing was compacted)")
     else:
         out.line(f"{verb}: not effective, {numbers}")
         reason = cli_message(result.get("reason") or "the context did not shrink")
         out.line(f"reason: {reason}")
-        if result.get("compactionId"):
-            # a rebuild replaces the context even when the result is not smaller
-            out.line(f"note: the daemon kept the new context ({result['compactionId']})")
     return EXIT_OK
 
 

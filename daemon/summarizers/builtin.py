@@ -78,6 +78,8 @@ class BuiltinSummarizer:
     drifts = False
     # messages per call when a compaction or rebuild has many to summarize
     chunk_messages = 5000
+    # fits the request's size_limit_tokens, keeping hard constraints whole past it
+    honours_size_limit = True
 
     def __init__(
         self,

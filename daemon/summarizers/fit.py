@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import heapq
+import re
 import string
 from collections import deque
-from collections.abc import Callable
 
-from ctxd.daemon.summarizers.cues import _key_terms, _trim
+from ctxd.daemon.summarizers.cues import _CONSTRAINT, _key_terms, _trim
 from ctxd.daemon.summarizers.draft import _SHARES, _Draft, _Entry, _share_class
+from ctxd.daemon.summarizers.facts import trim_keeping_hedge
 from ctxd.daemon.summary import SECTIONS, UNPOINTED, Summary, SummaryItem, SummaryRequest
 
 _PLAIN_COST = 1 / 5.2
@@ -34,68 +35,118 @@ def _estimate(text: str) -> float:
 def fit(
     draft: _Draft, request: SummaryRequest, truncated_chars: int
 ) -> dict[str, list[SummaryItem]]:
+    """The draft's items that fit: within `budget_tokens` always, and within
+    `size_limit_tokens` (when given) except for the hard constraints and the latest
+    request, which are kept whole past it."""
     budget = request.budget_tokens
     if budget <= 0:
         return {}
     entries = {name: list(draft.sections[name]) for name in SECTIONS}
     if not any(entries.values()):
         return {}
-    texts: dict[int, str] = {id(e): e.text for es in entries.values() for e in es}
+    line_est: dict[int, float] = {
+        id(e): _estimate(_line(e, e.text, request.ordinals)) for es in entries.values() for e in es
+    }
+    routine = _routine(entries)
+    ops = _drop_plan(entries, request.instructions, dict(line_est), truncated_chars, routine)
+    limit = request.size_limit_tokens
+    if limit is not None and limit < budget:
+        kept = {id(e) for e in entries["constraints"] if _hard(e) and id(e) not in routine}
+        # the latest request too: when a forced compaction summarizes it (one request,
+        # then a long tool chain), the summary is all that is left of it
+        if entries["goals"]:
+            kept.add(id(max(entries["goals"], key=_Entry.recency)))
+        soft = [op for op in ops if id(op[1]) not in kept]
+        found = _search(entries, soft, line_est, request, limit)
+        if found is not None:
+            return found
+        # even those alone do not fit the limit: they alone, within the budget
+        alone = _Plan(entries, soft, line_est, request).build(len(soft))
+        if _measure(alone, request) <= budget:
+            return alone
+    found = _search(entries, ops, line_est, request, budget)
+    # Nothing measured fits: only the empty summary (the whole plan applied) is left.
+    return found if found is not None else {}
 
-    # Estimated size after applying each prefix of the plan, so a cut point can be
-    # chosen without counting tokens for every candidate.
-    line_est: dict[int, float] = {}
-    alive: dict[str, int] = {name: len(es) for name, es in entries.items()}
-    header_est = {name: _estimate(f"## {title}") for name, title in SECTIONS.items()}
-    total = 0.0
-    for name, es in entries.items():
-        if es:
-            total += header_est[name]
-        for e in es:
-            est = _estimate(_line(e, e.text, request.ordinals))
-            line_est[id(e)] = est
-            total += est
-    ops = _drop_plan(entries, request.instructions, dict(line_est), truncated_chars)
-    after = [total]
-    for kind, e, new_text in ops:
-        if kind == "drop":
-            total -= line_est[id(e)]
-            alive[e.section] -= 1
-            if alive[e.section] == 0:
-                total -= header_est[e.section]
-        else:
-            est = _estimate(_line(e, new_text, request.ordinals))
-            total += est - line_est[id(e)]
-            line_est[id(e)] = est
-        after.append(max(total, 0.0))
 
-    def build(k: int) -> dict[str, list[SummaryItem]]:
+def _hard(e: _Entry) -> bool:
+    """A rule the user set and nothing replaced: kept whole whatever the span's size."""
+    return e.section == "constraints" and e.status == "current" and not e.weak
+
+
+def _measure(sections: dict[str, list[SummaryItem]], request: SummaryRequest) -> int:
+    if not sections:
+        return 0
+    return request.count_tokens(Summary(sections=sections, ordinals=request.ordinals).render())
+
+
+class _Plan:
+    """A drop plan over the draft's entries: the estimated size after each prefix of it,
+    and the sections a prefix leaves."""
+
+    def __init__(
+        self,
+        entries: dict[str, list[_Entry]],
+        ops: list[tuple[str, _Entry, str]],
+        line_est: dict[int, float],
+        request: SummaryRequest,
+    ) -> None:
+        self.entries, self.ops = entries, ops
+        est = dict(line_est)
+        alive = {name: len(es) for name, es in entries.items()}
+        header = {name: _estimate(f"## {title}") for name, title in SECTIONS.items()}
+        total = sum(est.values()) + sum(header[n] for n, es in entries.items() if es)
+        # Estimated size after applying each prefix of the plan, so a cut point can be
+        # chosen without counting tokens for every candidate.
+        self.after = [total]
+        for kind, e, new_text in ops:
+            if kind == "drop":
+                total -= est[id(e)]
+                alive[e.section] -= 1
+                if alive[e.section] == 0:
+                    total -= header[e.section]
+            else:
+                new_est = _estimate(_line(e, new_text, request.ordinals))
+                total += new_est - est[id(e)]
+                est[id(e)] = new_est
+            self.after.append(max(total, 0.0))
+
+    def build(self, k: int) -> dict[str, list[SummaryItem]]:
         dropped: set[int] = set()
-        changed = dict(texts)
-        for kind, e, new_text in ops[:k]:
+        changed: dict[int, str] = {}
+        for kind, e, new_text in self.ops[:k]:
             if kind == "drop":
                 dropped.add(id(e))
             else:
                 changed[id(e)] = new_text
         out: dict[str, list[SummaryItem]] = {}
-        for name, es in entries.items():
-            items = [_item(e, changed[id(e)]) for e in es if id(e) not in dropped]
+        for name, es in self.entries.items():
+            kept = [e for e in es if id(e) not in dropped]
             if name == "artifacts":  # newest first
-                kept = sorted((e for e in es if id(e) not in dropped), key=_Entry.recency)
-                items = [_item(e, changed[id(e)]) for e in reversed(kept)]
-            if items:
-                out[name] = items
+                kept = sorted(kept, key=_Entry.recency, reverse=True)
+            if kept:
+                out[name] = [_item(e, changed.get(id(e), e.text)) for e in kept]
         return out
 
-    count: Callable[[str], int] = request.count_tokens
-    # lo: a prefix known to be too big; hi: one known to fit (the whole plan leaves
-    # nothing, which always fits).
+
+def _search(
+    entries: dict[str, list[_Entry]],
+    ops: list[tuple[str, _Entry, str]],
+    line_est: dict[int, float],
+    request: SummaryRequest,
+    limit: int,
+) -> dict[str, list[SummaryItem]] | None:
+    """The sections of the shortest prefix of `ops` whose summary measures within
+    `limit` (close to it), or None when none measured does."""
+    plan = _Plan(entries, ops, line_est, request)
+    after = plan.after
+    # lo: a prefix known to be too big; hi: one known to fit or the whole plan.
     lo, hi = -1, len(ops)
     best: dict[str, list[SummaryItem]] | None = None
     # The estimate runs a few percent high on typical summaries; starting from that
-    # ratio, the first probe usually lands within the budget and close to it.
+    # ratio, the first probe usually lands within the limit and close to it.
     ratio = 0.94
-    target = budget * 0.97
+    target = limit * 0.97
     probes = 0
     while hi - lo > 1 and probes < 16:
         if probes < 4:
@@ -103,33 +154,84 @@ def fit(
         else:
             k = (lo + hi) // 2
         k = min(max(k, lo + 1), hi - 1)
-        sections = build(k)
-        measured = count(Summary(sections=sections, ordinals=request.ordinals).render())
+        sections = plan.build(k)
+        measured = _measure(sections, request)
         probes += 1
-        if measured <= budget:
+        if measured <= limit:
             hi, best = k, sections
-            if measured >= budget * 0.9:
+            if measured >= limit * 0.9:
                 break
         else:
             lo = k
         if after[k] > 0 and measured > 0:
             ratio = measured / after[k]
-    # Nothing measured fits: only the empty summary (the whole plan applied) is left.
-    return best if best is not None else {}
+    if best is None and hi == len(ops):
+        whole = plan.build(len(ops))
+        if _measure(whole, request) <= limit:
+            best = whole
+    return best
+
+
+# What each kind may claim of an overfull summary, least important first: the kinds of
+# the drafts (`_SHARES`) and hedged conclusions, which are kept with their hedge rather
+# than lost with the plain requests and tentative decisions they were filed with.
+_CLASS_SHARES: dict[str, float] = {**_SHARES, "hedged": 0.20}
+_CLASS_ORDER = [*_SHARES][:-3] + ["hedged"] + [*_SHARES][-3:]
+
+# tiers: what goes first when the summary must shrink (0), then (1), last (2)
+_ROUTINE_SECTIONS = frozenset({"tool_activity", "files"})
+# requests of one shape ("Step 12: check module m12.py") repeated this often are routine
+_ROUTINE_REPEATS = 3
+_DIGITS = re.compile(r"\d+")
+
+
+def _class(e: _Entry) -> str:
+    if e.unconfirmed and e.status == "current" and e.section in ("goals", "decisions"):
+        return "hedged"
+    return _share_class(e)
+
+
+def _routine(entries: dict[str, list[_Entry]]) -> set[int]:
+    """Entries of a shape repeated at least `_ROUTINE_REPEATS` times in their section
+    (numbers aside), but the newest of each shape: a series of requests, not rules."""
+    groups: dict[tuple[str, str], list[_Entry]] = {}
+    for name, es in entries.items():
+        if name == "artifacts":  # each names its own file or id
+            continue
+        for e in es:
+            # a series changes its numbers; a hedged statement or a correction is a
+            # fact of its own even when worded like its neighbours
+            if e.unconfirmed or e.was:
+                continue
+            # a rule with deontic force ("Never deploy service7 on Fridays") stays a
+            # rule however many siblings it has
+            if name == "constraints" and _CONSTRAINT.search(e.text):
+                continue
+            groups.setdefault((name, _DIGITS.sub("#", e.text.casefold())), []).append(e)
+    out: set[int] = set()
+    for members in groups.values():
+        if len(members) >= _ROUTINE_REPEATS:
+            members.sort(key=_Entry.recency)
+            out.update(id(e) for e in members[:-1])
+    return out
+
 
 def _drop_plan(
     entries: dict[str, list[_Entry]], instructions: str | None, est: dict[int, float],
-    truncated_chars: int,
+    truncated_chars: int, routine: set[int],
 ) -> list[tuple[str, _Entry, str]]:
     """The order items go in when the summary is over budget; a prefix is applied.
 
-    Each kind of item may claim its share of what is left (`_SHARES`): the kind
-    furthest over its share loses its oldest item next, and what a kind does not
-    use goes to the others. So a long session keeps its recent decisions and files
-    next to its rules instead of dropping whole sections in turn. Every section
-    keeps its most recent item until everything else is gone, and items the
-    instructions ask to focus on go after all others of their kind. `est` holds
-    each item's estimated size; it is updated as long rules are shortened.
+    Tiers first: routine lines (tool activity, files merely mentioned, plain requests,
+    a repeated series of requests) go before everything else; the user's rules in
+    force, live corrections, the agent's own artifacts and hedged conclusions go last.
+    Within a tier each kind of item may claim its share of what is left
+    (`_CLASS_SHARES`): the kind furthest over its share loses its oldest item next, and
+    what a kind does not use goes to the others. So a long session keeps its recent
+    decisions and files next to its rules instead of dropping whole sections in turn.
+    Every section keeps its most recent item until everything else is gone, and items
+    the instructions ask to focus on go after all others. `est` holds each item's
+    estimated size; it is updated as long rules are shortened.
     """
     focus = _key_terms(instructions) if instructions else frozenset()
 
@@ -139,49 +241,66 @@ def _drop_plan(
         terms = (e.terms | e.values) or _key_terms(e.text)
         return bool(terms & focus)
 
-    order = {name: i for i, name in enumerate(_SHARES)}
-    size: dict[str, float] = dict.fromkeys(_SHARES, 0.0)
+    def tier(e: _Entry) -> int:
+        if id(e) in routine or e.section in _ROUTINE_SECTIONS:
+            return 0
+        if e.section == "goals" and _class(e) == "goals":
+            return 0
+        # the agent's own changes and the ids its tools returned, and the conclusions
+        # not yet confirmed, stand beside the rules: nothing else in the context says
+        # what was done and what is still a guess
+        if (
+            _hard(e)
+            or (e.was and e.status == "current")
+            or e.section == "artifacts"
+            or _class(e) == "hedged"
+        ):
+            return 2
+        return 1
+
+    order = {name: i for i, name in enumerate(_CLASS_ORDER)}
     floors: list[_Entry] = []
-    by_class: dict[str, list[_Entry]] = {name: [] for name in _SHARES}
     for name, es in entries.items():
-        for e in es:
-            cls = _share_class(e)
-            size[cls] += est[id(e)]
-            by_class[cls].append(e)
         pool = [e for e in es if e.status == "current"] if name == "constraints" else es
         if pool:
             floors.append(max(pool, key=_Entry.recency))
     floor_ids = {id(e) for e in floors}
-    for members in by_class.values():
-        members.sort(key=_Entry.recency)
-    # A long rule loses its tail before any rule is lost.
-    trims: deque[tuple[_Entry, str]] = deque()
-    for e in by_class["constraints"]:
-        short = _trim(e.text, truncated_chars)
-        if short != e.text:
-            trims.append((e, short))
+    # A long rule loses its tail before any rule of its tier is lost, and a long hedged
+    # statement its middle (the hedge stays) before any of them is lost.
+    trims: dict[int, dict[str, deque[tuple[_Entry, str]]]] = {
+        level: {"constraints": deque(), "hedged": deque()} for level in (0, 1, 2)
+    }
+    for e in sorted((e for es in entries.values() for e in es), key=_Entry.recency):
+        cls = _class(e)
+        if cls == "constraints" or (cls == "hedged" and e.section != "constraints"):
+            short = (_trim(e.text, truncated_chars) if cls == "constraints"
+                     else trim_keeping_hedge(e.text, truncated_chars))
+            if short != e.text:
+                trims[tier(e)][cls].append((e, short))
 
     ops: list[tuple[str, _Entry, str]] = []
-    for keep_focus in (False, True):
-        queues = {
-            cls: deque(
-                e for e in members if id(e) not in floor_ids and favoured(e) == keep_focus
-            )
-            for cls, members in by_class.items()
-        }
-        # The kind furthest over its share first; ties go to the one listed first in
-        # _SHARES, the one that matters least. Only the chosen kind's size changes,
-        # so its heap entry is the only one to renew.
+
+    def drain(members: list[_Entry], cuts: dict[str, deque[tuple[_Entry, str]]]) -> None:
+        """Drop `members` (and shorten `cuts`' items first, within their kind): the kind
+        furthest over its share first; ties go to the one listed first in
+        _CLASS_ORDER, the one that matters least."""
+        size: dict[str, float] = dict.fromkeys(_CLASS_SHARES, 0.0)
+        queues: dict[str, deque[_Entry]] = {cls: deque() for cls in _CLASS_SHARES}
+        for e in sorted(members, key=_Entry.recency):
+            cls = _class(e)
+            size[cls] += est[id(e)]
+            queues[cls].append(e)
         heap = [
-            (-size[cls] / _SHARES[cls], order[cls], cls)
-            for cls in _SHARES
-            if queues[cls] or (cls == "constraints" and trims)
+            (-size[cls] / _CLASS_SHARES[cls], order[cls], cls)
+            for cls in _CLASS_SHARES
+            if queues[cls] or cuts.get(cls)
         ]
         heapq.heapify(heap)
         while heap:
             _, _, cls = heapq.heappop(heap)
-            if cls == "constraints" and trims:
-                e, short = trims.popleft()
+            cut = cuts.get(cls)
+            if cut:
+                e, short = cut.popleft()
                 saved = est[id(e)] - _estimate(_line(e, short))
                 est[id(e)] -= saved
                 size[cls] -= saved
@@ -190,10 +309,20 @@ def _drop_plan(
                 e = queues[cls].popleft()
                 size[cls] -= est[id(e)]
                 ops.append(("drop", e, ""))
-            if queues[cls] or (cls == "constraints" and trims):
-                heapq.heappush(heap, (-size[cls] / _SHARES[cls], order[cls], cls))
-    floors.sort(key=lambda e: (favoured(e), order[_share_class(e)]))
-    ops.extend(("drop", e, "") for e in floors)
+            if queues[cls] or cuts.get(cls):
+                heapq.heappush(heap, (-size[cls] / _CLASS_SHARES[cls], order[cls], cls))
+
+    every = [e for es in entries.values() for e in es if id(e) not in floor_ids]
+    floors.sort(key=lambda e: (tier(e), order[_class(e)]))
+    # the newest item of each section goes after every other item, but before the
+    # items the instructions ask for: those are kept first
+    for keep_focus in (False, True):
+        for level in (0, 1, 2):
+            drain(
+                [e for e in every if favoured(e) == keep_focus and tier(e) == level],
+                trims[level] if not keep_focus else {},
+            )
+        ops.extend(("drop", e, "") for e in floors if favoured(e) == keep_focus)
     return ops
 
 
