@@ -764,11 +764,14 @@ def test_history_and_make_sure_sentences_go_before_rules() -> None:
 
 def test_decisions_that_name_a_choice_outlast_vague_ones() -> None:
     messages: list[dict[str, Any]] = []
+    # named, not numbered: items alike but for a number are a routine series, which
+    # goes first whatever it says
     for n in range(1, 31):
+        name = "".join(chr(97 + int(d)) for d in str(n))
         text = (
-            f"We'll use Kafka for queue number {n}."
+            f"We'll use Kafka for the {name} queue."
             if n % 3 == 0
-            else f"Let's revisit the widget {n} later."
+            else f"Let's revisit the {name} widget later."
         )
         messages.append(assistant(n, text))
     full = run(messages, budget=10**6)

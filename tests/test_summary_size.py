@@ -380,7 +380,10 @@ def test_routine_lines_go_before_rules(zh: bool) -> None:
                 if i.text in routine_left:
                     by_section[name] = by_section.get(name, 0) + 1
             assert all(n <= 1 for n in by_section.values()), (budget, by_section)
-    assert dropped_rule_at is not None and dropped_rule_at < full_size // 3
+    # a rule goes only once the summary is down to a small part of its full size: the
+    # newest line of each section is kept as a floor, and with the routine requests
+    # folded into one line those floors are most of what is left by then
+    assert dropped_rule_at is not None and dropped_rule_at < full_size * 0.4
     # at a budget that holds the rules and a little more, the rules are all there and
     # most routine lines are gone
     tight = _summarize(msgs, dropped_rule_at + 40)
