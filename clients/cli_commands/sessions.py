@@ -90,7 +90,7 @@ def _compaction_report(ctx: Context, result: dict[str, Any], verb: str) -> int:
     if result.get("effective"):
         span = ""
         if result.get("summarizedFrom") is not None:
-            span = f" (summarized #{result['summarizedFrom']}–#{result['summarizedTo']})"
+            span = f" (summarized msg {result['summarizedFrom']}–{result['summarizedTo']})"
         out.line(f"{verb}: effective, {numbers}{span}")
     elif result.get("underLimits"):
         limits = result.get("limits") or {}
