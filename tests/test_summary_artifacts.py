@@ -288,6 +288,21 @@ def test_commits_branches_prs_ci_ids_and_created_resources() -> None:
     ]
 
 
+def test_commits_a_log_and_a_push_return() -> None:
+    summary = run([
+        user(1, "看一下最近的提交，然后推送。"),
+        assistant(2, None, call("l1", "Bash", command="git log --oneline -3")),
+        result(3, "l1", "a1b2c3d fix the 导出 encoding\nb2c3d4e add retries\nc3d4e5f init\n"),
+        assistant(4, None, call("l2", "Bash", command="git status --short")),
+        result(5, "l2", " M src/app.py\n"),
+        assistant(6, None, call("p1", "Bash", command="git push origin main")),
+        result(7, "p1", "To github.com:acme/shop.git\n   a1b2c3d..e5f6a7b  main -> main\n"),
+    ])
+    assert artifacts(summary) == [
+        "commit e5f6a7b", "commit a1b2c3d", "commit b2c3d4e", "commit c3d4e5f",
+    ]
+
+
 def test_artifacts_are_never_cut_short() -> None:
     deep = "src/" + "/".join(f"level_{i:02d}_directory" for i in range(12)) + "/module.py"
     assert len(deep) > 200

@@ -341,7 +341,14 @@ def shell_ops(script: str) -> list[tuple[str, str]]:
 
 _COMMIT = re.compile(r"^\[[^\]\s]+(?: \(root-commit\))? ([0-9a-f]{7,40})\]", re.MULTILINE)
 _COMMIT_WORD = re.compile(r"\bcommit ([0-9a-f]{7,40})\b")
-_PUSHED = re.compile(r"^\s*[+ ]?\s*[0-9a-f]{7,40}\.\.\.?([0-9a-f]{7,40})\s+\S+ -> \S+", re.M)
+# `git log`: "commit <sha>" lines, or "<sha> subject" with --oneline
+_COMMIT_LOG = re.compile(r"^commit ([0-9a-f]{40})\b", re.MULTILINE)
+_ONELINE = re.compile(r"^(?:\* )?([0-9a-f]{7,12}) \S", re.MULTILINE)
+# commits a log lists, at most, newest first
+_LOGGED = 10
+_PUSHED = re.compile(
+    r"^\s*[+ ]?\s*([0-9a-f]{7,40})\.\.\.?([0-9a-f]{7,40})\s+\S+ -> \S+", re.M
+)
 _BRANCH = re.compile(
     r"Switched to a new branch '([^']+)'|Created branch '?([\w./-]+)|new branch\]\s+(\S+)"
 )
@@ -410,18 +417,25 @@ def _unwrap(result: str) -> str:
     return result
 
 
-def result_ids(result: str, creates: bool) -> list[tuple[str, str]]:
+def result_ids(result: str, creates: bool, command: str = "") -> list[tuple[str, str]]:
     """(target, text) for the commits, branches, PRs, CI runs and jobs a result names,
-    and, for a call that creates something, the handles of what it created."""
+    and, for a call that creates something, the handles of what it created. `command`:
+    the shell command that gave the result, if any (a `git log` lists commits)."""
     head = result[:_RESULT_HEAD]
     low = head.lower()
-    if not any(map(low.__contains__, _ID_GATES)):
+    if "git" not in command and not any(map(low.__contains__, _ID_GATES)):
         return []
     out: list[tuple[str, str]] = []
     for m in _COMMIT.finditer(head):
         out.append((m.group(1), f"commit {m.group(1)}"))
     for m in _PUSHED.finditer(head):
-        out.append((m.group(1), f"commit {m.group(1)}"))
+        out += [(m.group(1), f"commit {m.group(1)}"), (m.group(2), f"commit {m.group(2)}")]
+    if "git" in command and ("log" in command or "show" in command):
+        logged = [m.group(1) for m in _COMMIT_LOG.finditer(head)]
+        if "oneline" in command or "--format" in command or "--pretty" in command:
+            logged += [m.group(1) for m in _ONELINE.finditer(head)]
+        # oldest first, so the newest ends up listed first
+        out += [(sha, f"commit {sha}") for sha in reversed(logged[:_LOGGED])]
     if not out:
         for m in _COMMIT_WORD.finditer(head[:2000]):
             out.append((m.group(1), f"commit {m.group(1)}"))
@@ -579,7 +593,8 @@ def artifacts_of(name: str, args: Any, result: str) -> list[tuple[str, str]]:
         return []
     result = _unwrap(result)
     out = _file_ops(name, args, result)
-    out += result_ids(result, _creates(name, args))
+    command = (_shell_script(args) if isinstance(args, dict) else None) or ""
+    out += result_ids(result, _creates(name, args), command)
     return _unique(out)
 
 
