@@ -23,6 +23,7 @@ import json
 import re
 import shlex
 from collections.abc import Iterator
+from functools import lru_cache
 from typing import Any
 
 # the longest path or id kept: a longer one is no path but some pasted text
@@ -320,8 +321,30 @@ def _in_place_files(prog: str, args: list[str]) -> list[str]:
     return [f for f in files if f and _ok_target(f)]
 
 
+# words without which a script changes no file and names no branch: most commands
+# (tests, builds, listings) are ruled out before any parsing
+_MAY_CHANGE = re.compile(
+    r">|\b(?:mv|rm|tee|cp|touch|mkdir|sed|gsed|perl|apply_?patch|git|patch|unlink|rmdir"
+    r"|shred)\b"
+)
+
+
 def shell_ops(script: str) -> list[tuple[str, str]]:
     """(target, text) for what a shell script does to files and branches, in order."""
+    if not _MAY_CHANGE.search(script):
+        return []
+    if len(script) <= 2000:
+        return list(_shell_ops_cached(script))
+    return _shell_ops(script)
+
+
+@lru_cache(maxsize=2048)
+def _shell_ops_cached(script: str) -> tuple[tuple[str, str], ...]:
+    # agents run the same short commands again and again
+    return tuple(_shell_ops(script))
+
+
+def _shell_ops(script: str) -> list[tuple[str, str]]:
     if len(script) > 400_000:
         script = script[:400_000]
     text, bodies = _heredocs(script.replace("\\\n", " "))
@@ -528,7 +551,7 @@ def _argv_patch(args: dict[str, Any]) -> str | None:
     return None
 
 
-def _file_ops(name: str, args: Any, result: str) -> list[tuple[str, str]]:
+def _file_ops(name: str, args: Any, result: str, script: str | None) -> list[tuple[str, str]]:
     low = name.lower()
     if isinstance(args, str):
         # a custom tool's raw input: apply_patch's patch, or a shell's script
@@ -570,17 +593,14 @@ def _file_ops(name: str, args: Any, result: str) -> list[tuple[str, str]]:
         out += patch_files(patch)
         if out:
             return out
-    script = _shell_script(args)
     if script is not None and op is None:
         out += shell_ops(script)
     return out
 
 
-def _creates(name: str, args: Any) -> bool:
-    if isinstance(args, dict):
-        script = _shell_script(args)
-        if script is not None:
-            return bool(_CREATES_SHELL.search(script[:4000]))
+def _creates(name: str, script: str | None) -> bool:
+    if script is not None:
+        return bool(_CREATES_SHELL.search(script[:4000]))
     # a tool's own name: "create_dashboard", "mcp__github__create_pull_request"
     return bool(_CREATES.search(name.rsplit("__", 1)[-1].lower()))
 
@@ -592,9 +612,9 @@ def artifacts_of(name: str, args: Any, result: str) -> list[tuple[str, str]]:
     if result_failed(result):
         return []
     result = _unwrap(result)
-    out = _file_ops(name, args, result)
-    command = (_shell_script(args) if isinstance(args, dict) else None) or ""
-    out += result_ids(result, _creates(name, args), command)
+    script = _shell_script(args) if isinstance(args, dict) else None
+    out = _file_ops(name, args, result, script)
+    out += result_ids(result, _creates(name, script), script or "")
     return _unique(out)
 
 
