@@ -223,11 +223,23 @@ def test_shell_redirections_and_file_commands() -> None:
         "edited logs/test.log",
         "edited NOTES.md",
         "wrote out/report.csv",
-        "created out",
     ]
     joined = " ".join(artifacts(summary))
     assert "README.md" not in joined and "/dev/null" not in joined
     assert "redirect.txt" not in joined and " 1" not in joined
+    assert "created out" not in joined  # the directory made for the report
+
+
+def test_a_quoted_program_over_several_lines_hides_no_redirection() -> None:
+    script = ('echo "[]" > data/raw/issues.json && python3 -c "\nimport json\n'
+              'print(json.dumps({}))\n" > data/raw/meta.json && echo ok >> run.log')
+    summary = run([
+        assistant(1, None, call("b1", "Bash", command=script)),
+        result(2, "b1", "ok"),
+    ])
+    assert artifacts(summary) == [
+        "edited run.log", "wrote data/raw/meta.json", "wrote data/raw/issues.json",
+    ]
 
 
 def test_shell_in_chinese_prose_with_argv_and_a_read() -> None:

@@ -14,7 +14,7 @@ Call shapes understood:
   shell script, `["apply_patch", patch]` as argv) and unified diff headers;
 - a shell command, as a string or an argv list (`["bash", "-lc", script]`): output
   redirections (`> f`, `>> f`, `&> f`), `tee`, `mv`, `git mv`, `cp`, `rm`, `git rm`,
-  `touch`, `mkdir`, `sed -i`, `git checkout -b` / `git switch -c` / `git branch`.
+  `touch`, `sed -i`, `git checkout -b` / `git switch -c` / `git branch`.
 """
 
 from __future__ import annotations
@@ -267,7 +267,7 @@ def _command_ops(words: list[str], bodies: list[str]) -> list[tuple[str, str]]:
         out += _moves(rest, "copied")
     elif prog in ("rm", "unlink", "rmdir", "shred"):
         out += [(a, f"deleted {a}") for a in rest if _ok_target(a)]
-    elif prog in ("touch", "mkdir"):
+    elif prog == "touch":  # a directory made for files is named by the files
         out += [(a, f"created {a}") for a in rest if _ok_target(a)]
     elif prog == "tee":
         verb = "edited" if any(o in ("-a", "--append") for o in opts) else "wrote"
@@ -324,7 +324,7 @@ def _in_place_files(prog: str, args: list[str]) -> list[str]:
 # words without which a script changes no file and names no branch: most commands
 # (tests, builds, listings) are ruled out before any parsing
 _MAY_CHANGE = re.compile(
-    r">|\b(?:mv|rm|tee|cp|touch|mkdir|sed|gsed|perl|apply_?patch|git|patch|unlink|rmdir"
+    r">|\b(?:mv|rm|tee|cp|touch|sed|gsed|perl|apply_?patch|git|patch|unlink|rmdir"
     r"|shred)\b"
 )
 
@@ -349,10 +349,23 @@ def _shell_ops(script: str) -> list[tuple[str, str]]:
         script = script[:400_000]
     text, bodies = _heredocs(script.replace("\\\n", " "))
     out: list[tuple[str, str]] = []
-    for line in text.split("\n"):
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
         if not line.strip():
             continue
         words = _words(line)
+        # a quoted string over several lines (`python -c "..."`): read on to its end;
+        # only a line with a quote can end it, and a few tries bound the cost
+        tries = 0
+        while words is None and i < len(lines) and len(line) < 100_000 and tries < 40:
+            line += "\n" + lines[i]
+            i += 1
+            if "'" in lines[i - 1] or '"' in lines[i - 1]:
+                tries += 1
+                words = _words(line)
         if words is None:
             continue
         for command in _simple_commands(words):
