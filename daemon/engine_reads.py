@@ -131,21 +131,23 @@ class ContextReads:
                 bool(msgs) and self.archive.has_between(session_id, after_id, msgs[0]["id"])
             )
             next_before = msgs[0]["id"] if more else None
-            return {"messages": msgs, "nextAfterId": None, "nextBeforeId": next_before,
-                    "firstOrdinal": self.first_ordinal(session_id, msgs)}
+            return self._numbered(
+                session_id, {"messages": msgs, "nextAfterId": None, "nextBeforeId": next_before}
+            )
         msgs = self.archive.read(session_id, after_id, limit, max_bytes)
         more = len(msgs) == limit or (
             bool(msgs) and self.archive.has_between(session_id, msgs[-1]["id"], None)
         )
         next_after = msgs[-1]["id"] if more else None
-        return {"messages": msgs, "nextAfterId": next_after,
-                "firstOrdinal": self.first_ordinal(session_id, msgs)}
+        return self._numbered(session_id, {"messages": msgs, "nextAfterId": next_after})
 
-    def first_ordinal(self, session_id: str, page: list[dict[str, Any]]) -> int | None:
-        """The `#N` of a page's first message; the others follow it one by one."""
-        if not page:
-            return None
-        return self.ordinals(session_id, [page[0]["id"]])[page[0]["id"]]
+    def _numbered(self, session_id: str, page: dict[str, Any]) -> dict[str, Any]:
+        """A page with `firstOrdinal`, the `#N` of its first message (the others follow
+        it one by one); an empty page has none."""
+        msgs = page["messages"]
+        if msgs:
+            page["firstOrdinal"] = self.ordinals(session_id, [msgs[0]["id"]])[msgs[0]["id"]]
+        return page
 
     def ordinals(self, session_id: str, ids: list[int]) -> dict[int, int]:
         """Archive id -> `#N`, its position in the session (see daemon/ordinals.py)."""

@@ -113,7 +113,7 @@ MESSAGE_METHODS: tuple[Method, ...] = (
         "With `beforeId`: `nextAfterId` is null and `nextBeforeId` (pass as `beforeId` for "
         "the page of older messages; null when there is none) is added. `firstOrdinal`: "
         "the `#N` of the first message (its position in the session, from 1; the others "
-        "follow one by one), null for an empty page.",
+        "follow one by one); an empty page has none.",
         "Reads the full archived history in order, whether or not it is still in context, "
         f"one page at a time: at most `limit` messages and `maxBytes` bytes (default "
         f"{READ_BYTES_DEFAULT // (1024 * 1024)} MiB). A message is at most the daemon's "
