@@ -9,14 +9,18 @@ written `msg N`. A real daemon process, the CLI as a subprocess, a real Chromium
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import DaemonProcess, agent_turn
+from lsp_harness import Editor
 from playwright.sync_api import BrowserContext
 from web_helpers import (  # noqa: F401  (fixtures)
     browser,
@@ -27,6 +31,7 @@ from web_helpers import (  # noqa: F401  (fixtures)
     watch_errors,
 )
 
+from ctxd.clients.lsp import documents as docs
 from ctxd.daemon.compaction import SUMMARY_HEADER
 
 RULE = "Never run migrations on Mondays; 数据库迁移必须在周五之前完成。"
@@ -152,3 +157,28 @@ def test_the_web_page_shows_the_same_numbers(
     hit.wait_for()
     assert f"#{n} · msg {rule_id} · " in hit.inner_text()
     assert errors == []
+
+
+def test_the_editor_documents_show_the_same_numbers(
+    daemon: DaemonProcess, numbered: dict[str, Any], tmp_path: Path
+) -> None:
+    sid, rule_id, n = numbered["sessionId"], numbered["ruleId"], numbered["ruleOrdinal"]
+
+    async def go() -> None:
+        ed = Editor()
+        await ed.start(daemon, tmp_path / "cache")
+        try:
+            await ed.connected()
+            ctx = await ed.content(f"ctxd:/sessions/{sid}/context.md")
+            [line] = [ln for ln in ctx.split("\n") if "Never run migrations" in ln]
+            assert line.endswith(f" #{n}")
+            page = await ed.content(docs.page_of(sid, rule_id).uri())
+            assert f"## #{n} · msg {rule_id} user" in page
+            last = numbered["ids"][-1]
+            assert f"### #{len(numbered['ids'])} · msg {last} " in ctx
+        finally:
+            await ed.stop()
+
+    # a thread of its own: the page's browser keeps an event loop on this one
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(lambda: asyncio.run(asyncio.wait_for(go(), 120))).result()
