@@ -328,7 +328,7 @@ def test_artifacts_are_never_cut_short() -> None:
         ],
         summarizer=BuiltinSummarizer(max_item_chars=40),
     )
-    assert artifacts(summary) == [f"commit {sha}", f"wrote {deep}"]
+    assert artifacts(summary) == [f"commit {sha}", f"created {deep}"]
 
 
 # -------------------------------------------------------------------- siblings
@@ -372,12 +372,12 @@ def test_older_artifacts_fold_into_a_count_across_compactions() -> None:
 
     first = run(writes(1, 7), summarizer=small)
     assert artifacts(first) == [
-        "wrote src/m7.py", "wrote src/m6.py", "wrote src/m5.py", "wrote src/m4.py",
+        "created src/m7.py", "created src/m6.py", "created src/m5.py", "created src/m4.py",
         "+3 earlier artifacts not listed (search_past_messages finds them)",
     ]
     second = run(writes(8, 2), previous=first, summarizer=small)
     assert artifacts(second) == [
-        "wrote src/m9.py", "wrote src/m8.py", "wrote src/m7.py", "wrote src/m6.py",
+        "created src/m9.py", "created src/m8.py", "created src/m7.py", "created src/m6.py",
         "+5 earlier artifacts not listed (search_past_messages finds them)",
     ]
     # the count line cites messages it counts, so explain can show where they were
@@ -397,7 +397,7 @@ def test_a_tight_budget_counts_what_it_cannot_list() -> None:
     n = int(listed[-1][1:].split(" ", 1)[0])
     assert n + len(listed) - 1 == 40
     # the newest are the ones listed, in order
-    assert listed[0] == "wrote services/split/module_039.py"
+    assert listed[0] == "created services/split/module_039.py"
     assert count_tokens(summary.render()) <= 300
 
 
@@ -509,9 +509,9 @@ def test_every_form_survives_three_later_compactions_in_the_engine(tmp_path: Pat
             lines = _summary_lines(engine, sid)
             for text in expected:
                 assert f"- {text}" in lines, text
-            listed = [ln for ln in lines if ln.startswith("- wrote src/round_")]
-            assert listed == ["- wrote src/round_3.py", "- wrote src/round_2.py",
-                              "- wrote src/round_1.py"]
+            listed = [ln for ln in lines if ln.startswith("- created src/round_")]
+            assert listed == ["- created src/round_3.py", "- created src/round_2.py",
+                              "- created src/round_1.py"]
             # reads of the later turns are no artifacts
             assert not any(ln.startswith(("- edited src/parser", "- wrote src/parser"))
                            for ln in lines)

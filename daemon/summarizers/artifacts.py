@@ -585,8 +585,10 @@ def _file_ops(name: str, args: Any, result: str, script: str | None) -> list[tup
             return []
     else:
         op = next((op for op, pattern in _OPS if pattern.search(low)), None)
-    if op == "wrote" and "created" in result[:300].lower():
-        op = "created"  # "File created successfully at: ..."
+    if op == "wrote":
+        # "The file ... has been updated": it was there before; otherwise a write makes it
+        head = result[:300].lower()
+        op = "wrote" if "updated" in head or "overwr" in head else "created"
     out: list[tuple[str, str]] = []
     if op == "moved":
         src, dst = _arg(args, _SRC_KEYS), _arg(args, _DST_KEYS)
