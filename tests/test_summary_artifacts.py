@@ -242,6 +242,18 @@ def test_a_quoted_program_over_several_lines_hides_no_redirection() -> None:
     ]
 
 
+def test_powershell_writers() -> None:
+    summary = run([
+        user(1, "Write the build number into version.txt and log it."),
+        assistant(2, None, call("p1", "Bash",
+                                command="Get-Content build.txt | Set-Content -Path "
+                                        "'C:/work/app/version.txt'; "
+                                        "echo done | Add-Content logs/build.log")),
+        result(3, "p1", "ok"),
+    ])
+    assert artifacts(summary) == ["edited logs/build.log", "wrote C:/work/app/version.txt"]
+
+
 def test_shell_in_chinese_prose_with_argv_and_a_read() -> None:
     summary = run([
         user(1, "请把导出脚本的输出写到 报表/结果.csv，然后把旧脚本删掉。"),

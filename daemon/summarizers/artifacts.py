@@ -14,7 +14,8 @@ Call shapes understood:
   shell script, `["apply_patch", patch]` as argv) and unified diff headers;
 - a shell command, as a string or an argv list (`["bash", "-lc", script]`): output
   redirections (`> f`, `>> f`, `&> f`), `tee`, `mv`, `git mv`, `cp`, `rm`, `git rm`,
-  `touch`, `sed -i`, `git checkout -b` / `git switch -c` / `git branch`.
+  `touch`, `sed -i`, PowerShell's `Set-Content` / `Out-File` / `Add-Content`,
+  `git checkout -b` / `git switch -c` / `git branch`.
 """
 
 from __future__ import annotations
@@ -274,7 +275,24 @@ def _command_ops(words: list[str], bodies: list[str]) -> list[tuple[str, str]]:
         out += [(a, f"{verb} {a}") for a in rest if _ok_target(a) and a not in _SKIP_TARGETS]
     elif prog in ("sed", "gsed", "perl"):
         out += [(a, f"edited {a}") for a in _in_place_files(prog, args)]
+    elif prog.lower() in _POWERSHELL_WRITES:
+        path = _powershell_path(args)
+        if path:
+            verb = "edited" if prog.lower() == "add-content" else "wrote"
+            out.append((path, f"{verb} {path}"))
     return out
+
+
+# PowerShell's file writers (Windows agents): `Set-Content -Path f`, `Out-File f`
+_POWERSHELL_WRITES = frozenset({"set-content", "out-file", "add-content"})
+
+
+def _powershell_path(args: list[str]) -> str | None:
+    for i, a in enumerate(args):
+        if a.lower() in ("-path", "-filepath", "-literalpath") and i + 1 < len(args):
+            return args[i + 1] if _ok_target(args[i + 1]) else None
+    positional = [a for a in args if not a.startswith("-")]
+    return positional[0] if positional and _ok_target(positional[0]) else None
 
 
 def _moves(rest: list[str], verb: str = "moved") -> list[tuple[str, str]]:
@@ -325,7 +343,8 @@ def _in_place_files(prog: str, args: list[str]) -> list[str]:
 # (tests, builds, listings) are ruled out before any parsing
 _MAY_CHANGE = re.compile(
     r">|\b(?:mv|rm|tee|cp|touch|sed|gsed|perl|apply_?patch|git|patch|unlink|rmdir"
-    r"|shred)\b"
+    r"|shred|Set-Content|Out-File|Add-Content)\b",
+    re.IGNORECASE,
 )
 
 
