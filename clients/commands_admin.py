@@ -56,7 +56,10 @@ def cmd_explain(ctx: Context) -> int:
     out.line(f"session {sid}: {len(items)} summary items, "
              f"{result.get('brokenPointers', 0)} broken pointers")
     if prov.get("coversFrom") is not None:
-        out.line(f"summarizes archive #{prov['coversFrom']}–#{prov.get('coversTo')} "
+        span = f"msg {prov['coversFrom']}–{prov.get('coversTo')}"
+        if prov.get("coversFromOrdinal") is not None:
+            span = f"#{prov['coversFromOrdinal']}–#{prov.get('coversToOrdinal')} ({span})"
+        out.line(f"summarizes {span} "
                  f"(summarizer {prov.get('summarizer') or '?'}, "
                  f"{len(prov.get('compactionIds') or [])} compactions)")
     pins = result.get("pins") or []
@@ -76,9 +79,12 @@ def cmd_explain(ctx: Context) -> int:
         out.line(f"- {mark}{one_line(item.get('text', ''))}")
         for src in item.get("sources") or []:
             if src.get("broken"):
-                out.line(f"    #{src.get('id')}  (broken: not in the archive)")
+                out.line(f"    msg {src.get('id')}  (broken: not in the archive)")
                 continue
-            head = f"    #{src.get('id')}  {src.get('role', '?')}  {when(src.get('createdAt'))}  "
+            # the #N the summary line cites, then the archive id
+            n = f"#{src['ordinal']}" if src.get("ordinal") is not None else "#?"
+            head = (f"    {n}  msg {src.get('id')}  {src.get('role', '?')}  "
+                    f"{when(src.get('createdAt'))}  ")
             out.line(head + fit(one_line(src.get("snippet") or ""), max(20, width - len(head))))
     if not items and not pins:
         out.line("no summary yet: nothing has been compacted")

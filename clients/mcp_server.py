@@ -58,7 +58,8 @@ SEARCH_DESCRIPTION = (
     "from before ('the error we saw', 'like last time'), before redoing work that may "
     "already have been done, or when a summary line is too short to act on. Query with plain "
     "words or a phrase, English or Chinese; scope 'session' (default) is this session, "
-    "'all' every session. Each hit reads [msg ID · role · time (· session S)] snippet: a "
+    "'all' every session. Each hit reads [msg ID · role · #N · time (· session S)] snippet "
+    "(#N: the message's place in its session, as summary lines cite it): a "
     "hit is a pointer to one message, not the whole story; call read_past_messages with "
     "message_id=ID (and the session shown, if any) to read it and what surrounds it."
 )
@@ -163,6 +164,15 @@ def _when(ts: Any) -> str:
         else "?"
 
 
+def _numbered(page: dict[str, Any]) -> list[dict[str, Any]]:
+    """The messages of an archive/read page, each with its `#N` in the session."""
+    first = page.get("firstOrdinal")
+    msgs: list[dict[str, Any]] = page["messages"]
+    if first is None:
+        return msgs
+    return [{**m, "ordinal": first + i} for i, m in enumerate(msgs)]
+
+
 def render_message(m: dict[str, Any], limit: int) -> str:
     """One archived message as a model reads it: header, text, calls, result link."""
     from ctxd.daemon.messages import content_text
@@ -171,7 +181,10 @@ def render_message(m: dict[str, Any], limit: int) -> str:
     # an imported message's own time, not when it was imported
     when = meta.get("timestamp") if isinstance(meta.get("timestamp"), int | float) \
         else m.get("createdAt")
-    head = f"[msg {m['id']} · {m['role']}" + (f" · {_when(when)}" if when else "")
+    head = f"[msg {m['id']} · {m['role']}"
+    if m.get("ordinal") is not None:  # its place in the session: the #N summaries cite
+        head += f" · #{m['ordinal']}"
+    head += f" · {_when(when)}" if when else ""
     if m.get("tool_call_id"):
         head += f" · result of {m['tool_call_id']}"
     if meta.get("isError"):
@@ -307,14 +320,14 @@ def build_server(link: DaemonLink, choice: SessionChoice) -> Any:
         assert message_id is not None
         page = call("archive/read", {"sessionId": sid, "afterId": message_id - 1,
                                      "limit": after + 1})
-        msgs = page["messages"]
+        msgs = _numbered(page)
         if not msgs or msgs[0]["id"] != message_id:
             raise ToolError(
                 f"message {message_id} is not in session {sid}; if the search hit named "
                 "another session, pass it as session_id")
         if before:
-            older = call("archive/read", {"sessionId": sid, "beforeId": message_id,
-                                          "limit": before})["messages"]
+            older = _numbered(call("archive/read", {"sessionId": sid, "beforeId": message_id,
+                                                    "limit": before}))
             msgs = older + msgs
         limit = max_chars
         body = "\n\n".join(render_message(m, limit) for m in msgs)
@@ -324,7 +337,10 @@ def build_server(link: DaemonLink, choice: SessionChoice) -> Any:
         note = "" if limit == max_chars else (
             f" (each cut to {limit} characters to stay under ~{READ_BUDGET_TOKENS} tokens; "
             "ask for fewer neighbours to see more of each)")
-        return (f"Session {sid}, messages {msgs[0]['id']}..{msgs[-1]['id']} "
+        span = f"msg {msgs[0]['id']}..{msgs[-1]['id']}"
+        if msgs[0].get("ordinal") is not None:
+            span = f"#{msgs[0]['ordinal']}..#{msgs[-1]['ordinal']} ({span})"
+        return (f"Session {sid}, messages {span} "
                 f"(asked for {message_id}){note}:\n\n{body}")
 
     def ordinal_to_id(sid: str, ordinal: int) -> int:

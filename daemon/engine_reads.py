@@ -15,6 +15,7 @@ from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.context_view import ContextView
 from ctxd.daemon.corrections import mark_superseded
 from ctxd.daemon.ids import new_id
+from ctxd.daemon.ordinals import ordinals_of
 from ctxd.daemon.projection import project
 from ctxd.daemon.stores.base import ArchiveStore, Store
 from ctxd.daemon.summary import Summary
@@ -37,6 +38,8 @@ class ContextReads:
         def context_state(self, session_id: str) -> ContextState: ...
 
         def status(self, session_id: str) -> dict[str, Any]: ...
+
+        def archive_count(self, session_id: str) -> int: ...
 
     # the model input
 
@@ -128,13 +131,30 @@ class ContextReads:
                 bool(msgs) and self.archive.has_between(session_id, after_id, msgs[0]["id"])
             )
             next_before = msgs[0]["id"] if more else None
-            return {"messages": msgs, "nextAfterId": None, "nextBeforeId": next_before}
+            return self._numbered(
+                session_id, {"messages": msgs, "nextAfterId": None, "nextBeforeId": next_before}
+            )
         msgs = self.archive.read(session_id, after_id, limit, max_bytes)
         more = len(msgs) == limit or (
             bool(msgs) and self.archive.has_between(session_id, msgs[-1]["id"], None)
         )
         next_after = msgs[-1]["id"] if more else None
-        return {"messages": msgs, "nextAfterId": next_after}
+        return self._numbered(session_id, {"messages": msgs, "nextAfterId": next_after})
+
+    def _numbered(self, session_id: str, page: dict[str, Any]) -> dict[str, Any]:
+        """A page with `firstOrdinal`, the `#N` of its first message (the others follow
+        it one by one); an empty page has none."""
+        msgs = page["messages"]
+        if msgs:
+            page["firstOrdinal"] = self.ordinals(session_id, [msgs[0]["id"]])[msgs[0]["id"]]
+        return page
+
+    def ordinals(self, session_id: str, ids: list[int]) -> dict[int, int]:
+        """Archive id -> `#N`, its position in the session (see daemon/ordinals.py)."""
+        newest = self.archive.last_id(session_id)
+        last = (newest, self.archive_count(session_id)) if newest is not None else None
+        known = self.context_state(session_id).summary.ordinals
+        return ordinals_of(self.archive, session_id, ids, known, last)
 
     def search(
         self, query: str, *, session_id: str | None = None, **kw: Any
@@ -166,9 +186,18 @@ class ContextReads:
         return self.context_state(session_id).summary.supersessions
 
     def _annotate(self, hits: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        by_session: dict[str, list[int]] = {}
         for hit in hits:
             st = self.context_state(hit["sessionId"])
             hit["inActiveContext"] = st.in_active_context(hit["messageId"])
+            by_session.setdefault(hit["sessionId"], []).append(hit["messageId"])
+        ordinals = {
+            (sid, mid): n
+            for sid, ids in by_session.items()
+            for mid, n in self.ordinals(sid, ids).items()
+        }
+        for hit in hits:
+            hit["ordinal"] = ordinals[(hit["sessionId"], hit["messageId"])]
         return mark_superseded(self._supersessions, hits)
 
     # pins

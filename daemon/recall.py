@@ -141,7 +141,11 @@ def _tool_result(found: dict[str, Any], query: str, session_id: str) -> dict[str
             if h.get("supersededBy") is not None:
                 seen += f" · superseded by msg {h['supersededBy']}"
             snippet = " ".join(h["snippet"].split())[:_SNIPPET_CHARS]
-            lines.append(f"[msg {h['messageId']} · {h['role']} · {when}{where}{seen}] {snippet}")
+            # "#N": the message's place in its session, as the summary cites it
+            n = f"#{h['ordinal']} · " if h.get("ordinal") is not None else ""
+            lines.append(
+                f"[msg {h['messageId']} · {h['role']} · {n}{when}{where}{seen}] {snippet}"
+            )
         text = "\n".join(lines)
     return {"content": text, "data": {"hits": hits, "matched": found["matched"]}}
 
@@ -151,6 +155,9 @@ def explain(engine: Engine, session_id: str) -> dict[str, Any]:
     st = engine.context_state(session_id)
     ids = sorted(st.summary.all_sources())
     found = engine.archive.get_many(ids)
+    # every source gets its #N, also those cited before the summary kept ordinals
+    ends = [i for i in (st.summary.covers_from, st.summary.covers_to) if i is not None]
+    ordinals = engine.ordinals(session_id, [i for i in ids if i in found] + ends)
     items = []
     broken = 0
     for section, item in st.summary.items():
@@ -172,8 +179,7 @@ def explain(engine: Engine, session_id: str) -> dict[str, Any]:
                     "snippet": (text or "")[:200],
                 }
             )
-            if sid in st.summary.ordinals:  # the [#N] the model reads for this source
-                sources[-1]["ordinal"] = st.summary.ordinals[sid]
+            sources[-1]["ordinal"] = ordinals[sid]  # the #N the model reads for it
         entry = {"section": section, "text": item.text, "status": item.status, "sources": sources}
         entry.update({k: v for k, v in item.to_dict().items() if k not in ("text", "sources")})
         items.append(entry)
@@ -186,6 +192,8 @@ def explain(engine: Engine, session_id: str) -> dict[str, Any]:
             "compactionIds": st.summary.compaction_ids,
             "coversFrom": st.summary.covers_from,
             "coversTo": st.summary.covers_to,
+            "coversFromOrdinal": ordinals.get(st.summary.covers_from or -1),
+            "coversToOrdinal": ordinals.get(st.summary.covers_to or -1),
             "summarizer": st.summary.summarizer,
         },
     }

@@ -178,6 +178,13 @@ _CONVENTIONS = """\
 - Ids (`sessionId`, `runId`, `approvalId`, `pinId`, `toolCallId`, `clientBatchId`) are
   non-empty strings of at most 200 characters. Archive message ids are integers that
   grow in append order.
+- Two numbers name a message, and every reader-facing text keeps them apart. `#N` is
+  the message's **ordinal**: its position among its session's archived messages,
+  counted from 1 (the summary's pointers, `ctxd show`, `ctxd explain`, `ctxd search`,
+  the web page, the `search_past_messages` and MCP tools all show the same `#N` for the
+  same message). The archive id, where shown, is written `msg N`. On the wire the
+  ordinal is `ordinal` (search hits, `context/explain` sources) or `firstOrdinal`
+  (`archive/read`: the others follow one by one).
 - Messages are OpenAI chat-completion messages (`role`, `content`, `tool_calls`,
   `tool_call_id`, `name`).
 - Every method's params and result, every notification's params and the message shapes

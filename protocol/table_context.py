@@ -215,7 +215,8 @@ CONTEXT_METHODS: tuple[Method, ...] = (
         "`{id, broken: true}`; and, when they apply, `unconfirmed` (a hedged statement), "
         "`subject` (the path or id an artifact names), `value` (what a setting sets) and "
         "`was` (the value it replaced)); `brokenPointers` (count); `pins`; `provenance` "
-        "(`compactionIds`, `coversFrom`, `coversTo`, `summarizer`).",
+        "(`compactionIds`, `coversFrom`, `coversTo` (archive ids), `coversFromOrdinal`, "
+        "`coversToOrdinal` (their `#N`), `summarizer`).",
         "Shows where every line of the summary came from.",
         (_E.SESSION_NOT_FOUND,),
         True,

@@ -111,7 +111,9 @@ MESSAGE_METHODS: tuple[Method, ...] = (
         "`messages` (each with `id`, `batchId`, `createdAt`, `tokens` and its chat fields), "
         "`nextAfterId` (pass as `afterId` for the next page; null when there is no more). "
         "With `beforeId`: `nextAfterId` is null and `nextBeforeId` (pass as `beforeId` for "
-        "the page of older messages; null when there is none) is added.",
+        "the page of older messages; null when there is none) is added. `firstOrdinal`: "
+        "the `#N` of the first message (its position in the session, from 1; the others "
+        "follow one by one); an empty page has none.",
         "Reads the full archived history in order, whether or not it is still in context, "
         f"one page at a time: at most `limit` messages and `maxBytes` bytes (default "
         f"{READ_BYTES_DEFAULT // (1024 * 1024)} MiB). A message is at most the daemon's "
@@ -156,7 +158,8 @@ MESSAGE_METHODS: tuple[Method, ...] = (
             Param("until", "number", False, "Only messages created at or before (unix seconds)."),
         ),
         "`hits`: each `messageId`, `sessionId`, `role`, `snippet`, `createdAt`, `score`, "
-        "`inActiveContext` (boolean), and `supersededBy` (the archive id of the statement "
+        "`inActiveContext` (boolean), `ordinal` (the message's `#N`: its position in its "
+        "session), and `supersededBy` (the archive id of the statement "
         "now current) when a later statement of the same subject superseded this one; "
         "the newer statement then ranks directly above it. "
         '`matched`: `"all"` when the hits have every word '

@@ -129,6 +129,8 @@ class SearchHit(_Wire):
     created_at: float
     score: float
     in_active_context: bool
+    # the message's position in its session: the `#N` summaries and listings show
+    ordinal: int | None = None
 
 
 class Truncated(_Wire):
@@ -181,6 +183,8 @@ class ArchiveReadResult(_Wire):
     messages: list[ArchivedMessage]
     next_after_id: int | None
     next_before_id: int | None = None
+    # the `#N` of the first message; the others follow it one by one
+    first_ordinal: int | None = None
 
 
 class ArchiveSearchResult(_Wire):

@@ -213,7 +213,9 @@ def test_show_human_has_both_sides_and_tool_calls(daemon: Daemon,
     assert 'read_file({"path": "mod7.py"})' in r.stdout
     assert f"user: {CHINESE}" in r.stdout
     last = session["ids"][-1]
-    assert f"#{last:<5}* assistant: mod7.py defines f7" in r.stdout
+    # the message's place in the session (#N, as the summary cites it), then its archive id
+    ordinal = f"#{len(session['ids'])}"
+    assert f"{ordinal:<6}msg {last:<6}* assistant: mod7.py defines f7" in r.stdout
 
 
 # search
@@ -229,7 +231,8 @@ def test_search_finds_the_chinese_message(daemon: Daemon, session: dict[str, Any
     assert hit["inActiveContext"] is True
     # not a terminal: the match markers stay as they are
     human = cli(daemon, "search", "压缩", "--session", sid)
-    assert f"#{chinese_id}" in human.stdout and "**压缩**" in human.stdout
+    assert hit["ordinal"] == 2  # after the system prompt
+    assert f"#2  msg {chinese_id}  {sid}" in human.stdout and "**压缩**" in human.stdout
     assert "\x1b[" not in human.stdout
     tools = cli_json(daemon, "search", "returns", "--session", sid, "--role", "tool")
     assert tools["hits"] == []
@@ -423,7 +426,7 @@ def test_watch_prints_appends_live_and_stops_on_ctrl_c(daemon: Daemon, wire: str
 def test_watch_human_line(daemon: Daemon) -> None:
     assert watch_command.event_text("session/didAppend", {
         "sessionId": "s", "batchId": 7, "messageIds": [4, 5, 6], "runId": None,
-    }).split() == ["append", "batch", "7:", "3", "messages", "#4–#6"]
+    }).split() == ["append", "batch", "7:", "3", "messages", "msg", "4–6"]
     assert "26 → 14 messages" in watch_command.event_text("context/didCompact", {
         "trigger": "manual", "before": {"messages": 26, "tokens": 9},
         "after": {"messages": 14, "tokens": 5}})

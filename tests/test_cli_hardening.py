@@ -102,7 +102,7 @@ def test_explain_lists_each_summary_item_with_its_sources(daemon: DaemonProcess,
     for item in expected["items"][:5]:
         assert item["text"].split()[0] in text.stdout
         for src in item["sources"]:
-            assert f"#{src['id']}  {src['role']}" in text.stdout
+            assert f"#{src['ordinal']}  msg {src['id']}  {src['role']}" in text.stdout
     assert cli(daemon, "explain", "no-such-session").returncode == 2
 
 

@@ -133,6 +133,10 @@ def test_stdio_tools_resources_and_session_choice(daemon: DaemonProcess, client:
             cited = text(await s.call_tool("read_past_messages", {
                 "ordinal": cited_ordinal, "session_id": compacted, "before": 0, "after": 0}))
             assert f"(asked for {cited_id})" in cited
+            # the message shows the #N the summary cites beside its archive id
+            assert re.search(rf"\[msg {cited_id} · \w+ · #{cited_ordinal} · ", cited), cited
+            assert f"messages #{cited_ordinal}..#{cited_ordinal} (msg {cited_id}..{cited_id})" \
+                in cited
             wide = text(await s.call_tool("read_past_messages", {
                 "message_id": big_ids[10], "session_id": big, "before": 10, "after": 10,
                 "max_chars": 8000}))

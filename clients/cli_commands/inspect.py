@@ -91,6 +91,10 @@ def cmd_show(ctx: Context) -> int:
         last.append(msg)
     mapping = _map_context(ctx_msgs, leading, list(last), count)
     shown = list(last)[-limit:] if limit else []
+    # `#N`: a message's place in the session (the summary cites the same numbers); the
+    # archive was read from its start, so the last ones end at `count`
+    ordinal = {m["id"]: n for n, m in enumerate(leading, start=1)}
+    ordinal.update({m["id"]: count - len(last) + n for n, m in enumerate(last, start=1)})
 
     if ctx.out.json_mode:
         ctx.out.document({
@@ -99,14 +103,17 @@ def cmd_show(ctx: Context) -> int:
             "archive": {
                 "messages": count,
                 "tokens": tokens,
-                "last": [{**m, "inContext": mapping is not None and m["id"] in mapping.in_context}
+                "last": [{**m, "ordinal": ordinal[m["id"]],
+                          "inContext": mapping is not None and m["id"] in mapping.in_context}
                          for m in shown],
             },
             "context": {
                 "messages": len(ctx_msgs),
                 "estimatedTokens": status.get("estimatedTokens"),
                 "hasSummary": mapping is not None and mapping.summary_index is not None,
-                "items": [{"archiveId": mapping.archive_ids[i] if mapping else None, **m}
+                "items": [{"archiveId": mapping.archive_ids[i] if mapping else None,
+                           "ordinal": ordinal.get(mapping.archive_ids[i] or -1)
+                           if mapping else None, **m}
                           for i, m in enumerate(ctx_msgs)],
             },
             "inContextIds": sorted(mapping.in_context) if mapping else None,
@@ -125,9 +132,12 @@ def cmd_show(ctx: Context) -> int:
     if status.get("pendingApprovals"):
         out.line(f"pending approvals: {status['pendingApprovals']}")
     in_ctx = mapping.in_context if mapping else set()
-    out.line("archive ids in context: "
-             + (id_ranges(sorted(in_ctx)) if mapping else "unknown (context and archive "
-                "did not line up; try again)"))
+    if mapping:
+        out.line(f"messages in context: {id_ranges([ordinal[i] for i in in_ctx])} "
+                 f"(archive ids {id_ranges(sorted(in_ctx), archive=True)})")
+    else:
+        out.line("messages in context: unknown (context and archive did not line up; "
+                 "try again)")
     out.line()
 
     left_head = [f"ARCHIVE  {plural(count, 'message')}, {plural(tokens, 'token')}",
@@ -142,8 +152,8 @@ def cmd_show(ctx: Context) -> int:
         lines = []
         for m in shown:
             mark = "*" if m["id"] in in_ctx else " "
-            lines.append(fit(f"#{m['id']:<5}{mark} " + message_line(m.get("role", "?"), m, col),
-                             col))
+            ref = _ref(ordinal[m["id"]], m["id"])
+            lines.append(fit(f"{ref}{mark} " + message_line(m.get("role", "?"), m, col), col))
         return lines or ["(empty)"]
 
     def context_lines() -> list[str]:
@@ -152,7 +162,7 @@ def cmd_show(ctx: Context) -> int:
             aid = mapping.archive_ids[i] if mapping else None
             summary = mapping is not None and mapping.summary_index == i
             label = "summary" if summary else m.get("role", "?")
-            ref = "      " if aid is None else f"#{aid:<5}"
+            ref = " " * len(_ref(0, 0)) if aid is None else _ref(ordinal.get(aid), aid)
             lines.append(fit(ref + " " + message_line(label, m, col), col))
         return lines or ["(empty)"]
 
@@ -179,6 +189,12 @@ def cmd_show(ctx: Context) -> int:
     return EXIT_OK
 
 
+def _ref(ordinal: int | None, archive_id: int) -> str:
+    """`#12   msg 3456 `: the message's place in its session, then its archive id."""
+    n = f"#{ordinal}" if ordinal is not None else "#?"
+    return f"{n:<6}msg {archive_id:<6}"
+
+
 _BOLD = re.compile(r"\*\*(.+?)\*\*", re.S)
 
 
@@ -203,8 +219,9 @@ def cmd_search(ctx: Context) -> int:
         out.line("no message has all the words; these have some of them (best first):")
     for hit in hits:
         where = "in context" if hit.get("inActiveContext") else "archive only"
+        n = f"#{hit['ordinal']}" if hit.get("ordinal") is not None else "#?"
         sid = clean_field(hit["sessionId"])
-        out.line(f"#{hit['messageId']}  {sid}  {hit.get('role', '?')}  "
+        out.line(f"{n}  msg {hit['messageId']}  {sid}  {hit.get('role', '?')}  "
                  f"{when(hit.get('createdAt'))}  [{where}]")
         snippet = one_line(hit.get("snippet") or "")  # cleaned: the bold is ours alone
         if out.bold:

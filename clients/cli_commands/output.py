@@ -190,8 +190,10 @@ def plural(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def id_ranges(ids: list[int]) -> str:
-    """`[1, 4, 5, 6]` → `#1, #4–#6`."""
+def id_ranges(ids: list[int], archive: bool = False) -> str:
+    """`[1, 4, 5, 6]` → `#1, #4–#6` (ordinals), or `msg 1, 4–6` with `archive`: archive
+    ids are written apart from the `#N` ordinals everywhere (see docs/protocol.md)."""
+    mark = "" if archive else "#"
     parts: list[str] = []
     run: list[int] = []
     for i in sorted(ids):
@@ -199,11 +201,13 @@ def id_ranges(ids: list[int]) -> str:
             run.append(i)
             continue
         if run:
-            parts.append(f"#{run[0]}" if len(run) == 1 else f"#{run[0]}–#{run[-1]}")
+            parts.append(f"{mark}{run[0]}" if len(run) == 1 else f"{mark}{run[0]}–{mark}{run[-1]}")
         run = [i]
     if run:
-        parts.append(f"#{run[0]}" if len(run) == 1 else f"#{run[0]}–#{run[-1]}")
-    return ", ".join(parts) if parts else "none"
+        parts.append(f"{mark}{run[0]}" if len(run) == 1 else f"{mark}{run[0]}–{mark}{run[-1]}")
+    if not parts:
+        return "none"
+    return ("msg " if archive else "") + ", ".join(parts)
 
 
 def content_text(content: Any) -> str:

@@ -91,7 +91,7 @@ def _compaction_report(ctx: Context, result: dict[str, Any], verb: str) -> int:
                f"{before.get('tokens', '?')} → {after.get('tokens', '?')} tokens")
     span = ""
     if result.get("summarizedFrom") is not None:
-        span = f" (summarized #{result['summarizedFrom']}–#{result['summarizedTo']})"
+        span = f" (summarized msg {result['summarizedFrom']}–{result['summarizedTo']})"
     if result.get("effective"):
         out.line(f"{verb}: effective, {numbers}{span}")
     elif result.get("compactionId"):

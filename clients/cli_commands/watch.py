@@ -35,7 +35,7 @@ def event_text(method: str, p: dict[str, Any]) -> str:
     """One human line for a notification."""
     if method == "session/didAppend":
         ids = p.get("messageIds") or []
-        span = id_ranges(ids) if ids else "no messages"
+        span = id_ranges(ids, archive=True) if ids else "no messages"
         run = f" (run {p['runId']})" if p.get("runId") else ""
         return f"append     batch {p.get('batchId')}: {plural(len(ids), 'message')} {span}{run}"
     if method == "context/didCompact":

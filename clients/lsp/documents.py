@@ -260,8 +260,12 @@ def _fence(text: str) -> str:
 
 def _message_header(w: _Writer, msg: dict[str, Any], level: str, key: DocKey | None) -> None:
     mid = msg.get("id")
-    label = f"#{mid}"
-    suffix = f" {msg.get('role', '?')}"
+    # "#N": the message's place in its session, as summary lines cite it; the archive id
+    # is written "msg N" (see docs/protocol.md)
+    ordinal = msg.get("ordinal")
+    label = f"#{ordinal}" if isinstance(ordinal, int) else f"msg {mid}"
+    suffix = f" · msg {mid}" if isinstance(ordinal, int) else ""
+    suffix += f" {msg.get('role', '?')}"
     if msg.get("createdAt") is not None:
         suffix += f" · {when(msg['createdAt'])}"
     if msg.get("tool_call_id"):
@@ -287,12 +291,15 @@ def render_transcript(key: DocKey, title: str, page: dict[str, Any]) -> Rendered
     if key.start is None:
         w.add(f"From the first message, {PAGE_SIZE} messages a page.")
     else:
-        w.add_linked(f"From message #{key.start}, {PAGE_SIZE} messages a page · ",
+        w.add_linked(f"From msg {key.start}, {PAGE_SIZE} messages a page · ",
                      "first page", "", first, None, "the session's first message")
     w.add("")
     w.add("---")
     assert w.line == FIRST_MESSAGE_LINE
     messages = page.get("messages") or []
+    first = page.get("firstOrdinal")
+    if isinstance(first, int):
+        messages = [{**m, "ordinal": first + i} for i, m in enumerate(messages)]
     bodies: dict[int, str] = {}
     for msg in messages:
         _message_header(w, msg, "##", None)
@@ -304,7 +311,7 @@ def render_transcript(key: DocKey, title: str, page: dict[str, Any]) -> Rendered
     nxt = page.get("nextAfterId")
     if nxt is not None and len(messages) >= PAGE_SIZE:
         w.add("---")
-        w.add_linked("", "next page", f" (after message #{nxt})",
+        w.add_linked("", "next page", f" (after msg {nxt})",
                      DocKey("transcript", key.session_id, int(nxt) + 1))
     return Rendered(key, "\n".join(w.lines) + "\n", w.links, [], bodies,
                     complete=len(messages) >= PAGE_SIZE)
@@ -381,7 +388,8 @@ def render_context(key: DocKey, title: str, context: dict[str, Any],
             mid = src.get("id")
             if not isinstance(mid, int):
                 continue
-            label = f"#{mid}"
+            ordinal = src.get("ordinal")
+            label = f"#{ordinal}" if isinstance(ordinal, int) else f"msg {mid}"
             line += " "
             spans.append((len(line), len(line) + len(label), mid, src.get("snippet") or ""))
             line += label + (" (broken)" if src.get("broken") else "")
@@ -397,8 +405,12 @@ def render_context(key: DocKey, title: str, context: dict[str, Any],
     w.add("")
     w.add(f"## Tail ({len(tail)} messages)")
     w.add("")
+    # the tail is the archive's end: its last message is the session's last
+    total = (context.get("status") or {}).get("archiveMessages")
     for i in tail:
         msg = {**messages[i], "id": ids[i]}
+        if isinstance(total, int) and isinstance(ids[i], int):
+            msg["ordinal"] = total - (len(ids) - 1 - i)
         _message_header(w, msg, "###", page_of(sid, ids[i]) if isinstance(ids[i], int) else None)
         body = _message_block(w, msg)
         if isinstance(ids[i], int):
@@ -417,7 +429,10 @@ def render_search(key: DocKey, hits: list[dict[str, Any]], titles: dict[str, str
         sid, mid = str(hit.get("sessionId")), hit.get("messageId")
         if not isinstance(mid, int):
             continue
-        w.add_linked("## ", f"#{mid}", f" {hit.get('role')} · {titles.get(sid, sid)} · "
+        ordinal = hit.get("ordinal")
+        label = f"#{ordinal}" if isinstance(ordinal, int) else f"msg {mid}"
+        where = f" · msg {mid}" if isinstance(ordinal, int) else ""
+        w.add_linked("## ", label, f"{where} {hit.get('role')} · {titles.get(sid, sid)} · "
                      f"{ago(hit.get('createdAt'), now)}", page_of(sid, mid), mid)
         w.add(clean_snippet(str(hit.get("snippet", ""))))
         w.add("")

@@ -254,10 +254,12 @@ def build(connection_file: Path, cache_dir: Path,
             out = []
             for hit, key in zip(hits, keys, strict=True):
                 out.append(t.SymbolInformation(
-                    name=docs.clean_snippet(hit.get("snippet", ""))[:200] or f"#{hit['messageId']}",
+                    name=docs.clean_snippet(hit.get("snippet", ""))[:200]
+                    or f"msg {hit['messageId']}",
                     kind=t.SymbolKind.String,
                     location=await ls.location(key, hit["messageId"]),
-                    container_name=f"{hit['title']} · {hit['role']} #{hit['messageId']}"))
+                    container_name=f"{hit['title']} · {hit['role']} "
+                    f"#{hit.get('ordinal', '?')} · msg {hit['messageId']}"))
             return out
         except (DaemonGone, CtxdError, TimeoutError) as exc:
             raise lsp_error(exc) from None
@@ -320,8 +322,12 @@ def build(connection_file: Path, cache_dir: Path,
             except (DaemonGone, CtxdError, TimeoutError) as exc:
                 raise lsp_error(exc) from None
             body = page.bodies.get(link.message_id, "(not in the archive)")
+        # the pointer as shown (#N, the message's place in its session) and its archive id
+        shown = r.lines[link.line][link.start:link.end] if r else ""
+        head = f"{shown} · msg {link.message_id}" if shown.startswith("#") \
+            else f"msg {link.message_id}"
         return t.Hover(t.MarkupContent(t.MarkupKind.Markdown,
-                                       f"**ctxd message #{link.message_id}**\n\n{body}"),
+                                       f"**ctxd message {head}**\n\n{body}"),
                        ls.span(r, link.line, link.start, link.end) if r else None)
 
     commands.register(ls, bridge, rendered_for)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ctxd.daemon.messages import content_text
+from ctxd.daemon.summarizers.artifacts_fold import fold_unlisted
 from ctxd.daemon.summarizers.boilerplate import clean
 from ctxd.daemon.summarizers.cues import (
     _CALL_ID_NOTE,
@@ -70,6 +71,7 @@ class BuiltinSummarizer:
     fold_threshold: more calls than this to one tool in a batch fold into one item.
     max_paths_per_message: bounds the files a single message (a directory listing,
     a traceback) can contribute.
+    max_artifacts: artifacts listed, newest first; older ones are counted on one line.
     """
 
     name = "builtin"
@@ -90,7 +92,9 @@ class BuiltinSummarizer:
         fold_threshold: int = 3,
         max_paths_per_message: int = 12,
         truncated_constraint_chars: int = 100,
+        max_artifacts: int = 60,
     ) -> None:
+        self.max_artifacts = max(1, max_artifacts)
         self.max_item_chars = max_item_chars
         self.max_constraint_chars = max_constraint_chars
         self.max_sources = max(1, max_sources)
@@ -147,6 +151,7 @@ class BuiltinSummarizer:
 
         for path, ids in files.items():
             draft.add("files", path, ids)
+        draft.fold_artifacts(self.max_artifacts)
         self._add_activity(draft, activity)
 
         prev = request.previous
@@ -159,6 +164,7 @@ class BuiltinSummarizer:
             covers_to = last if covers_to is None else max(covers_to, last)
 
         sections = fit(draft, request, self.truncated_constraint_chars)
+        fold_unlisted(draft, sections, request.count_tokens, self.max_sources)
         summary = Summary(
             sections=sections,
             covers_from=covers_from,
@@ -416,8 +422,9 @@ class BuiltinSummarizer:
         failed = _is_error_text(text, anchored=True) or bool(_FAILURE_START.match(first_line))
         record.outcome = "error" if failed else "ok"
         if not failed:
+            # exact: a path or an id cut short names something else
             for target, what in artifacts_of(record.name, record.raw, text):
-                draft.add_artifact(target, _trim(what, self.max_item_chars), [*record.sources])
+                draft.add_artifact(target, what, [*record.sources])
         if failed:
             line = _error_excerpt(text) or first_line
             draft.add(

@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
+from ctxd.daemon.summarizers.draft import FOLDED_ARTIFACTS
 from ctxd.daemon.summarizers.facts import is_hedged
 from ctxd.daemon.summary import Summary, SummaryItem, SummaryRequest
 
@@ -107,7 +108,8 @@ def contract_problems(
     # 3. what the agent's tools produced in these messages
     if budget_tokens >= _ARTIFACT_BUDGET:
         text = "\n".join(item.text for item in answer)
-        produced = [a for a in ref.sections.get("artifacts") or [] if set(a.sources) & chunk]
+        produced = [a for a in ref.sections.get("artifacts") or []
+                    if set(a.sources) & chunk and a.subject != FOLDED_ARTIFACTS]
         for artifact in produced[:_MAX_ARTIFACTS]:
             key = (artifact.subject or artifact.text).split(":", 1)[-1]
             if key not in text:

@@ -43,6 +43,20 @@ _SHARES: dict[str, float] = {
     "constraints": 0.60,
 }
 
+# the subject of the line that counts the artifacts no longer listed
+FOLDED_ARTIFACTS = "artifacts:earlier"
+_FOLDED_COUNT = re.compile(r"^\+(\d+) earlier artifacts")
+
+
+def folded_text(n: int) -> str:
+    return f"+{n} earlier artifacts not listed (search_past_messages finds them)"
+
+
+def folded_count(text: str) -> int:
+    m = _FOLDED_COUNT.match(text)
+    return int(m.group(1)) if m else 0
+
+
 # A number standing on its own ("about 4679 records", "30 seconds"), not part of a name
 # or a path ("p99", "mod_5.py", "eu-west-1").
 _QUANTITY = re.compile(r"(?<![\w./:-])\d+(?:[.,]\d+)*(?![\w/-]|[.,:]\w)", re.ASCII)
@@ -193,6 +207,37 @@ class _Draft:
             entry.text = text
         entry.seq = self._seq
         entry.sources = _merge_sources(entry.sources, src, self._max_sources)
+
+    def fold_artifacts(self, keep: int) -> None:
+        """Keep the `keep` most recent artifacts; the older ones become a count on one
+        line (the archive still has them), so none is lost without a trace."""
+        entries = [e for e in self.sections["artifacts"] if e.subject != FOLDED_ARTIFACTS]
+        fold = self._by_key.get(("artifacts", "\0" + FOLDED_ARTIFACTS))
+        if fold is not None:
+            fold.seq = 0  # it stands for the oldest, whatever its sources say
+        if len(entries) <= keep:
+            return
+        entries.sort(key=_Entry.recency)
+        self.fold_into([e for e in entries[: len(entries) - keep]])
+
+    def fold_into(self, old: list[_Entry]) -> _Entry:
+        """Fold `old` artifacts into the count line; return that line."""
+        key = ("artifacts", "\0" + FOLDED_ARTIFACTS)
+        fold = self._by_key.get(key)
+        if fold is None:
+            fold = _Entry("artifacts", folded_text(0), [], 0, subject=FOLDED_ARTIFACTS)
+            self.sections["artifacts"].append(fold)
+            self._by_key[key] = fold
+        gone = {id(e) for e in old if e is not fold}
+        sources = [s for e in old if id(e) in gone for s in e.sources]
+        fold.text = folded_text(folded_count(fold.text) + len(gone))
+        fold.sources = _merge_sources(fold.sources, sources, self._max_sources)
+        fold.seq = 0
+        self.sections["artifacts"] = [e for e in self.sections["artifacts"] if id(e) not in gone]
+        for e in old:
+            if id(e) in gone:
+                self._by_key.pop(("artifacts", "\0" + (e.subject or e.text)), None)
+        return fold
 
     def confirm(self, sentence: str, last: _Entry | None) -> None:
         """A confirmation ("confirmed: ...", "已确认") clears the hedge of what it names,

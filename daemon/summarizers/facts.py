@@ -6,8 +6,6 @@ Pure functions over text; the draft (draft.py) decides what they mean for the su
 from __future__ import annotations
 
 import re
-import shlex
-from typing import Any
 
 from ctxd.daemon.summarizers.cues import (
     _CJK_RUN,
@@ -85,127 +83,11 @@ def trim_keeping_hedge(text: str, limit: int) -> str:
 
 # ----------------------------------------------------------------------- settings
 
-# what a setting is and when a later statement replaces it: settings.py
-from ctxd.daemon.summarizers.settings import Setting, same_subject, setting_of  # noqa: E402,F401
-
-# ---------------------------------------------------------------------- artifacts
-
-_OPS = (
-    ("deleted", re.compile(r"delete|remove|unlink|(?:^|_)rm(?:_|$)")),
-    ("moved", re.compile(r"move|rename|(?:^|_)mv(?:_|$)")),
-    ("created", re.compile(r"write|create|save|new_file|touch")),
-    ("edited", re.compile(r"edit|patch|replace|apply|update|modify|append|insert")),
+# what a call produced is read in artifacts.py, what a setting is and when a later
+# statement replaces it in settings.py; summarizers reach both from here too
+from ctxd.daemon.summarizers.artifacts import artifacts_of  # noqa: E402, F401
+from ctxd.daemon.summarizers.settings import (  # noqa: E402, F401
+    Setting,
+    same_subject,
+    setting_of,
 )
-_SRC_KEYS = ("source", "src", "from", "old_path", "path", "file_path", "file")
-_DST_KEYS = ("destination", "dst", "to", "new_path", "target")
-_PATH_ARG_KEYS = ("path", "file_path", "filepath", "file", "filename", "target_file")
-# "*** Update File: src/app.py" (apply_patch), "+++ b/src/app.py" (unified diff)
-_PATCH_FILE = re.compile(
-    r"^\*\*\* (Add|Update|Delete) File: (\S+)|^\+\+\+ (?:b/)?(?!/dev/null)(\S+)", re.MULTILINE
-)
-_COMMIT = re.compile(r"^\[[\w./-]+(?: \(root-commit\))? ([0-9a-f]{7,40})\]", re.MULTILINE)
-_COMMIT_WORD = re.compile(r"\bcommit ([0-9a-f]{7,40})\b")
-_BRANCH = re.compile(
-    r"Switched to a new branch '([^']+)'|Created branch '?([\w./-]+)|new branch\]\s+(\S+)"
-)
-_PR = re.compile(
-    r"https?://\S+/(?:pull|pulls|merge_requests)/(\d+)|\b(?:pull request|PR|MR) #?(\d+)\b",
-    re.IGNORECASE,
-)
-_JOB = re.compile(
-    r"\b(job|run|pipeline|build|workflow run|deployment|task)(?:[ _-]?id)?\s*[:=#]?\s*"
-    r"([0-9a-f]{6,}|\d{4,})\b",
-    re.IGNORECASE,
-)
-
-
-_SPACE = re.compile(r"\s")
-# substrings without which a result names no commit, branch, PR or job: most results
-# (file contents, test output) skip every pattern
-_ID_GATES = ("commit", "]", "branch", "pull", "merge_request", "pr ", "pr #", "mr ", "job",
-             "run", "pipeline", "build", "deployment", "task")
-
-
-def _arg(args: dict[str, Any], keys: tuple[str, ...]) -> str | None:
-    lowered = {str(k).lower(): v for k, v in args.items()}
-    for k in keys:
-        v = lowered.get(k)
-        if isinstance(v, str) and 0 < len(v) <= 260 and v.strip() and not _SPACE.search(v.strip()):
-            return v.strip()
-    return None
-
-
-def _shell_ops(command: str) -> list[tuple[str, str, str]]:
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        return []
-    if words[:1] == ["git"] and len(words) > 1 and words[1] in ("mv", "rm"):
-        words = words[1:]
-    if not words:
-        return []
-    args = [w for w in words[1:] if not w.startswith("-")]
-    if words[0] == "mv" and len(args) == 2:
-        return [("moved", args[1], f"moved {args[0]} → {args[1]}")]
-    if words[0] == "rm":
-        return [("deleted", a, f"deleted {a}") for a in args[:4]]
-    if words[0] in ("touch", "mkdir"):
-        return [("created", a, f"created {a}") for a in args[:4]]
-    return []
-
-
-def artifacts_of(name: str, args: Any, result: str) -> list[tuple[str, str]]:
-    """(target, text) for what a successful call produced: files it wrote, moved or
-    deleted; commits, branches, PRs, job and run ids its result names."""
-    out: list[tuple[str, str]] = []
-    low = name.lower()
-    if isinstance(args, dict):
-        command = args.get("command") if isinstance(args.get("command"), str) else None
-        op = next((op for op, pattern in _OPS if pattern.search(low)), None)
-        if command and op is None and low.endswith(("edit", "editor", "tool", "file")):
-            # str_replace_based_edit_tool: the command says what it does
-            op = {"create": "created", "str_replace": "edited", "insert": "edited"}.get(command)
-        if op == "moved":
-            src, dst = _arg(args, _SRC_KEYS), _arg(args, _DST_KEYS)
-            if dst:
-                out.append((dst, f"moved {src} → {dst}" if src else f"moved to {dst}"))
-        elif op is not None:
-            path = _arg(args, _PATH_ARG_KEYS)
-            if path:
-                out.append((path, f"{op} {path}"))
-            else:  # a patch names its files in its headers
-                patch = next((v for v in args.values() if isinstance(v, str) and "\n" in v), "")
-                for m in _PATCH_FILE.finditer(patch[:20000]):
-                    kind, target = m.group(1) or "", m.group(2) or m.group(3)
-                    what = {"Add": "created", "Delete": "deleted"}.get(kind, "edited")
-                    out.append((target, f"{what} {target}"))
-        cmd = args.get("command") or args.get("cmd")
-        if op is None and isinstance(cmd, str):
-            out += [(target, text) for _, target, text in _shell_ops(cmd.strip())]
-    head = result[:2000]
-    low = head.lower()
-    if not any(map(low.__contains__, _ID_GATES)):
-        return _unique(out)
-    for m in _COMMIT.finditer(head):
-        out.append((m.group(1), f"commit {m.group(1)}"))
-    if not any(t.startswith("commit ") for _, t in out):
-        for m in _COMMIT_WORD.finditer(head):
-            out.append((m.group(1), f"commit {m.group(1)}"))
-            break
-    for m in _BRANCH.finditer(head):
-        branch = next(g for g in m.groups() if g)
-        out.append((f"branch:{branch}", f"branch {branch}"))
-    for m in _PR.finditer(head):
-        url = m.group(0) if m.group(0).startswith("http") else None
-        number = m.group(1) or m.group(2)
-        out.append((f"pr:{number}", f"PR {url}" if url else f"PR #{number}"))
-    for m in _JOB.finditer(head):
-        out.append((f"{m.group(1).lower()}:{m.group(2)}", f"{m.group(1).lower()} {m.group(2)}"))
-    return _unique(out)
-
-
-def _unique(found: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    seen: dict[str, str] = {}
-    for target, text in found:
-        seen[target] = text
-    return list(seen.items())[:8]

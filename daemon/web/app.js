@@ -325,7 +325,7 @@ function isInContext(id) {
 
 async function jump(id) {
   const ok = await transcript.jumpTo(id);
-  if (!ok) $("#compact-result").textContent = `Message #${id} is not in this session's archive.`;
+  if (!ok) $("#compact-result").textContent = `Message msg ${id} is not in this session's archive.`;
 }
 
 // notifications from the daemon, whoever caused them

@@ -21,7 +21,7 @@ export function renderSystem(box, context) {
     const id = context.messageIds[i];
     if (m.role !== "system" || id === null) break;
     items.push(h("div", { class: "sys-msg" },
-      h("span", { class: "meta" }, `#${id}`), longText(contentText(m.content), { lines: 4, chars: 400 })));
+      h("span", { class: "meta" }, `msg ${id}`), longText(contentText(m.content), { lines: 4, chars: 400 })));
   }
   box.append(...(items.length ? items : [h("p", { class: "empty" }, "No leading system messages.")]));
 }
@@ -57,9 +57,9 @@ export function renderSummary(box, explain, { onJump, detailed }) {
         pointers.append(h("button", {
           type: "button", class: src.broken ? "pointer broken" : "pointer",
           dataset: { id: String(src.id) },
-          title: src.broken ? "pointer to a missing message"
-            : `${src.ordinal ? `cited as [#${src.ordinal}] · ` : ""}${src.role}: ${src.snippet || ""}`,
-          onclick: () => onJump(src.id) }, `#${src.id}`));
+          title: src.broken ? `msg ${src.id}: missing from the archive`
+            : `msg ${src.id} · ${src.role}: ${src.snippet || ""}`,
+          onclick: () => onJump(src.id) }, src.ordinal ? `#${src.ordinal}` : `msg ${src.id}`));
       }
       const li = h("li", { class: `summary-item status-${item.status || "active"}` },
         h("span", { class: "item-text" }, item.text), pointers);
@@ -67,8 +67,8 @@ export function renderSummary(box, explain, { onJump, detailed }) {
         const details = h("div", { class: "explain" }, h("div", { class: "meta" }, `status: ${item.status || "–"}`));
         for (const src of item.sources || []) {
           details.append(h("div", { class: "explain-src" },
-            src.broken ? `#${src.id}: missing from the archive`
-              : `#${src.id} ${src.role} · ${fmtTime(src.createdAt)}: ${src.snippet || ""}`));
+            src.broken ? `msg ${src.id}: missing from the archive`
+              : `${src.ordinal ? `#${src.ordinal} · ` : ""}msg ${src.id} ${src.role} · ${fmtTime(src.createdAt)}: ${src.snippet || ""}`));
         }
         li.append(details);
       }
@@ -79,7 +79,7 @@ export function renderSummary(box, explain, { onJump, detailed }) {
   if (detailed && explain.provenance) {
     const p = explain.provenance;
     box.append(h("div", { class: "provenance meta" },
-      `Covers #${p.coversFrom ?? "–"} to #${p.coversTo ?? "–"} · summarizer ${p.summarizer ?? "–"} · `
+      `Covers #${p.coversFromOrdinal ?? "–"} to #${p.coversToOrdinal ?? "–"} (msg ${p.coversFrom ?? "–"} to ${p.coversTo ?? "–"}) · summarizer ${p.summarizer ?? "–"} · `
       + `${(p.compactionIds || []).length} compaction(s) · ${explain.brokenPointers} broken pointer(s)`));
   }
 }
@@ -93,19 +93,22 @@ export function renderTail(box, context, { onJump }) {
     while (start < ids.length && context.messages[start].role === "system") start++;
   }
   const rows = [];
+  // the tail is the archive's end: its last message is the session's #archiveMessages
+  const total = context.status ? context.status.archiveMessages : null;
+  const ordinal = (i) => (total == null ? null : total - (ids.length - 1 - i));
   for (let i = start; i < ids.length; i++) {
     const m = context.messages[i];
     const id = ids[i];
     if (id === null) continue;
     const text = contentText(m.content)
       || (m.tool_calls ? `→ ${m.tool_calls.map((c) => (c.function || {}).name).join(", ")}` : "");
-    rows.push(h("button", { type: "button", class: "tail-row", dataset: { id: String(id) },
-      onclick: () => onJump(id) },
-    h("span", { class: `role role-${m.role}` }, m.role), ` #${id} `,
+    rows.push(h("button", { type: "button", class: "tail-row",
+      dataset: { id: String(id), ordinal: String(ordinal(i)) }, onclick: () => onJump(id) },
+    h("span", { class: `role role-${m.role}` }, m.role), ` #${ordinal(i)} · msg ${id} `,
     h("span", { class: "preview" }, text.slice(0, 120))));
   }
   box.append(h("p", { class: "meta" }, rows.length
-    ? `${rows.length} messages, #${rows[0].dataset.id} to #${rows[rows.length - 1].dataset.id}, exactly as archived`
+    ? `${rows.length} messages, #${rows[0].dataset.ordinal} to #${rows[rows.length - 1].dataset.ordinal}, exactly as archived`
     : "The tail is empty."));
   box.append(h("div", { class: "tail-list" }, rows));
 }

@@ -50,10 +50,10 @@ export class Search {
     const href = `/s/${encodeURIComponent(hit.sessionId)}#m${hit.messageId}`;
     return h("a", { class: "hit", href, dataset: { messageId: String(hit.messageId) },
       onclick: (e) => { e.preventDefault(); this.close(); this.onOpen(hit); } },
-    h("div", { class: "meta" }, `${hit.role} · #${hit.messageId} · ${fmtTime(hit.createdAt)} · `,
+    h("div", { class: "meta" }, `${hit.role} · ${hit.ordinal == null ? "" : `#${hit.ordinal} · `}msg ${hit.messageId} · ${fmtTime(hit.createdAt)} · `,
       h("span", { class: hit.inActiveContext ? "badge in" : "badge out" },
         hit.inActiveContext ? "in context" : "archived only"),
-      hit.supersededBy ? h("span", { class: "badge out" }, ` superseded by #${hit.supersededBy}`) : "",
+      hit.supersededBy ? h("span", { class: "badge out" }, ` superseded by msg ${hit.supersededBy}`) : "",
       hit.sessionId !== sid ? ` · ${hit.sessionId}` : ""),
     h("div", { class: "snippet" }, snippetNodes(hit.snippet)));
   }

@@ -11,6 +11,14 @@ export const MAX_WINDOW = 600;
 const EDGE_PX = 900;
 const ROLE_LABELS = { user: "User", assistant: "Assistant", system: "System", tool: "Tool result" };
 
+// A page's messages, each with its #N: its place in the session, the number summary
+// lines cite (archive ids are shown apart, as "msg N").
+function numbered(res) {
+  const first = res.firstOrdinal;
+  res.messages.forEach((m, i) => { m.ordinal = first == null ? null : first + i; });
+  return res.messages;
+}
+
 export class Transcript {
   constructor(rpc, scroller, list, { onNewBelow, isInContext }) {
     this.rpc = rpc;
@@ -58,7 +66,7 @@ export class Transcript {
     const gen = this.generation;
     const res = await this.rpc.call("archive/read", { sessionId: this.sid, beforeId: NEWEST, limit: PAGE });
     if (gen !== this.generation) return;
-    this.setWindow(res.messages, res.nextBeforeId !== null, false);
+    this.setWindow(numbered(res), res.nextBeforeId !== null, false);
     this.scrollToBottom();
   }
 
@@ -72,7 +80,7 @@ export class Transcript {
         this.rpc.call("archive/read", { sessionId: this.sid, afterId: id, limit: half }),
       ]);
       if (gen !== this.generation) return false;
-      this.setWindow([...older.messages, ...newer.messages], older.nextBeforeId !== null,
+      this.setWindow([...numbered(older), ...numbered(newer)], older.nextBeforeId !== null,
         newer.nextAfterId !== null);
     }
     const el = this.els.get(id);
@@ -121,7 +129,7 @@ export class Transcript {
       if (gen !== this.generation) return;
       const s = this.scroller;
       const before = s.scrollHeight;
-      this.list.prepend(...res.messages.map((m) => this.add(m)));
+      this.list.prepend(...numbered(res).map((m) => this.add(m)));
       this.items = res.messages.concat(this.items);
       // keep what the reader looks at where it is
       s.scrollTop += s.scrollHeight - before;
@@ -141,7 +149,7 @@ export class Transcript {
       const res = await this.rpc.call("archive/read", {
         sessionId: this.sid, afterId: this.lastId, limit: PAGE });
       if (gen !== this.generation) return;
-      this.appendMessages(res.messages);
+      this.appendMessages(numbered(res));
       this.hasNewer = res.nextAfterId !== null;
       this.trim("oldest");
       this.updateEdges();
@@ -168,7 +176,7 @@ export class Transcript {
       const res = await this.rpc.call("archive/read", {
         sessionId: this.sid, afterId: this.lastId, limit: PAGE });
       if (gen !== this.generation) return;
-      this.appendMessages(res.messages);
+      this.appendMessages(numbered(res));
       added += res.messages.length;
       if (res.nextAfterId === null) break;
     }
@@ -224,7 +232,7 @@ export class Transcript {
       h("span", { class: `role role-${role}` }, ROLE_LABELS[role] || role),
       m.name ? h("span", { class: "name" }, m.name) : null,
       h("span", { class: "ctx-mark" }),
-      h("span", { class: "meta" }, `#${m.id} · ${fmtInt(m.tokens)} tokens · ${fmtTime(m.createdAt)}`),
+      h("span", { class: "meta" }, `${m.ordinal == null ? "" : `#${m.ordinal} · `}msg ${m.id} · ${fmtInt(m.tokens)} tokens · ${fmtTime(m.createdAt)}`),
     );
     const el = h("article", { class: `msg role-${role}`, dataset: { id: String(m.id) } }, head);
     const text = contentText(m.content);
