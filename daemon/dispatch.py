@@ -19,6 +19,7 @@ from typing import Any
 
 from ctxd import __version__
 from ctxd.daemon import context_edit, projection, recall
+from ctxd.daemon.context_reply import ContextReplies
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.messages import PreparedBatch, text_size
 from ctxd.daemon.offload import READS, LargeWrites
@@ -45,6 +46,8 @@ OFFLOAD_TEXT_CHARS = 256 * 1024
 Handler = Callable[[Connection, dict[str, Any]], Any]
 
 SHUTDOWN_REPLY_DELAY = 0.1
+# the reply size limit of the wires (`max_request_bytes`, at least 1 MiB)
+DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024
 
 
 def _snake(name: str) -> str:
@@ -89,8 +92,11 @@ class Dispatcher:
         wires: list[str] | None = None,
         auth_timeout: float = 5.0,
         run_lease: float = 30.0,
+        max_reply_bytes: int | None = None,
     ) -> None:
         self.engine = engine
+        # replies carrying the whole context: their size bounded before they are built
+        self.replies = ContextReplies(engine, max_reply_bytes or DEFAULT_MAX_REPLY_BYTES)
         self.hub = hub
         self.token = token
         # the rules of what follows from what (auto-compaction, runs without a client)
@@ -154,7 +160,9 @@ class Dispatcher:
         result = self._handlers[method](conn, p)
         if method in _MESSAGE_REPLIES and conn.wire in _ENCODED_WIRES:
             if inspect.isawaitable(result):
-                return self._encoded(conn, method, result, hold=False)
+                # an append or finish with `returnContext`: the connection's next requests
+                # wait for its context, as when it was read at once
+                return self._encoded(conn, method, result, hold=method != "context/get")
             if _large_reply(result):
                 return self._encoded(conn, method, result, hold=True)
         return result
@@ -216,7 +224,10 @@ class Dispatcher:
                 # not cancelled with the request: the write gate opens only once the
                 # commit and the engine's state after it are done
                 work = asyncio.ensure_future(self._large_write(conn, method, p, prepared))
-                return await self._maybe_encoded(conn, method, await asyncio.shield(work))
+                written = await asyncio.shield(work)
+                if inspect.isawaitable(written):
+                    written = await written  # its context, read after the write gate opened
+                return await self._maybe_encoded(conn, method, written)
             if method not in READS:
                 await self.large.gate.wait_open()
             result = self._handlers[method](conn, p)
@@ -234,7 +245,7 @@ class Dispatcher:
         method: str,
         p: dict[str, Any],
         prepared: PreparedBatch,
-    ) -> dict[str, Any]:
+    ) -> Any:
         async with self.large.gate.held():
             if method == "messages/append":
                 self._claim(conn, p["runId"])
@@ -369,11 +380,21 @@ class Dispatcher:
         )
         return self._appended(p, result)
 
-    def _appended(self, p: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    def _appended(self, p: dict[str, Any], result: dict[str, Any]) -> Any:
+        """The append's result; with `returnContext`, an awaitable of it with the
+        context (bounded and read as `context/get` is)."""
         sid = p["sessionId"]
         self.scheduler.after_append(sid, p["runId"], result["status"])
         if p["returnContext"]:
-            result["context"] = self.engine.get_context(sid, status=result["status"])
+            return self._with_context(result, sid, result, status=result["status"])
+        return result
+
+    async def _with_context(
+        self, result: dict[str, Any], session_id: str, appended: dict[str, Any],
+        status: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        stored = {k: appended[k] for k in ("batchId", "messageIds") if k in appended}
+        result["context"] = await self.replies.get(session_id, status=status, appended=stored)
         return result
 
     async def search(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
@@ -402,7 +423,7 @@ class Dispatcher:
                 hits = found["hits"]
             except SearchTooBroad:
                 hits = []  # no recall message rather than no context
-        return self.engine.get_context(
+        return await self.replies.get(
             sid, p["budgetTokens"], query, bool(p["includeMetadata"]), recall_hits=hits
         )
 
@@ -424,7 +445,7 @@ class Dispatcher:
     def _held(self, run_id: str) -> bool:
         return any(run_id in c.open_runs for c in self._live)
 
-    def run_finish(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+    def run_finish(self, conn: Connection, p: dict[str, Any]) -> Any:
         result = self.engine.finish_run(
             p["runId"], p["outcome"], messages=p["messages"], client_batch_id=p["clientBatchId"]
         )
@@ -432,11 +453,15 @@ class Dispatcher:
 
     def _run_finished(
         self, conn: Connection, p: dict[str, Any], result: dict[str, Any]
-    ) -> dict[str, Any]:
-        if p["returnContext"]:
-            result["context"] = self.engine.get_context(result["run"]["sessionId"])
+    ) -> Any:
+        """The finish's result; with `returnContext`, an awaitable of it with the
+        context (bounded and read as `context/get` is)."""
         conn.open_runs.discard(p["runId"])
-        return self.scheduler.after_run_finished(result)
+        finished = self.scheduler.after_run_finished(result)
+        if p["returnContext"]:
+            return self._with_context(finished, result["run"]["sessionId"],
+                                      result.get("append") or {})
+        return finished
 
     def approval_resolve(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
         approval = self.engine.resolve_approval(p["approvalId"], p["decision"], p["reason"])
