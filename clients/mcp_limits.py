@@ -75,9 +75,16 @@ def raise_descriptor_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else MAX_SOFT_LIMIT
 
 
+# connections asyncio accepts in one go: they hold descriptors until the loop has run
+# their `connection_made` and closed the ones past the cap, a few batches later
+ACCEPT_BATCH = 16
+LISTEN_QUEUE = 128
+
+
 def connection_cap(wanted: int, limit: int) -> int:
-    """At most `wanted` connections, within `limit` descriptors less the reserve."""
-    return max(4, min(wanted, limit - RESERVED_DESCRIPTORS))
+    """At most `wanted` connections, within half of `limit` descriptors less the
+    reserve (the other half: connections accepted and not yet closed)."""
+    return max(4, min(wanted, (limit - RESERVED_DESCRIPTORS) // 2))
 
 
 def bounded_protocol(cap: int) -> type[H11Protocol]:
@@ -91,8 +98,10 @@ def bounded_protocol(cap: int) -> type[H11Protocol]:
             super().connection_made(transport)
             self._opened = time.monotonic()
             self._header_timer = self.loop.call_later(HEADER_SECONDS, self._no_request)
-            if len(self.connections) > cap:
-                idle = [c for c in self.connections
+            # (connections already closing leave the set a loop iteration later)
+            live = [c for c in self.connections if not c.transport.is_closing()]
+            if len(live) > cap:
+                idle = [c for c in live
                         if isinstance(c, BoundedH11) and c is not self and c._idle()]
                 victim = min(idle, key=lambda c: c._opened) if idle else self
                 victim.transport.close()
@@ -142,6 +151,10 @@ class BoundedServer(uvicorn.Server):
     async def startup(self, sockets: list[Any] | None = None) -> None:
         quiet_accept_errors(asyncio.get_running_loop())
         await super().startup(sockets=sockets)
+        for sock in sockets or ():
+            # asyncio listened with its accept batch as the queue: a longer queue lets
+            # a client wait in it rather than retry its handshake
+            sock.listen(LISTEN_QUEUE)
 
 
 class SessionCap:

@@ -85,7 +85,7 @@ def serve_http(server: Any, host: str, port: int, token: str,
         bearer_guard(app, token), log_level="warning", lifespan="on",
         http=lim.bounded_protocol(cap), timeout_keep_alive=lim.KEEP_ALIVE_SECONDS,
         h11_max_incomplete_event_size=lim.MAX_HEADER_BYTES,
-        backlog=min(cap, 128))
+        backlog=lim.ACCEPT_BATCH)
     anyio.run(lambda: lim.BoundedServer(config).serve(sockets=[sock]))
 
 
@@ -119,6 +119,12 @@ def run(args: Any, connect: Callable[[], Client], connection_file: Path) -> int:
         print("ctxd: the MCP server needs the mcp extra: pip install 'ctxd[mcp]'",
               file=sys.stderr)
         return 2
+    for name in ("max_connections", "max_sessions", "session_idle_seconds", "max_line_bytes"):
+        value = getattr(args, name, None)
+        if value is not None and not value > 0:
+            print(f"ctxd: --{name.replace('_', '-')} must be positive, not {value}",
+                  file=sys.stderr)
+            return 2
     link = DaemonLink(connect)
     cwd = args.cwd or os.getcwd()
     choice = SessionChoice(session_id=args.session, cwd=cwd)

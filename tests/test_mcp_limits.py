@@ -22,8 +22,8 @@ from helpers import DaemonProcess
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
 
 # the child's descriptor limit, soft and hard alike (so raising the soft one cannot help)
-NOFILE = 128
-FLOOD = 300
+NOFILE = 256
+FLOOD = 400
 
 
 @pytest.fixture(scope="module")
