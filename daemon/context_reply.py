@@ -13,6 +13,11 @@ worker thread. A context above the reply limit is refused at once with
 `PAYLOAD_TOO_LARGE`, naming what to do instead; one that fits but is large is read and
 decoded in a worker thread and handed to the engine's view, so only the (cheap) render
 runs on the loop; the dispatcher encodes it beside the loop as well.
+
+An append with `returnContext` answers with the context as right after it, before any
+other write: a large batch reads it beside the loop while the write gate (offload.py)
+still holds other writes back; a small one counts and reads it at once, on the loop
+(the sum reads only row headers; the tail is usually kept in memory already).
 """
 
 from __future__ import annotations
@@ -96,6 +101,21 @@ class ContextReplies:
                 await self._read_tail(session_id, st)
         return eng.get_context(session_id, budget_tokens, query, include_metadata,
                                recall_hits=recall_hits, status=status)
+
+    def get_now(
+        self, session_id: str, status: dict[str, Any] | None = None, appended: Any = None,
+    ) -> dict[str, Any]:
+        """`get` at once, on the loop: the context right after an append, before any
+        other write (its size is summed on the loop: a read of row headers)."""
+        eng = self.engine
+        st, count, _ = self._to_count(session_id)
+        if count is not None and hasattr(eng.archive, "stored_bytes"):
+            size = _stored_bytes(eng.archive, session_id, st.tail_start_id,
+                                 list(st.system_ids), list(st.dropped_ids))
+            if size > self.max_reply_bytes:
+                raise refusal(session_id, size, self.max_reply_bytes, st.tail_start_id,
+                              appended)
+        return eng.get_context(session_id, status=status)
 
     async def _read_tail(self, session_id: str, st: Any) -> None:
         """Read and decode the tail in a worker thread, and keep it in the engine's view

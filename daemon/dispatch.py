@@ -160,9 +160,7 @@ class Dispatcher:
         result = self._handlers[method](conn, p)
         if method in _MESSAGE_REPLIES and conn.wire in _ENCODED_WIRES:
             if inspect.isawaitable(result):
-                # an append or finish with `returnContext`: the connection's next requests
-                # wait for its context, as when it was read at once
-                return self._encoded(conn, method, result, hold=method != "context/get")
+                return self._encoded(conn, method, result, hold=False)
             if _large_reply(result):
                 return self._encoded(conn, method, result, hold=True)
         return result
@@ -224,10 +222,7 @@ class Dispatcher:
                 # not cancelled with the request: the write gate opens only once the
                 # commit and the engine's state after it are done
                 work = asyncio.ensure_future(self._large_write(conn, method, p, prepared))
-                written = await asyncio.shield(work)
-                if inspect.isawaitable(written):
-                    written = await written  # its context, read after the write gate opened
-                return await self._maybe_encoded(conn, method, written)
+                return await self._maybe_encoded(conn, method, await asyncio.shield(work))
             if method not in READS:
                 await self.large.gate.wait_open()
             result = self._handlers[method](conn, p)
@@ -245,19 +240,23 @@ class Dispatcher:
         method: str,
         p: dict[str, Any],
         prepared: PreparedBatch,
-    ) -> Any:
+    ) -> dict[str, Any]:
         async with self.large.gate.held():
+            # a context asked for with the batch is read before the gate opens: no other
+            # write comes between
             if method == "messages/append":
                 self._claim(conn, p["runId"])
                 result = await self.large.append(
                     p["sessionId"], p["messages"], prepared,
                     run_id=p["runId"], client_batch_id=p["clientBatchId"],
                 )
-                return self._appended(p, result)
-            finished = await self.large.finish_run(
-                p["runId"], p["outcome"], p["messages"], prepared, p["clientBatchId"]
-            )
-            return self._run_finished(conn, p, finished)
+                out = self._appended(p, result, gated=True)
+            else:
+                finished = await self.large.finish_run(
+                    p["runId"], p["outcome"], p["messages"], prepared, p["clientBatchId"]
+                )
+                out = self._run_finished(conn, p, finished, gated=True)
+            return await out if inspect.isawaitable(out) else out  # type: ignore[no-any-return]
 
     def check_token(self, token: Any) -> bool:
         return isinstance(token, str) and hmac.compare_digest(
@@ -380,22 +379,33 @@ class Dispatcher:
         )
         return self._appended(p, result)
 
-    def _appended(self, p: dict[str, Any], result: dict[str, Any]) -> Any:
-        """The append's result; with `returnContext`, an awaitable of it with the
-        context (bounded and read as `context/get` is)."""
+    def _appended(self, p: dict[str, Any], result: dict[str, Any], gated: bool = False) -> Any:
+        """The append's result; with `returnContext`, with the context as right after
+        the append, bounded as `context/get` is. `gated`: the write gate is held (a large
+        batch), so the context is read beside the loop (an awaitable of the result);
+        else it is read at once, before any other write."""
         sid = p["sessionId"]
         self.scheduler.after_append(sid, p["runId"], result["status"])
         if p["returnContext"]:
-            return self._with_context(result, sid, result, status=result["status"])
+            return self._with_context(result, sid, result, gated, status=result["status"])
         return result
 
-    async def _with_context(
-        self, result: dict[str, Any], session_id: str, appended: dict[str, Any],
+    def _with_context(
+        self, result: dict[str, Any], session_id: str, appended: dict[str, Any], gated: bool,
         status: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+    ) -> Any:
         stored = {k: appended[k] for k in ("batchId", "messageIds") if k in appended}
-        result["context"] = await self.replies.get(session_id, status=status, appended=stored)
-        return result
+        if not gated:
+            result["context"] = self.replies.get_now(session_id, status=status,
+                                                     appended=stored)
+            return result
+
+        async def later() -> dict[str, Any]:
+            result["context"] = await self.replies.get(session_id, status=status,
+                                                       appended=stored)
+            return result
+
+        return later()
 
     async def search(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
         return await self.engine.search_async(
@@ -445,23 +455,30 @@ class Dispatcher:
     def _held(self, run_id: str) -> bool:
         return any(run_id in c.open_runs for c in self._live)
 
-    def run_finish(self, conn: Connection, p: dict[str, Any]) -> Any:
+    def run_finish(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
         result = self.engine.finish_run(
             p["runId"], p["outcome"], messages=p["messages"], client_batch_id=p["clientBatchId"]
         )
         return self._run_finished(conn, p, result)
 
     def _run_finished(
-        self, conn: Connection, p: dict[str, Any], result: dict[str, Any]
+        self, conn: Connection, p: dict[str, Any], result: dict[str, Any], gated: bool = False
     ) -> Any:
-        """The finish's result; with `returnContext`, an awaitable of it with the
-        context (bounded and read as `context/get` is)."""
-        conn.open_runs.discard(p["runId"])
-        finished = self.scheduler.after_run_finished(result)
+        """The finish's result; with `returnContext`, with the context (see
+        `_appended`)."""
         if p["returnContext"]:
-            return self._with_context(finished, result["run"]["sessionId"],
-                                      result.get("append") or {})
-        return finished
+            result = self._with_context(result, result["run"]["sessionId"],
+                                        result.get("append") or {}, gated)
+            if inspect.isawaitable(result):
+                return self._finished_later(conn, p, result)
+        conn.open_runs.discard(p["runId"])
+        return self.scheduler.after_run_finished(result)
+
+    async def _finished_later(self, conn: Connection, p: dict[str, Any], result: Any
+                              ) -> dict[str, Any]:
+        done = await result
+        conn.open_runs.discard(p["runId"])
+        return self.scheduler.after_run_finished(done)
 
     def approval_resolve(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
         approval = self.engine.resolve_approval(p["approvalId"], p["decision"], p["reason"])
