@@ -125,6 +125,8 @@ class Daemon:
             wires=["jsonrpc-tcp", "websocket", "zmq", "stdio"],
             auth_timeout=cfg.auth_timeout_seconds,
             run_lease=cfg.run_lease_seconds,
+            # the wires' reply limit (see RpcCore): a context above it is refused up front
+            max_reply_bytes=max(cfg.max_request_bytes, 1 << 20),
         )
         if engine.shared:
             # other daemons' appends reach this one's subscribers (read only for the

@@ -371,6 +371,29 @@ class ArchiveStore(ArchiveSearch):
             rows = self.conn.execute(READ_RANGE, (session_id, from_id, to_id))
         return [_row_to_message(r) for r in rows]
 
+    def stored_bytes(
+        self, session_id: str, from_id: int, also: Sequence[int] = (),
+        less: Sequence[int] = (),
+    ) -> int:
+        """Bytes of stored JSON of the session's messages with id >= from_id, and of
+        those in `also`, less those in `less`: what a context reply carries. SQLite
+        reads each row's length from its header (`octet_length`), never the content."""
+        total = int(self.conn.execute(
+            "SELECT coalesce(sum(octet_length(body)), 0) FROM messages "
+            "WHERE session_id = ? AND id >= ?",
+            (session_id, from_id),
+        ).fetchone()[0])
+        for ids, sign in ((also, 1), (less, -1)):
+            for i in range(0, len(ids), 500):
+                chunk = list(ids[i : i + 500])
+                marks = ",".join("?" * len(chunk))
+                total += sign * int(self.conn.execute(
+                    "SELECT coalesce(sum(octet_length(body)), 0) FROM messages "  # noqa: S608
+                    f"WHERE session_id = ? AND id IN ({marks})",
+                    [session_id, *chunk],
+                ).fetchone()[0])
+        return total
+
     def get_many(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         out: dict[int, dict[str, Any]] = {}
         for i in range(0, len(ids), 500):

@@ -216,6 +216,22 @@ class ContextView:
                     out[mid] = kept.archived[j]
         return out
 
+    def kept_tail_chars(self, session_id: str, start: int) -> int | None:
+        """About the characters of the kept tail when it holds every message from
+        `start` on (None when nothing is kept that does): a read then loads nothing."""
+        kept = None if self.shared else self._kept.get(session_id)
+        if kept is None or kept.tail_from is None or kept.tail_from > start:
+            return None
+        return kept.chars
+
+    def preload_tail(self, session_id: str, start: int, archived: list[dict[str, Any]]) -> None:
+        """Keep `archived`, every message of the session from `start` on, read beside the
+        event loop. Not evicted here: the caller reads it next (a later read of another
+        session evicts it if it is over the bound)."""
+        if self.shared:
+            return
+        self._set_tail(self._entry(session_id), start, archived)
+
     @staticmethod
     def _without_dropped(tail: list[dict[str, Any]], st: ContextState) -> list[dict[str, Any]]:
         if st.dropped_ids:

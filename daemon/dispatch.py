@@ -19,6 +19,7 @@ from typing import Any
 
 from ctxd import __version__
 from ctxd.daemon import context_edit, projection, recall
+from ctxd.daemon.context_reply import ContextReplies
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.messages import PreparedBatch, text_size
 from ctxd.daemon.offload import READS, LargeWrites
@@ -46,6 +47,8 @@ OFFLOAD_TEXT_CHARS = 256 * 1024
 Handler = Callable[[Connection, dict[str, Any]], Any]
 
 SHUTDOWN_REPLY_DELAY = 0.1
+# the reply size limit of the wires (`max_request_bytes`, at least 1 MiB)
+DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024
 
 
 def _snake(name: str) -> str:
@@ -90,8 +93,11 @@ class Dispatcher:
         wires: list[str] | None = None,
         auth_timeout: float = 5.0,
         run_lease: float = 30.0,
+        max_reply_bytes: int | None = None,
     ) -> None:
         self.engine = engine
+        # replies carrying the whole context: their size bounded before they are built
+        self.replies = ContextReplies(engine, max_reply_bytes or DEFAULT_MAX_REPLY_BYTES)
         self.hub = hub
         self.token = token
         # the web page's one-time logins and keys (it never holds the token)
@@ -239,17 +245,21 @@ class Dispatcher:
         prepared: PreparedBatch,
     ) -> dict[str, Any]:
         async with self.large.gate.held():
+            # a context asked for with the batch is read before the gate opens: no other
+            # write comes between
             if method == "messages/append":
                 self._claim(conn, p["runId"])
                 result = await self.large.append(
                     p["sessionId"], p["messages"], prepared,
                     run_id=p["runId"], client_batch_id=p["clientBatchId"],
                 )
-                return self._appended(p, result)
-            finished = await self.large.finish_run(
-                p["runId"], p["outcome"], p["messages"], prepared, p["clientBatchId"]
-            )
-            return self._run_finished(conn, p, finished)
+                out = self._appended(p, result, gated=True)
+            else:
+                finished = await self.large.finish_run(
+                    p["runId"], p["outcome"], p["messages"], prepared, p["clientBatchId"]
+                )
+                out = self._run_finished(conn, p, finished, gated=True)
+            return await out if inspect.isawaitable(out) else out  # type: ignore[no-any-return]
 
     def check_token(self, token: Any) -> bool:
         return isinstance(token, str) and hmac.compare_digest(
@@ -379,12 +389,33 @@ class Dispatcher:
         )
         return self._appended(p, result)
 
-    def _appended(self, p: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    def _appended(self, p: dict[str, Any], result: dict[str, Any], gated: bool = False) -> Any:
+        """The append's result; with `returnContext`, with the context as right after
+        the append, bounded as `context/get` is. `gated`: the write gate is held (a large
+        batch), so the context is read beside the loop (an awaitable of the result);
+        else it is read at once, before any other write."""
         sid = p["sessionId"]
         self.scheduler.after_append(sid, p["runId"], result["status"])
         if p["returnContext"]:
-            result["context"] = self.engine.get_context(sid, status=result["status"])
+            return self._with_context(result, sid, result, gated, status=result["status"])
         return result
+
+    def _with_context(
+        self, result: dict[str, Any], session_id: str, appended: dict[str, Any], gated: bool,
+        status: dict[str, Any] | None = None,
+    ) -> Any:
+        stored = {k: appended[k] for k in ("batchId", "messageIds") if k in appended}
+        if not gated:
+            result["context"] = self.replies.get_now(session_id, status=status,
+                                                     appended=stored)
+            return result
+
+        async def later() -> dict[str, Any]:
+            result["context"] = await self.replies.get(session_id, status=status,
+                                                       appended=stored)
+            return result
+
+        return later()
 
     async def search(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
         return await self.engine.search_async(
@@ -412,7 +443,7 @@ class Dispatcher:
                 hits = found["hits"]
             except SearchTooBroad:
                 hits = []  # no recall message rather than no context
-        return self.engine.get_context(
+        return await self.replies.get(
             sid, p["budgetTokens"], query, bool(p["includeMetadata"]), recall_hits=hits
         )
 
@@ -441,12 +472,23 @@ class Dispatcher:
         return self._run_finished(conn, p, result)
 
     def _run_finished(
-        self, conn: Connection, p: dict[str, Any], result: dict[str, Any]
-    ) -> dict[str, Any]:
+        self, conn: Connection, p: dict[str, Any], result: dict[str, Any], gated: bool = False
+    ) -> Any:
+        """The finish's result; with `returnContext`, with the context (see
+        `_appended`)."""
         if p["returnContext"]:
-            result["context"] = self.engine.get_context(result["run"]["sessionId"])
+            result = self._with_context(result, result["run"]["sessionId"],
+                                        result.get("append") or {}, gated)
+            if inspect.isawaitable(result):
+                return self._finished_later(conn, p, result)
         conn.open_runs.discard(p["runId"])
         return self.scheduler.after_run_finished(result)
+
+    async def _finished_later(self, conn: Connection, p: dict[str, Any], result: Any
+                              ) -> dict[str, Any]:
+        done = await result
+        conn.open_runs.discard(p["runId"])
+        return self.scheduler.after_run_finished(done)
 
     def approval_resolve(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
         approval = self.engine.resolve_approval(p["approvalId"], p["decision"], p["reason"])

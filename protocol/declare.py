@@ -188,8 +188,13 @@ ERROR_DOCS: dict[ErrorCode, tuple[str, str]] = {
         "Fix that message and send the whole batch again.",
     ),
     ErrorCode.PAYLOAD_TOO_LARGE: (
-        "The frame or message is bigger than the daemon accepts.",
-        "Send smaller batches: split one `messages/append` into several.",
+        "The frame or message is bigger than the daemon accepts, or the reply would be "
+        "bigger than the reply limit (`max_request_bytes`): a `context/get` (or "
+        "`returnContext`) of an active context holding more than that is refused before "
+        "it is read; the batch of an append is stored all the same (`data.appended`).",
+        "Send smaller batches: split one `messages/append` into several. For a context, "
+        "read its tail in pages with `archive/read` (`maxBytes`) from `data.tailFromId`, "
+        "or compact the session.",
     ),
     ErrorCode.SUMMARIZER_FAILED: (
         "The summarizer could not build the summary; the context is left as it was.",
