@@ -25,6 +25,7 @@ from typing import Any, NoReturn, Protocol
 
 from ctxd.daemon import compaction_commit as commit
 from ctxd.daemon import compaction_inputs as inputs
+from ctxd.daemon.busy import when_free
 from ctxd.daemon.compaction import tail_boundary
 from ctxd.daemon.compaction_commit import Attempt
 from ctxd.daemon.config import CompactionPolicy
@@ -384,7 +385,10 @@ class Compactor:
         except Exception as exc:
             self._failed(a, before, leaving, exc)
         inputs.finish(summary, st.summary, previous, leaving, ordinals, cid, rederive)
-        return self._commit(a, st, summary, region[boundary]["id"], leaving, rederive)
+        # on a shared store the session may be being written through another daemon at
+        # this moment: wait for it beside the event loop (busy.py)
+        return await when_free(self.store, lambda: self._commit(
+            a, st, summary, region[boundary]["id"], leaving, rederive))
 
     def _failed(
         self, a: Attempt, before: dict[str, int], leaving: list[dict[str, Any]], exc: Exception
@@ -419,7 +423,7 @@ class Compactor:
         rederived: bool,
     ) -> dict[str, Any]:
         session_id = a.session_id
-        with self.store.transaction():
+        with self.store.transaction(session_id):
             o = commit.apply_summary(
                 self.store, a, snapshot, summary, tail_start_id, self.contexts.summary_tokens
             )

@@ -182,7 +182,7 @@ class ContextReads:
         if not isinstance(text, str) or not text.strip():
             raise InvalidParams("a pin needs non-empty text")
         try:
-            with self.store.transaction():
+            with self.store.transaction(session_id):
                 pin = self.store.pins.add(new_id("pin"), session_id, text.strip())
                 self.view.pins_changed(session_id)
                 self._refresh_summary_tokens(session_id)
@@ -194,7 +194,7 @@ class ContextReads:
     def remove_pin(self, session_id: str, pin_id: str) -> dict[str, Any]:
         self.check_session(session_id)
         try:
-            with self.store.transaction():
+            with self.store.transaction(session_id):
                 pin = self.store.pins.remove(session_id, pin_id)
                 if pin is None:
                     raise NotFound(
