@@ -154,6 +154,18 @@ class PgConnection:
         except pgerr.UniqueViolation as exc:
             raise _duplicate(exc) from None
 
+    def execute_again(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor:
+        """`execute`, sent once more on a new connection when the old one turns out to
+        be dead (the server restarted since this connection was last used): for a
+        statement that may run twice, outside a transaction."""
+        try:
+            return self.execute(sql, params)
+        except StorageError:
+            c = self._conn
+            if c is not None and not c.closed and not c.broken:
+                raise
+            return self.execute(sql, params)
+
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         try:
             with self.raw().cursor() as cur:
@@ -207,6 +219,8 @@ class PgConnection:
         """Wait (in a thread beside the event loop) until no other connection holds the
         session's row lock, at most `timeout` seconds (StorageTimeout); holds nothing
         after."""
+        # a dead connection (the server restarted) is noticed by this first statement
+        self.execute_again("SELECT 1")
         with self.transaction():
             self.execute(
                 "SELECT set_config('lock_timeout', ?, true)", (str(max(1, int(timeout * 1000))),)

@@ -297,12 +297,14 @@ def listen_forever(
             stop.wait(1.0)
 
 
-def start_relay(engine: Any, loop: Any, watched: Callable[[str], bool] | None = None) -> None:
+def start_relay(
+    engine: Any, loop: Any, watched: Callable[[str], bool] | None = None
+) -> asyncio.Task[None]:
     """Listen for other daemons' events; each is relayed on `loop`, read only when
     `watched(session_id)` (None: always). The listening thread is watched from `loop`
-    and started again if it ever ends."""
+    and started again if it ever ends (the task returned)."""
     engine.store.listen(lambda ref: loop.call_soon_threadsafe(relay, engine, ref, watched))
-    loop.create_task(watch_listener(engine.store))
+    return loop.create_task(watch_listener(engine.store))
 
 
 async def watch_listener(store: Any, interval: float = 1.0) -> None:

@@ -44,7 +44,9 @@ class IdAllocator:
 
     def allocate(self, count: int) -> tuple[list[int], int]:
         """`count` consecutive message ids and one batch id, never given out again."""
-        first, batch_id = self.conn.execute(ALLOCATE, (count, count)).fetchone()
+        # sent again on a new connection if the server restarted since the last append
+        # (ids an answer lost on the way never reached are a gap, nothing more)
+        first, batch_id = self.conn.execute_again(ALLOCATE, (count, count)).fetchone()
         return list(range(first, first + count)), batch_id
 
     def close(self) -> None:

@@ -39,8 +39,8 @@ class CompactionLocks:
         self._held: dict[str, tuple[psycopg.Connection, int]] = {}
         self._idle: list[psycopg.Connection] = []
 
-    def _holder(self) -> psycopg.Connection:
-        while self._idle:
+    def _holder(self, fresh: bool = False) -> psycopg.Connection:
+        while self._idle and not fresh:
             c = self._idle.pop()
             if not c.closed and not c.broken:
                 return c
@@ -65,7 +65,15 @@ class CompactionLocks:
         self.main.execute(CREATE, (session_id,))
         c = self._holder()
         try:
-            got = c.execute(TAKE, (session_id,)).fetchone()
+            try:
+                got = c.execute(TAKE, (session_id,)).fetchone()
+            except psycopg.OperationalError:
+                if not c.broken and not c.closed:
+                    raise
+                # a kept connection the server dropped (a restart): a new one, once
+                c.close()
+                c = self._holder(fresh=True)
+                got = c.execute(TAKE, (session_id,)).fetchone()
         except pgerr.LockNotAvailable:
             c.rollback()
             self._idle.append(c)
