@@ -2,7 +2,10 @@
 (`SessionBusy`, raised by a store shared with other daemons) is run again once the
 session is free: the wait happens beside the event loop (`store.wait_session`, in a
 thread), so other clients and sessions are served meanwhile, and it is bounded by the
-store's `lock_timeout` (then `StorageTimeout`, a typed STORAGE_ERROR)."""
+store's `lock_timeout` (then `StorageTimeout`, a typed STORAGE_ERROR). Run again, the
+request queues for the lock a moment on the loop (`store.patience`, a fraction of a
+second at most) instead of being refused at once: otherwise newer requests would keep
+taking the lock first and a busy session could starve the one that waited."""
 
 from __future__ import annotations
 
@@ -28,5 +31,11 @@ async def when_free(store: Any, call: Callable[[], T], busy: SessionBusy | None 
             except SessionBusy as exc:
                 busy = exc
         # StorageTimeout once the lock is still held at the deadline
-        await store.wait_session(busy.session_id, max(0.001, deadline - loop.time()))
-        busy = None
+        sid = busy.session_id
+        await store.wait_session(sid, max(0.001, deadline - loop.time()))
+        # seen free: queue for it a moment now, rather than lose it to every newer request
+        try:
+            with store.patience(sid):
+                return call()
+        except SessionBusy as exc:
+            busy = exc

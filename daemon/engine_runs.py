@@ -149,7 +149,10 @@ class RunsAndApprovals:
     ) -> dict[str, Any]:
         if decision not in ("approved", "denied"):
             raise InvalidParams("decision must be 'approved' or 'denied'")
-        with self.store.transaction():
+        # its session first (outside), to lock that session: two answers given at once,
+        # through two daemons, are checked one after the other
+        found = self.runs.get_approval(approval_id)
+        with self.store.transaction(found["sessionId"] if found else None):
             approval = self.runs.get_approval(approval_id)
             if approval is None:
                 raise NotFound(

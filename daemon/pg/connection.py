@@ -24,6 +24,10 @@ from ctxd.protocol.errors import Conflict, SessionBusy, StorageError, StorageTim
 LOCK_SESSION = "SELECT 1 FROM sessions WHERE id = %s FOR NO KEY UPDATE NOWAIT"
 # the same lock waited for, up to the connection's lock_timeout (beside the loop)
 WAIT_SESSION = "SELECT 1 FROM sessions WHERE id = %s FOR NO KEY UPDATE"
+# how long a request run again, once its session's lock was seen free, queues for it on
+# the event loop: behind at most one transaction of each other daemon (each daemon's loop
+# queues for one at a time), milliseconds each
+PATIENT_WAIT = 0.2
 
 # the bounds every connection of ctxd's sets (postgres.lock_timeout_seconds,
 # postgres.statement_timeout_seconds): no wait on the server is unbounded
@@ -95,6 +99,8 @@ class PgConnection:
         self._depth = 0
         # the sessions whose row the open transaction has locked
         self.locked_sessions: set[str] = set()
+        # the sessions whose lock a request run again queues for (see lock_session)
+        self.patient: set[str] = set()
         # set while a search's own statement_timeout runs: its cancel is SearchTooBroad
         self.in_search_budget = False
         # called with each new connection (after a server restart, say)
@@ -206,14 +212,35 @@ class PgConnection:
 
     def lock_session(self, session_id: str) -> None:
         """Lock the session's row for the open transaction (SessionBusy when another
-        connection holds it)."""
+        connection holds it). A request run again once the lock was seen free (see
+        `patient`) queues for it a moment instead: NOWAIT again would let every newer
+        request, of this daemon or another, take it first, and a busy session would keep
+        refusing the one that waited."""
         if session_id in self.locked_sessions:
             return
+        raw = self.raw()
         try:
-            self.raw().execute(LOCK_SESSION, (session_id,))
+            if session_id in self.patient:
+                raw.execute(
+                    "SELECT set_config('lock_timeout', %s, true)",
+                    (str(int(PATIENT_WAIT * 1000)),),
+                )
+                raw.execute(WAIT_SESSION, (session_id,))
+            else:
+                raw.execute(LOCK_SESSION, (session_id,))
         except pgerr.LockNotAvailable:
             raise SessionBusy(session_id) from None
         self.locked_sessions.add(session_id)
+
+    @contextmanager
+    def patience(self, session_id: str) -> Iterator[None]:
+        """While the block runs, the session's lock is queued for (at most PATIENT_WAIT
+        seconds, on the event loop: the holder was seen letting go), not refused."""
+        self.patient.add(session_id)
+        try:
+            yield
+        finally:
+            self.patient.discard(session_id)
 
     def wait_session(self, session_id: str, timeout: float) -> None:
         """Wait (in a thread beside the event loop) until no other connection holds the

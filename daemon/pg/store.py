@@ -321,6 +321,10 @@ class PostgresStore:
         once, or SessionBusy)."""
         return self.conn.transaction(session_id)
 
+    def patience(self, session_id: str):  # type: ignore[no-untyped-def]
+        """The next lock of the session queues a moment instead of refusing (busy.py)."""
+        return self.conn.patience(session_id)
+
     async def wait_session(self, session_id: str, timeout: float) -> None:
         """Wait beside the event loop, at most `timeout` seconds (StorageTimeout), until
         no connection holds the session's write lock (daemon/busy.py)."""
