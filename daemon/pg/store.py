@@ -111,7 +111,8 @@ class PgArchive(ArchiveStore):
         index_texts: Sequence[str] | None = None,
     ) -> tuple[int, list[int], float]:
         c = self.conn
-        c.lock_session(session_id)  # the store's write transaction took it first
+        if c._depth:  # the store's write transaction has taken it first, as a rule
+            c.lock_session(session_id)
         now = time.time()
         # a round trip is most of a statement's cost here: one for the ids (taken after
         # the session's lock, so within the session they follow commit order), one for
