@@ -268,3 +268,39 @@ def test_an_unwatched_session_relays_nothing_yet_its_compaction_is_known(
         assert relayed == ["$/progress"]
     finally:
         a.store.release_compaction_lock(sid)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_listener_thread_that_ended_is_started_again_and_reads_what_it_missed(
+    two_engines: tuple[Engine, Engine], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Whatever ends B's listening thread (here its callback raising SystemExit, which
+    no `except Exception` stops), the daemon's watch starts it again with one warning,
+    and the events written meanwhile are read then."""
+    a, b = two_engines
+    got: list[dict] = []
+
+    def on_event(ref: dict) -> None:
+        if not got:
+            got.append(ref)
+            raise SystemExit("the listener's end")
+        got.append(ref)
+
+    b.store.listen(on_event)
+    assert b.store.listening.wait(30)
+    sid = a.create_session()["sessionId"]
+    first = a.append(sid, [{"role": "user", "content": "one"}])["batchId"]
+    deadline = time.monotonic() + 30
+    while b.store._listener.is_alive():
+        assert time.monotonic() < deadline, "the listener never ended"
+        time.sleep(0.02)
+    second = a.append(sid, [{"role": "user", "content": "two"}])["batchId"]
+    with caplog.at_level("WARNING", logger="ctxd.pg.store"):
+        b.store.ensure_listening()
+        b.store.ensure_listening()  # alive again: nothing more to do
+    assert [r.getMessage() for r in caplog.records] == [
+        "the events listener had stopped; listening again"]
+    while len(got) < 2:
+        assert time.monotonic() < deadline, "the missed event was never read"
+        time.sleep(0.02)
+    assert [r["b"] for r in got] == [first, second]
