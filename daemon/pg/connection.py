@@ -145,6 +145,12 @@ class PgConnection:
                 hook(c)
         return c
 
+    @property
+    def backend_pid(self) -> int | None:
+        """The server process of the current connection (None while there is none)."""
+        c = self._conn
+        return None if c is None or c.closed else c.info.backend_pid
+
     def _convert(self, sql: str) -> str:
         out = self._sql.get(sql)
         if out is None:

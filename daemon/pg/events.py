@@ -263,10 +263,14 @@ def parse_reference(body: str) -> dict[str, Any] | None:
 def listen_forever(
     dsn: str, password: str | None, origin: str, stop: threading.Event,
     on_event: Callable[[dict[str, Any]], None], reader: EventReader | None = None,
+    own_pids: Callable[[], set[int]] = set,
 ) -> None:
     """Until `stop`, call `on_event(reference)` for every event another daemon wrote;
     reconnects by itself when the server comes back, and survives anything a
-    notification carries (its payload is never read)."""
+    notification carries (its payload is never read). A notification sent by one of
+    `own_pids()` (the server processes of this daemon's own connections, as the server
+    reports the sender, not as the payload says) wakes nothing: this daemon's own
+    events need no reading, and its rows are passed over at the next read."""
     reader = reader or EventReader(origin)
     while not stop.is_set():
         try:
@@ -277,13 +281,12 @@ def listen_forever(
                 reader.read(conn, on_event)  # what came while this was not listening
                 reader.listening.set()
                 while not stop.is_set():
-                    woke = False
-                    for _ in conn.notifies(timeout=0.5, stop_after=1):
-                        woke = True
-                    if woke:
+                    got = list(conn.notifies(timeout=0.5, stop_after=1))
+                    if got:
                         # every wake-up queued meanwhile is answered by the same read
-                        for _ in conn.notifies(timeout=0.001, stop_after=DRAIN):
-                            pass
+                        got += conn.notifies(timeout=0.001, stop_after=DRAIN)
+                    mine = own_pids() if got else set()
+                    woke = any(n.pid not in mine for n in got)
                     if woke or reader.waiting:
                         reader.read(conn, on_event)
                     reader.prune(conn)

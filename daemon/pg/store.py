@@ -429,8 +429,14 @@ class PostgresStore:
 
     def _listen(self, on_event: Callable[[dict[str, Any]], None]) -> None:
         events.listen_forever(
-            self.dsn, self.password, self.origin, self._stop, on_event, self._event_reader
+            self.dsn, self.password, self.origin, self._stop, on_event, self._event_reader,
+            self._own_pids,
         )
+
+    def _own_pids(self) -> set[int]:
+        """The server processes of the connections this daemon sends events on."""
+        pid = self.conn.backend_pid
+        return set() if pid is None else {pid}
 
     def _reader(self) -> PgArchive:
         if self._local is None:
