@@ -226,6 +226,8 @@ def migrate(conn: Any, target_version: int = SCHEMA_VERSION) -> int:
         pass  # another daemon created it at the same moment
     with conn.transaction():
         conn.execute(f"SET LOCAL lock_timeout = '{MIGRATION_WAIT_SECONDS}s'")
+        # building an index on a large archive may take longer than a request may
+        conn.execute("SET LOCAL statement_timeout = 0")
         conn.execute("LOCK TABLE ctxd_schema IN EXCLUSIVE MODE")
         conn.execute(
             "INSERT INTO ctxd_schema SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM ctxd_schema)"
