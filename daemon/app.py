@@ -134,7 +134,7 @@ class Daemon:
             # is leased here
             from ctxd.daemon.pg.events import start_relay, watch_orphaned_runs
 
-            start_relay(engine, asyncio.get_running_loop(), hub.watched)
+            self.listener_watch = start_relay(engine, asyncio.get_running_loop(), hub.watched)
             self.orphan_watch = asyncio.create_task(watch_orphaned_runs(
                 engine, dispatcher.lease_stale_runs, max(0.5, cfg.run_lease_seconds / 3)
             ))
@@ -223,9 +223,10 @@ class Daemon:
                         await server.close()
                 await dispatcher.scheduler.drain(SHUTDOWN_GRACE_SECONDS)
             finally:
-                watch = getattr(self, "orphan_watch", None)
-                if watch is not None:
-                    watch.cancel()
+                for name in ("orphan_watch", "listener_watch"):
+                    watch = getattr(self, name, None)
+                    if watch is not None:
+                        watch.cancel()
                 engine.close()
                 conn_lock.release()
                 lock.release()

@@ -25,6 +25,7 @@ from typing import Any, NoReturn, Protocol
 
 from ctxd.daemon import compaction_commit as commit
 from ctxd.daemon import compaction_inputs as inputs
+from ctxd.daemon.busy import when_free
 from ctxd.daemon.compaction import rebuild_boundary, tail_boundary, valid_boundaries
 from ctxd.daemon.compaction_commit import Attempt
 from ctxd.daemon.config import CompactionPolicy
@@ -368,7 +369,10 @@ class Compactor:
             grows = self.contexts.summary_tokens(session_id, summary) - st.summary_tokens
             if grows < departing:
                 break
-        return self._commit(a, st, summary, region[boundary]["id"], leaving, rederive)
+        # on a shared store the session may be being written through another daemon at
+        # this moment: wait for it beside the event loop (busy.py)
+        return await when_free(self.store, lambda: self._commit(
+            a, st, summary, region[boundary]["id"], leaving, rederive))
 
     async def _summarize_upto(
         self,
@@ -450,7 +454,7 @@ class Compactor:
         rederived: bool,
     ) -> dict[str, Any]:
         session_id = a.session_id
-        with self.store.transaction():
+        with self.store.transaction(session_id):
             o = commit.apply_summary(
                 self.store, a, snapshot, summary, tail_start_id, self.contexts.summary_tokens
             )

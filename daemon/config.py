@@ -65,6 +65,13 @@ class PostgresConfig:
     # the name of the environment variable holding the password, never the password
     # itself ("" : none, e.g. a Unix socket with peer auth, or ~/.pgpass)
     password_env: str = ""
+    # the longest a request waits for a lock another connection holds (a session being
+    # written through another daemon): then it fails with STORAGE_ERROR, reason
+    # LockNotAvailable; the wait never holds the event loop
+    lock_timeout_seconds: float = 5.0
+    # the longest any statement of ctxd's may run on the server (searches have their own,
+    # shorter budget): then the request fails with STORAGE_ERROR, reason QueryCanceled
+    statement_timeout_seconds: float = 30.0
 
 
 @dataclass
@@ -331,6 +338,12 @@ def _check_postgres(cfg: Config, env: Any) -> None:
             "out of the configuration: put it in an environment variable and name that "
             "variable in postgres.password_env"
         )
+    for name in ("lock_timeout_seconds", "statement_timeout_seconds"):
+        if not getattr(pg, name) > 0:
+            raise ConfigError(
+                f"{cfg_source(cfg, 'postgres.' + name)}postgres.{name} must be a number of "
+                f"seconds above 0, got {getattr(pg, name)!r}"
+            )
     if pg.password_env and pg.password_env not in env:
         raise ConfigError(
             f"{cfg_source(cfg, 'postgres.password_env')}postgres.password_env names the "

@@ -23,7 +23,7 @@ def clear(engine: Engine, session_id: str) -> dict[str, Any]:
     """Start a fresh active context: no system messages, summary or tail; pins stay."""
     # read inside the write transaction: on a shared store another daemon may have
     # appended, compacted or pinned since this one last looked
-    with engine.store.transaction():
+    with engine.store.transaction(session_id):
         _refuse_pending(engine, session_id, None)
         st = engine.context_state(session_id)
         before = {"messages": st.rendered_messages, "tokens": st.rendered_tokens}
@@ -54,7 +54,7 @@ def pop(engine: Engine, session_id: str, count: int) -> dict[str, Any]:
     made the call (and what came after it).
     """
     # read inside the write transaction, as `clear` does
-    with engine.store.transaction():
+    with engine.store.transaction(session_id):
         st, popped = _pop_locked(engine, session_id, count)
     if st is None:
         return {"messages": [], "status": engine.status(session_id)}

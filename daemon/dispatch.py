@@ -19,6 +19,7 @@ from typing import Any
 
 from ctxd import __version__
 from ctxd.daemon import context_edit, projection, recall
+from ctxd.daemon.busy import when_free
 from ctxd.daemon.context_reply import ContextReplies
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.messages import PreparedBatch, text_size
@@ -27,7 +28,7 @@ from ctxd.daemon.scheduler import Scheduler
 from ctxd.daemon.servers.base import Connection, EventHub
 from ctxd.daemon.servers.page_keys import PageKeys
 from ctxd.protocol import auth
-from ctxd.protocol.errors import SearchTooBroad, Unauthorized
+from ctxd.protocol.errors import SearchTooBroad, SessionBusy, Unauthorized
 from ctxd.protocol.large import JSON_WIRES, MSGPACK_WIRES, encode_sliced
 from ctxd.protocol.methods import (
     METHODS,
@@ -160,13 +161,38 @@ class Dispatcher:
         large = _large_batch(method, p)
         if before is not None or large or (self.large.gate.busy and method not in READS):
             return self._after(conn, before, method, p, large)
-        result = self._handlers[method](conn, p)
+        try:
+            result = self._handlers[method](conn, p)
+        except SessionBusy as busy:
+            # the session is being written through another connection: wait beside the
+            # loop, the connection's next requests behind this one
+            turn = asyncio.get_running_loop().create_future()
+            self._in_turn[conn] = turn
+            return self._when_free(conn, method, p, busy, turn)
         if method in _MESSAGE_REPLIES and conn.wire in _ENCODED_WIRES:
             if inspect.isawaitable(result):
                 return self._encoded(conn, method, result, hold=False)
             if _large_reply(result):
                 return self._encoded(conn, method, result, hold=True)
         return result
+
+    async def _when_free(
+        self, conn: Connection, method: str, p: Any, busy: SessionBusy,
+        turn: asyncio.Future[None],
+    ) -> Any:
+        """A request refused with SessionBusy, run again once its session is free (at
+        most the store's lock_timeout; see busy.py)."""
+        try:
+            result = await when_free(
+                self.engine.store, lambda: self._handlers[method](conn, p), busy
+            )
+        finally:
+            turn.set_result(None)
+            if self._in_turn.get(conn) is turn:
+                del self._in_turn[conn]
+        if inspect.isawaitable(result):
+            result = await result
+        return await self._maybe_encoded(conn, method, result)
 
     async def _encoded(self, conn: Connection, method: str, result: Any, hold: bool) -> Any:
         """The result, encoded in a worker thread when it is large (see `_maybe_encoded`).
@@ -228,7 +254,7 @@ class Dispatcher:
                 return await self._maybe_encoded(conn, method, await asyncio.shield(work))
             if method not in READS:
                 await self.large.gate.wait_open()
-            result = self._handlers[method](conn, p)
+            result = await when_free(self.engine.store, lambda: self._handlers[method](conn, p))
             if not inspect.isawaitable(result):
                 return await self._maybe_encoded(conn, method, result)
         finally:

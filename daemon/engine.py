@@ -272,7 +272,7 @@ class Engine(ContextReads, RunsAndApprovals):
             check_tool_pairs(self.archive, pending, self.context_state(session_id), msgs)
         counts = batch.tokens or [self.tokens.count_message(m) for m, _ in normalized]
         rows = [(m, body, n) for (m, body), n in zip(normalized, counts, strict=True)]
-        with self.store.transaction():
+        with self.store.transaction(session_id):
             if self.shared and client_batch_id is not None:
                 # the same batch may have come through another daemon meanwhile (a
                 # client's retry): it is stored once, and both get its result

@@ -212,7 +212,7 @@ class ContextReads:
             raise InvalidParams("a pin needs non-empty text")
         text = text.strip()
         try:
-            with self.store.transaction():
+            with self.store.transaction(session_id):
                 # the same text pinned again is the same invariant: one pin, returned again
                 for pin in self.store.pins.list(session_id):
                     if pin["text"] == text:
@@ -228,7 +228,7 @@ class ContextReads:
     def remove_pin(self, session_id: str, pin_id: str) -> dict[str, Any]:
         self.check_session(session_id)
         try:
-            with self.store.transaction():
+            with self.store.transaction(session_id):
                 pin = self.store.pins.remove(session_id, pin_id)
                 if pin is None:
                     raise NotFound(

@@ -48,7 +48,7 @@ class RunsAndApprovals:
 
     def start_run(self, session_id: str) -> dict[str, Any]:
         self.check_session(session_id)
-        with self.store.transaction():
+        with self.store.transaction(session_id):
             current = self.run_book.open_run(session_id)
             if current is not None:
                 raise RunActive(
@@ -132,7 +132,7 @@ class RunsAndApprovals:
                 f"tool call {tool_call_id!r} already awaits approval {waiting['approvalId']}",
                 {"approvalId": waiting["approvalId"]},
             )
-        with self.store.transaction():
+        with self.store.transaction(session_id):
             approval = self.runs.request_approval(
                 new_id("apr"), session_id, run_id, tool_call_id, tool_name, arguments
             )
@@ -149,7 +149,10 @@ class RunsAndApprovals:
     ) -> dict[str, Any]:
         if decision not in ("approved", "denied"):
             raise InvalidParams("decision must be 'approved' or 'denied'")
-        with self.store.transaction():
+        # its session first (outside), to lock that session: two answers given at once,
+        # through two daemons, are checked one after the other
+        found = self.runs.get_approval(approval_id)
+        with self.store.transaction(found["sessionId"] if found else None):
             approval = self.runs.get_approval(approval_id)
             if approval is None:
                 raise NotFound(

@@ -116,6 +116,27 @@ class StorageError(CtxdError):
     code = ErrorCode.STORAGE_ERROR
 
 
+class StorageTimeout(StorageError):
+    """A wait on the database passed its bound (a lock held by another connection past
+    `lock_timeout`, a statement past `statement_timeout`); nothing was written. On the
+    wire it is a STORAGE_ERROR whose data names the reason and the bound."""
+
+
+class SessionBusy(StorageError):
+    """Another connection holds the session's write lock at this moment. Raised at once,
+    never waited for on the event loop: the daemon waits for the lock beside the loop
+    and runs the request again (daemon/busy.py); only a caller that does not wait sees
+    it."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"session {session_id!r} is being written by another connection; nothing was "
+            "written: send the request again",
+            {"reason": "SessionBusy", "sessionId": session_id},
+        )
+        self.session_id = session_id
+
+
 class SearchTooBroad(CtxdError):
     """A search ran out of its time budget and was stopped; nothing else was affected."""
 

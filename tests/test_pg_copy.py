@@ -13,6 +13,7 @@ from helpers import agent_turn, make_config
 from pg import PASSWORD, PgCluster
 
 from ctxd.daemon.engine import Engine
+from ctxd.daemon.pg import schema
 from ctxd.daemon.pg.copy import copy_sqlite_to_postgres
 from ctxd.daemon.pg.store import PostgresStore
 
@@ -34,9 +35,10 @@ def test_migrate_creates_then_reports_current(pg_cluster: PgCluster, pg_dsn: str
     dsn = _tcp(pg_cluster, pg_dsn)
     r = ctxd("migrate", "--store", "postgres", "--dsn", dsn, "--password-env", PW_VAR)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "postgres: schema version 4 (was 0)"
+    assert r.stdout.strip() == f"postgres: schema version {schema.SCHEMA_VERSION} (was 0)"
     r = ctxd("migrate", "--store", "postgres", "--dsn", dsn, "--password-env", PW_VAR)
-    assert r.stdout.strip() == "postgres: schema version 4 (already current)"
+    current = f"postgres: schema version {schema.SCHEMA_VERSION} (already current)"
+    assert r.stdout.strip() == current
     r = ctxd("migrate", "--store", "postgres", "--dsn", dsn)  # no password
     assert r.returncode == 2 and "ctxd: migrate:" in r.stderr and "Traceback" not in r.stderr
 

@@ -26,10 +26,11 @@ from _pytest.fixtures import FixtureFunctionDefinition
 from helpers import make_config
 
 from ctxd.daemon import context_edit
+from ctxd.daemon.busy import when_free
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.pg import events
-from ctxd.daemon.pg.store import APPEND_LOCK, PostgresStore
-from ctxd.protocol.errors import StorageError
+from ctxd.daemon.pg.store import PostgresStore
+from ctxd.protocol.errors import SessionBusy, StorageError
 
 SUITES = (test_archive, test_search, test_compaction, test_context_edit)
 # tests that open the SQLite file itself (PostgreSQL's counterparts: test_pg_schema.py)
@@ -65,23 +66,26 @@ def two_engines(tmp_path: Path, pg_dsn: str) -> Iterator[tuple[Engine, Engine]]:
         e.close()
 
 
-def _while_waiting(a_edit, b: Engine, pg_dsn: str, write) -> object:
-    """Run `a_edit()` in a thread while B holds the write lock; once A waits for it, B
-    writes (`write()`) and lets go: what A's edit returns."""
-    b.store.conn.execute("SELECT pg_advisory_lock(?)", (APPEND_LOCK,))
+def _while_waiting(a: Engine, a_edit, b: Engine, sid: str, pg_dsn: str, write) -> object:
+    """Run `a_edit()` in a thread while B writes the session (holds its row lock): A's
+    edit is refused at once (SessionBusy) and waits for the lock as the daemon does
+    (busy.when_free); once A waits, B writes (`write()`) and commits: what A's edit
+    returns."""
     out: list[object] = []
-    t = threading.Thread(target=lambda: out.append(a_edit()))
-    t.start()
-    with psycopg.connect(pg_dsn, autocommit=True) as watch:
-        deadline = time.monotonic() + 30
-        while not watch.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND wait_event = 'advisory'"
-        ).fetchone()[0]:
-            assert time.monotonic() < deadline, "A never waited for the write lock"
-            time.sleep(0.02)
-    write()
-    b.store.conn.execute("SELECT pg_advisory_unlock(?)", (APPEND_LOCK,))
+    with b.store.transaction(sid):
+        with pytest.raises(SessionBusy):
+            a_edit()  # never waits on the caller's thread
+        t = threading.Thread(target=lambda: out.append(asyncio.run(when_free(a.store, a_edit))))
+        t.start()
+        with psycopg.connect(pg_dsn, autocommit=True) as watch:
+            deadline = time.monotonic() + 30
+            while not watch.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"
+            ).fetchone()[0]:
+                assert time.monotonic() < deadline, "A never waited for the session's lock"
+                time.sleep(0.02)
+        write()
     t.join(30)
     assert out, "A's edit failed"
     return out[0]
@@ -98,7 +102,7 @@ def test_context_edits_read_what_another_daemon_wrote_meanwhile(
     def b_appends() -> None:
         late.extend(b.append(sid, [{"role": "user", "content": "late"}])["messageIds"])
 
-    popped = _while_waiting(lambda: context_edit.pop(a, sid, 1), b, pg_dsn, b_appends)
+    popped = _while_waiting(a, lambda: context_edit.pop(a, sid, 1), b, sid, pg_dsn, b_appends)
     # the pop took the newest message, the one B appended while A waited
     assert [m["id"] for m in popped["messages"]] == late
     for e in (a, b):
@@ -107,7 +111,7 @@ def test_context_edits_read_what_another_daemon_wrote_meanwhile(
         assert got["status"]["activeMessages"] == 4
 
     late.clear()
-    _while_waiting(lambda: context_edit.clear(a, sid), b, pg_dsn, b_appends)
+    _while_waiting(a, lambda: context_edit.clear(a, sid), b, sid, pg_dsn, b_appends)
     # the cleared context starts after B's message too: a rebuild does not bring it back
     assert a.store.contexts.load(sid).base_id == late[0]
     b.append(sid, [{"role": "user", "content": "after"}])
@@ -123,14 +127,7 @@ def test_events_too_large_for_a_notification_still_cross(
     a, b = two_engines
     refs: list[dict] = []
     b.store.listen(refs.append)  # B's listening thread, as in a daemon
-    with psycopg.connect(pg_dsn, autocommit=True) as watch:
-        deadline = time.monotonic() + 30
-        while not watch.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND query LIKE 'LISTEN %'"
-        ).fetchone()[0]:
-            assert time.monotonic() < deadline, "B never listened"
-            time.sleep(0.02)
+    assert b.store.listening.wait(30), "B never listened"
     local: list[tuple] = []
     relayed: list[tuple] = []
     a.add_listener(lambda sid, m, p: local.append((m, p)))
@@ -271,3 +268,39 @@ def test_an_unwatched_session_relays_nothing_yet_its_compaction_is_known(
         assert relayed == ["$/progress"]
     finally:
         a.store.release_compaction_lock(sid)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_listener_thread_that_ended_is_started_again_and_reads_what_it_missed(
+    two_engines: tuple[Engine, Engine], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Whatever ends B's listening thread (here its callback raising SystemExit, which
+    no `except Exception` stops), the daemon's watch starts it again with one warning,
+    and the events written meanwhile are read then."""
+    a, b = two_engines
+    got: list[dict] = []
+
+    def on_event(ref: dict) -> None:
+        if not got:
+            got.append(ref)
+            raise SystemExit("the listener's end")
+        got.append(ref)
+
+    b.store.listen(on_event)
+    assert b.store.listening.wait(30)
+    sid = a.create_session()["sessionId"]
+    first = a.append(sid, [{"role": "user", "content": "one"}])["batchId"]
+    deadline = time.monotonic() + 30
+    while b.store._listener.is_alive():
+        assert time.monotonic() < deadline, "the listener never ended"
+        time.sleep(0.02)
+    second = a.append(sid, [{"role": "user", "content": "two"}])["batchId"]
+    with caplog.at_level("WARNING", logger="ctxd.pg.store"):
+        b.store.ensure_listening()
+        b.store.ensure_listening()  # alive again: nothing more to do
+    assert [r.getMessage() for r in caplog.records] == [
+        "the events listener had stopped; listening again"]
+    while len(got) < 2:
+        assert time.monotonic() < deadline, "the missed event was never read"
+        time.sleep(0.02)
+    assert [r["b"] for r in got] == [first, second]

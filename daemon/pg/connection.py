@@ -12,12 +12,29 @@ from typing import Any
 import psycopg
 from psycopg import errors as pgerr
 
-from ctxd.protocol.errors import Conflict, StorageError
+from ctxd.protocol.errors import Conflict, SessionBusy, StorageError, StorageTimeout
 
-# the advisory lock every write transaction holds until commit ("ctxa"): writes from all
-# daemons are serialized as SQLite's single writer serializes them, so a context row
-# read inside a write transaction stays true until it commits
-APPEND_LOCK = 0x63747861
+# A write transaction about one session first locks that session's row in `sessions`
+# (FOR NO KEY UPDATE, which foreign-key checks do not wait for): writes to one session
+# are serialized across daemons, so a context row read inside the transaction stays true
+# until it commits, while writes to other sessions go on beside it. A row lock needs
+# UPDATE rights on ctxd's table, where an advisory key could be held by any role allowed
+# to connect. NOWAIT: the event loop never waits for it (SessionBusy; daemon/busy.py
+# waits beside the loop and runs the request again).
+LOCK_SESSION = "SELECT 1 FROM sessions WHERE id = %s FOR NO KEY UPDATE NOWAIT"
+# the same lock waited for, up to the connection's lock_timeout (beside the loop)
+WAIT_SESSION = "SELECT 1 FROM sessions WHERE id = %s FOR NO KEY UPDATE"
+# how long a request run again, once its session's lock was seen free, queues for it on
+# the event loop: behind at most one transaction of each other daemon (each daemon's loop
+# queues for one at a time), milliseconds each
+PATIENT_WAIT = 0.2
+
+# the bounds every connection of ctxd's sets (postgres.lock_timeout_seconds,
+# postgres.statement_timeout_seconds): no wait on the server is unbounded
+DEFAULT_LOCK_TIMEOUT = 5.0
+DEFAULT_STATEMENT_TIMEOUT = 30.0
+# seconds to reach the server when the DSN names no connect_timeout
+CONNECT_TIMEOUT = 10
 
 def _storage(exc: Exception) -> StorageError:
     if isinstance(exc, pgerr.DiskFull):
@@ -38,10 +55,16 @@ _STORAGE = (psycopg.OperationalError, pgerr.DiskFull, pgerr.ReadOnlySqlTransacti
             pgerr.InsufficientResources)
 
 
-def _reraise(exc: Exception) -> StorageError | Exception:
-    """A search's statement_timeout stays itself (it becomes SearchTooBroad); the rest of
-    the server's and the connection's failures become StorageError."""
-    return exc if isinstance(exc, pgerr.QueryCanceled) else _storage(exc)
+def _timeout(exc: Exception, lock_s: float, statement_s: float) -> StorageTimeout:
+    if isinstance(exc, pgerr.LockNotAvailable):
+        what, bound, name = "a lock another connection holds", lock_s, "lock_timeout"
+    else:
+        what, bound, name = "the database server's answer", statement_s, "statement_timeout"
+    return StorageTimeout(
+        f"waited {bound:g} s ({name}) for {what}; nothing was written: send the request "
+        "again (if it keeps happening, look for a stuck connection in pg_stat_activity)",
+        {"reason": type(exc).__name__, "timeoutSeconds": bound},
+    )
 
 
 def _duplicate(exc: pgerr.UniqueViolation) -> Conflict:
@@ -59,14 +82,27 @@ class PgConnection:
     """One psycopg connection (autocommit; explicit transactions), reconnected on demand,
     speaking the SQL dialect the embedded store's parts write."""
 
-    def __init__(self, dsn: str, password: str | None = None) -> None:
+    def __init__(
+        self, dsn: str, password: str | None = None, *,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
+        settings: dict[str, str] | None = None,
+    ) -> None:
         self.dsn = dsn
         self.password = password
+        self.lock_timeout = lock_timeout
+        self.statement_timeout = statement_timeout
+        # more server settings for this connection (name -> value)
+        self.settings = settings or {}
         self._conn: psycopg.Connection | None = None
         self._sql: dict[str, str] = {}
         self._depth = 0
-        # whether the open transaction holds APPEND_LOCK (an append need not ask again)
-        self.write_locked = False
+        # the sessions whose row the open transaction has locked
+        self.locked_sessions: set[str] = set()
+        # the sessions whose lock a request run again queues for (see lock_session)
+        self.patient: set[str] = set()
+        # set while a search's own statement_timeout runs: its cancel is SearchTooBroad
+        self.in_search_budget = False
         # called with each new connection (after a server restart, say)
         self.on_connect: list[Any] = []
         # statements never prepared, so each is planned for its own values: the generic
@@ -83,16 +119,24 @@ class PgConnection:
                 c.close()
             self._conn = None
             try:
-                kw = {"password": self.password} if self.password is not None else {}
-                c = psycopg.connect(self.dsn, autocommit=True, **kw)
+                c = connect(self.dsn, self.password, autocommit=True)
             except psycopg.Error as exc:
                 raise _storage(exc) from None
             # no JIT compilation: ctxd's statements are short, and a cost estimate that
             # passes jit_above_cost (a generate_series over many batches, a join the
             # planner misjudges) would add milliseconds of compiling to a sub-millisecond
-            # read
+            # read; and every wait bounded
+            settings = {
+                "jit": "off",
+                "lock_timeout": str(int(self.lock_timeout * 1000)),
+                "statement_timeout": str(int(self.statement_timeout * 1000)),
+                **self.settings,
+            }
             try:
-                c.execute("SET jit = off")
+                c.execute(
+                    "SELECT " + ", ".join("set_config(%s, %s, false)" for _ in settings),
+                    [x for kv in settings.items() for x in kv],
+                )
             except psycopg.Error as exc:
                 c.close()
                 raise _storage(exc) from None
@@ -100,6 +144,12 @@ class PgConnection:
             for hook in self.on_connect:
                 hook(c)
         return c
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The server process of the current connection (None while there is none)."""
+        c = self._conn
+        return None if c is None or c.closed else c.info.backend_pid
 
     def _convert(self, sql: str) -> str:
         out = self._sql.get(sql)
@@ -112,36 +162,103 @@ class PgConnection:
             prepare = False if sql in self.planned_per_call else None
             return self.raw().execute(self._convert(sql), params or None, prepare=prepare)
         except _STORAGE as exc:
-            raise _reraise(exc) from None
+            raise self._reraise(exc) from None
         except pgerr.UniqueViolation as exc:
             raise _duplicate(exc) from None
+
+    def execute_again(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor:
+        """`execute`, sent once more on a new connection when the old one turns out to
+        be dead (the server restarted since this connection was last used): for a
+        statement that may run twice, outside a transaction."""
+        try:
+            return self.execute(sql, params)
+        except StorageError:
+            c = self._conn
+            if c is not None and not c.closed and not c.broken:
+                raise
+            return self.execute(sql, params)
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         try:
             with self.raw().cursor() as cur:
                 cur.executemany(self._convert(sql), rows)
         except _STORAGE as exc:
-            raise _reraise(exc) from None
+            raise self._reraise(exc) from None
         except pgerr.UniqueViolation as exc:
             raise _duplicate(exc) from None
 
+    def _reraise(self, exc: Exception) -> Exception:
+        """A search's statement_timeout stays itself (it becomes SearchTooBroad); another
+        timeout is StorageTimeout; the rest of the server's and the connection's
+        failures become StorageError."""
+        if isinstance(exc, pgerr.QueryCanceled) and self.in_search_budget:
+            return exc
+        if isinstance(exc, (pgerr.QueryCanceled, pgerr.LockNotAvailable)):
+            return _timeout(exc, self.lock_timeout, self.statement_timeout)
+        return _storage(exc)
+
     @contextmanager
-    def transaction(self, *, write_lock: bool = False) -> Iterator[None]:
+    def transaction(self, session_id: str | None = None) -> Iterator[None]:
+        """One transaction (a savepoint inside another); with `session_id`, that
+        session's row is locked first (see LOCK_SESSION), at once or not at all."""
         conn = self.raw()
         try:
             with conn.transaction():
                 self._depth += 1
                 try:
-                    if write_lock and self._depth == 1:
-                        conn.execute("SELECT pg_advisory_xact_lock(%s)", (APPEND_LOCK,))
-                        self.write_locked = True
+                    if session_id is not None:
+                        self.lock_session(session_id)
                     yield
                 finally:
                     self._depth -= 1
                     if self._depth == 0:
-                        self.write_locked = False
+                        self.locked_sessions.clear()
         except _STORAGE as exc:
-            raise _reraise(exc) from None
+            raise self._reraise(exc) from None
+
+    def lock_session(self, session_id: str) -> None:
+        """Lock the session's row for the open transaction (SessionBusy when another
+        connection holds it). A request run again once the lock was seen free (see
+        `patient`) queues for it a moment instead: NOWAIT again would let every newer
+        request, of this daemon or another, take it first, and a busy session would keep
+        refusing the one that waited."""
+        if session_id in self.locked_sessions:
+            return
+        raw = self.raw()
+        try:
+            if session_id in self.patient:
+                raw.execute(
+                    "SELECT set_config('lock_timeout', %s, true)",
+                    (str(int(PATIENT_WAIT * 1000)),),
+                )
+                raw.execute(WAIT_SESSION, (session_id,))
+            else:
+                raw.execute(LOCK_SESSION, (session_id,))
+        except pgerr.LockNotAvailable:
+            raise SessionBusy(session_id) from None
+        self.locked_sessions.add(session_id)
+
+    @contextmanager
+    def patience(self, session_id: str) -> Iterator[None]:
+        """While the block runs, the session's lock is queued for (at most PATIENT_WAIT
+        seconds, on the event loop: the holder was seen letting go), not refused."""
+        self.patient.add(session_id)
+        try:
+            yield
+        finally:
+            self.patient.discard(session_id)
+
+    def wait_session(self, session_id: str, timeout: float) -> None:
+        """Wait (in a thread beside the event loop) until no other connection holds the
+        session's row lock, at most `timeout` seconds (StorageTimeout); holds nothing
+        after."""
+        # a dead connection (the server restarted) is noticed by this first statement
+        self.execute_again("SELECT 1")
+        with self.transaction():
+            self.execute(
+                "SELECT set_config('lock_timeout', ?, true)", (str(max(1, int(timeout * 1000))),)
+            )
+            self.raw().execute(WAIT_SESSION, (session_id,))
 
     @contextmanager
     def pipeline(self) -> Iterator[None]:
@@ -151,7 +268,7 @@ class PgConnection:
             with self.raw().pipeline():
                 yield
         except _STORAGE as exc:
-            raise _reraise(exc) from None
+            raise self._reraise(exc) from None
         except pgerr.UniqueViolation as exc:
             raise _duplicate(exc) from None
 
@@ -159,3 +276,13 @@ class PgConnection:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def connect(dsn: str, password: str | None, **kw: Any) -> psycopg.Connection:
+    """A psycopg connection to `dsn`: the password given apart, and a bound on reaching
+    the server unless the DSN sets its own."""
+    if password is not None:
+        kw["password"] = password
+    if "connect_timeout" not in dsn:
+        kw["connect_timeout"] = CONNECT_TIMEOUT
+    return psycopg.connect(dsn, **kw)

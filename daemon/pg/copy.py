@@ -21,6 +21,7 @@ import apsw
 from ctxd.daemon.messages import message_text
 from ctxd.daemon.pg import schema, tsearch
 from ctxd.daemon.pg.connection import PgConnection
+from ctxd.daemon.pg.ids import CATCH_UP
 from ctxd.daemon.schema import SCHEMA_VERSION as SQLITE_VERSION
 
 CHUNK_BATCHES = 200
@@ -148,6 +149,8 @@ def _copy(
         done = hi
         if left is not None:
             left -= len(batches)
+    # the ids daemons allocate next come after the copied ones
+    pg.execute(CATCH_UP)
     if max_batches is None or left is None or left > 0:
         _copy_mutable(src, pg, counts)
     if counts["messages"]:

@@ -17,5 +17,6 @@ def store_from_config(cfg: Any) -> PostgresStore:
     pg = cfg.postgres
     password = os.environ.get(pg.password_env) if pg.password_env else None
     return PostgresStore(
-        pg.dsn, password=password, search_budget_seconds=cfg.search_budget_seconds
+        pg.dsn, password=password, search_budget_seconds=cfg.search_budget_seconds,
+        lock_timeout=pg.lock_timeout_seconds, statement_timeout=pg.statement_timeout_seconds,
     )

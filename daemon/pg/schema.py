@@ -11,8 +11,8 @@ guarantees:
 - search: `messages_search` holds a tsvector built by ctxd's own tokenizer
   (daemon/pg/tsearch.py), not PostgreSQL's parser, so Chinese and Japanese are split the
   same way as in the SQLite index whatever the server's locale.
-The applied version lives in `ctxd_schema`; migrations run under an advisory lock so
-daemons starting together apply each one exactly once.
+The applied version lives in `ctxd_schema`; migrations run under a lock on that table
+so daemons starting together apply each one exactly once.
 """
 
 from __future__ import annotations
@@ -165,13 +165,38 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX batches_by_session_last ON batches(session_id, last_message_id);
     """,
+    # 5: PostgreSQL's own: what other daemons wait for and hear about lives in rows of
+    # ctxd's tables, which only ctxd's role can lock or write (advisory locks and NOTIFY
+    # payloads are open to every role that may connect):
+    # - id allocation: one counter row, advanced in a statement of its own, so appends
+    #   to different sessions need not wait for each other (daemon/pg/ids.py);
+    # - one compactor per session: the session's row here, locked by the compacting
+    #   daemon for as long as it compacts (daemon/pg/locks.py);
+    # - events across daemons: a row each, the NOTIFY only a wake-up (daemon/pg/events.py)
+    """
+    CREATE TABLE ctxd_ids (
+        one              BOOLEAN PRIMARY KEY DEFAULT true CHECK (one),
+        next_message_id  BIGINT NOT NULL,
+        next_batch_id    BIGINT NOT NULL
+    );
+    INSERT INTO ctxd_ids(next_message_id, next_batch_id) SELECT
+        coalesce((SELECT max(id) FROM messages), 0) + 1,
+        coalesce((SELECT max(id) FROM batches), 0) + 1;
+    CREATE TABLE compaction_locks (
+        session_id  TEXT PRIMARY KEY
+    );
+    CREATE TABLE ctxd_events (
+        id          BIGSERIAL PRIMARY KEY,
+        origin      TEXT NOT NULL,
+        session_id  TEXT NOT NULL,
+        body        TEXT NOT NULL,
+        created_at  DOUBLE PRECISION NOT NULL
+    );
+    CREATE INDEX ctxd_events_by_time ON ctxd_events(created_at);
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
-
-# the key of the advisory lock migrations hold ("ctxd" in ASCII)
-MIGRATION_LOCK = 0x63747864
-
 
 def current_version(conn: Any) -> int:
     row = conn.execute(
@@ -182,15 +207,29 @@ def current_version(conn: Any) -> int:
     return int(conn.execute("SELECT version FROM ctxd_schema").fetchone()[0])
 
 
-def migrate(conn: Any, target_version: int = SCHEMA_VERSION) -> int:
-    """Apply pending migrations, each in its own transaction; returns the version.
+# how long a daemon starting beside another waits for that one's migrations
+MIGRATION_WAIT_SECONDS = 120
 
-    `conn` is a psycopg connection in autocommit mode. An advisory lock serializes
-    daemons (and `ctxd migrate`) starting at the same time."""
-    conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
+
+def migrate(conn: Any, target_version: int = SCHEMA_VERSION) -> int:
+    """Apply pending migrations, in one transaction; returns the version.
+
+    `conn` is a psycopg connection in autocommit mode. A lock on `ctxd_schema` serializes
+    daemons (and `ctxd migrate`) starting at the same time: a table lock, which only a
+    role with rights on ctxd's tables can take, where an advisory key could be held by
+    any role allowed to connect."""
+    from psycopg import errors as pgerr
+
     try:
+        conn.execute("CREATE TABLE IF NOT EXISTS ctxd_schema (version INTEGER NOT NULL)")
+    except (pgerr.UniqueViolation, pgerr.DuplicateTable):
+        pass  # another daemon created it at the same moment
+    with conn.transaction():
+        conn.execute(f"SET LOCAL lock_timeout = '{MIGRATION_WAIT_SECONDS}s'")
+        # building an index on a large archive may take longer than a request may
+        conn.execute("SET LOCAL statement_timeout = 0")
+        conn.execute("LOCK TABLE ctxd_schema IN EXCLUSIVE MODE")
         conn.execute(
-            "CREATE TABLE IF NOT EXISTS ctxd_schema (version INTEGER NOT NULL);"
             "INSERT INTO ctxd_schema SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM ctxd_schema)"
         )
         current = current_version(conn)
@@ -200,9 +239,6 @@ def migrate(conn: Any, target_version: int = SCHEMA_VERSION) -> int:
                 f"({SCHEMA_VERSION}); upgrade ctxd"
             )
         for version in range(current + 1, target_version + 1):
-            with conn.transaction():
-                conn.execute(MIGRATIONS[version - 1])
-                conn.execute("UPDATE ctxd_schema SET version = %s", (version,))
-        return current_version(conn)
-    finally:
-        conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
+            conn.execute(MIGRATIONS[version - 1])
+            conn.execute("UPDATE ctxd_schema SET version = %s", (version,))
+    return current_version(conn)

@@ -5,9 +5,11 @@ log) run their statements through `PgConnection`, which takes SQLite's `?` param
 and turns failures of the server or the connection into typed `StorageError`s. What
 PostgreSQL does differently is overridden here:
 
-- ids: an append takes a transaction-level advisory lock, so batches get consecutive,
-  increasing message ids in commit order across every daemon sharing the database (the
-  same single-writer order SQLite gives);
+- writes: a write transaction about a session locks that session's row first
+  (daemon/pg/connection.py), so writes to one session are serialized across daemons and
+  writes to different sessions are not; ids come from a counter advanced apart
+  (daemon/pg/ids.py): a batch's ids are consecutive and, within a session, increase in
+  commit order;
 - the active context is written with INSERT .. ON CONFLICT;
 - search uses the tsvector parts of daemon/pg/tsearch.py, ranked by ts_rank, with the
   time budget as a statement_timeout.
@@ -38,27 +40,21 @@ from ctxd.daemon.compaction_log import CompactionLog
 from ctxd.daemon.context_store import ContextState, ContextStore, PinStore
 from ctxd.daemon.messages import message_text
 from ctxd.daemon.pg import events, schema, tsearch
-from ctxd.daemon.pg.connection import APPEND_LOCK, PgConnection
+from ctxd.daemon.pg.connection import (
+    DEFAULT_LOCK_TIMEOUT,
+    DEFAULT_STATEMENT_TIMEOUT,
+    PgConnection,
+)
+from ctxd.daemon.pg.ids import IdAllocator
+from ctxd.daemon.pg.locks import CompactionLocks
 from ctxd.daemon.pg.runs import PgRuns
 from ctxd.protocol.errors import InvalidParams, StorageError
 
 log = logging.getLogger("ctxd.pg.store")
 
-# the class of the session-level advisory locks a compaction holds ("ctxc"): one
-# compactor per session across daemons; a daemon that dies drops its connection and with
-# it the lock, so another daemon's next compaction goes ahead at once
-COMPACTION_LOCK = 0x63747863
-# whether another connection holds a session's compaction lock (a two-key advisory lock
-# shows as classid, objid, objsubid 2 in pg_locks)
-_LOCK_HELD = (
-    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
-    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-    "AND classid = ?::bigint::oid AND objid = hashtext(?)::oid AND objsubid = 2 "
-    "AND pid <> pg_backend_pid())"
-)
-# the channel appends are announced on (ids only; listeners read the rows)
-EVENTS_CHANNEL = "ctxd_events"
 SEARCH_WORKERS = 2
+# threads waiting, beside the event loop, for a session's row lock (daemon/busy.py)
+LOCK_WAITERS = 4
 T = TypeVar("T")
 
 # A session's messages from an id on, read through its batches: a batch is a contiguous
@@ -92,8 +88,9 @@ class PgArchive(ArchiveStore):
 
     def message_count(self, session_id: str) -> int:
         """Every status asks this, so it must not walk the session's whole history: rows
-        are never deleted and ids grow in commit order (the append lock), so the count is
-        the last one plus the rows past the highest id it counted."""
+        are never deleted and a session's ids grow in commit order (its row lock, then
+        the ids), so the count is the last one plus the rows past the highest id it
+        counted."""
         last, base = self._counts.get(session_id, (0, 0))
         n, top = self.conn.execute(
             "SELECT count(*), max(id) FROM messages WHERE session_id = ? AND id > ?",
@@ -114,16 +111,13 @@ class PgArchive(ArchiveStore):
         index_texts: Sequence[str] | None = None,
     ) -> tuple[int, list[int], float]:
         c = self.conn
-        if not c.write_locked:  # the store's write transaction takes it first
-            c.execute("SELECT pg_advisory_xact_lock(?)", (APPEND_LOCK,))
+        if c._depth:  # the store's write transaction has taken it first, as a rule
+            c.lock_session(session_id)
         now = time.time()
-        # a round trip is most of a statement's cost here: one for both ids (read after
-        # the lock, so no other writer is between), one for every row the batch writes
-        last_message, last_batch = c.execute(
-            "SELECT (SELECT max(id) FROM messages), (SELECT max(id) FROM batches)"
-        ).fetchone()
-        ids = list(range((last_message or 0) + 1, (last_message or 0) + 1 + len(messages)))
-        batch_id = (last_batch or 0) + 1
+        # a round trip is most of a statement's cost here: one for the ids (taken after
+        # the session's lock, so within the session they follow commit order), one for
+        # every row the batch writes
+        ids, batch_id = self.ids.allocate(len(messages))
         with c.pipeline():
             self._insert_batch(
                 session_id, messages, ids, batch_id, digest, run_id, client_batch_id, now
@@ -137,15 +131,17 @@ class PgArchive(ArchiveStore):
                 ],
             )
             self._index_tool_calls(session_id, messages, ids)
-            # delivered to every listening daemon when (and only if) this transaction commits
-            c.execute(
-                "SELECT pg_notify(?, ?)",
-                (EVENTS_CHANNEL, json.dumps({"m": "session/didAppend", "s": session_id,
-                                             "b": batch_id, "o": self.origin})),
-            )
+            # seen by every listening daemon when (and only if) this transaction commits
+            c.execute(events.RECORD, (
+                self.origin, session_id,
+                json.dumps({"m": "session/didAppend", "s": session_id, "b": batch_id,
+                            "o": self.origin}),
+                now,
+            ))
         return batch_id, ids, now
 
     origin = ""
+    ids: IdAllocator
 
     def read_from(
         self, session_id: str, from_id: int, to_id: int | None = None
@@ -189,10 +185,13 @@ class PgArchive(ArchiveStore):
             self.conn.execute(
                 "SELECT set_config('statement_timeout', ?, true)", (str(int(seconds * 1000)),)
             )
+            self.conn.in_search_budget = True
             try:
                 yield None
             except pgerr.QueryCanceled:
                 raise too_broad(seconds) from None
+            finally:
+                self.conn.in_search_budget = False
 
     def _search(
         self,
@@ -277,18 +276,25 @@ class PostgresStore:
 
     def __init__(
         self, dsn: str, *, password: str | None = None, search_budget_seconds: float = 0,
-        migrate: bool = True,
+        migrate: bool = True, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
     ) -> None:
         self.dsn = dsn
         self.password = password
         self.search_budget_seconds = search_budget_seconds
-        self.conn = PgConnection(dsn, password)
+        self.lock_timeout = lock_timeout
+        self.statement_timeout = statement_timeout
+        self.conn = self._connection()
         if migrate:
             schema.migrate(self.conn.raw())
         # this store's own appends, told apart from other daemons' on the events channel
         self.origin = uuid.uuid4().hex
+        self.ids = IdAllocator(self.conn)
         self.archive = PgArchive(self.conn)  # type: ignore[arg-type]
         self.archive.origin = self.origin
+        self.archive.ids = self.ids
+        self.compaction_locks = CompactionLocks(self.conn)
+        self._waiters: ThreadPoolExecutor | None = None
         self.contexts = PgContexts(self.conn)  # type: ignore[arg-type]
         self.pins = PinStore(self.conn)  # type: ignore[arg-type]
         self.runs = PgRuns(self.conn)
@@ -298,27 +304,54 @@ class PostgresStore:
         self._local: Any = None
         self._stop = threading.Event()
         self._listener: threading.Thread | None = None
+        self._on_event: Callable[[dict[str, Any]], None] | None = None
+        self._event_reader = events.EventReader(self.origin)
         # session -> the compactions other daemons told of beginning and not of ending
         # (their progress tokens): only while there are any does a status ask the
         # server whether one of them holds the session's compaction lock
         self._elsewhere: dict[str, set[str]] = {}
 
-    def transaction(self):  # type: ignore[no-untyped-def]
-        return self.conn.transaction(write_lock=True)
+    def _connection(self) -> PgConnection:
+        return PgConnection(
+            self.dsn, self.password, lock_timeout=self.lock_timeout,
+            statement_timeout=self.statement_timeout,
+        )
+
+    def transaction(self, session_id: str | None = None):  # type: ignore[no-untyped-def]
+        """A write transaction; with `session_id`, that session's row locked first (at
+        once, or SessionBusy)."""
+        return self.conn.transaction(session_id)
+
+    def patience(self, session_id: str):  # type: ignore[no-untyped-def]
+        """The next lock of the session queues a moment instead of refusing (busy.py)."""
+        return self.conn.patience(session_id)
+
+    async def wait_session(self, session_id: str, timeout: float) -> None:
+        """Wait beside the event loop, at most `timeout` seconds (StorageTimeout), until
+        no connection holds the session's write lock (daemon/busy.py)."""
+        if self._waiters is None:
+            self._waiters = ThreadPoolExecutor(LOCK_WAITERS, thread_name_prefix="ctxd-pg-wait")
+
+        def wait() -> None:
+            conn = getattr(self._local_waiter(), "conn", None)
+            if conn is None:
+                conn = self._local_waiter().conn = self._connection()
+                self._readers.append(conn)
+            conn.wait_session(session_id, timeout)
+
+        await asyncio.get_running_loop().run_in_executor(self._waiters, wait)
+
+    def _local_waiter(self) -> Any:
+        if self._local is None:
+            self._local = threading.local()
+        return self._local
 
     def try_compaction_lock(self, session_id: str) -> bool:
         """Whether this daemon may compact the session now (no other daemon does)."""
-        return bool(self.conn.execute(
-            "SELECT pg_try_advisory_lock(?, hashtext(?))", (COMPACTION_LOCK, session_id)
-        ).fetchone()[0])
+        return self.compaction_locks.try_lock(session_id)
 
     def release_compaction_lock(self, session_id: str) -> None:
-        try:
-            self.conn.execute(
-                "SELECT pg_advisory_unlock(?, hashtext(?))", (COMPACTION_LOCK, session_id)
-            )
-        except StorageError:
-            pass  # the connection is gone, and the lock with it
+        self.compaction_locks.release(session_id)
 
     def compacting_elsewhere(self, session_id: str) -> bool:
         """Whether another daemon compacts the session now. No query unless another
@@ -328,7 +361,7 @@ class PostgresStore:
         if not self._elsewhere.get(session_id):
             return False
         try:
-            held = bool(self.conn.execute(_LOCK_HELD, (COMPACTION_LOCK, session_id)).fetchone()[0])
+            held = self.compaction_locks.held_elsewhere(session_id)
         except StorageError:
             return True  # the server is away: say what the events said
         if not held:
@@ -366,7 +399,7 @@ class PostgresStore:
         if payload is None:
             return
         try:
-            self.conn.execute("SELECT pg_notify(?, ?)", (EVENTS_CHANNEL, payload))
+            self.conn.execute(events.RECORD, (self.origin, session_id, payload, time.time()))
         except StorageError:
             log.warning("could not tell other daemons of %s of %s", method, session_id)
 
@@ -374,22 +407,43 @@ class PostgresStore:
         """Call `on_event(reference)` (from a thread of its own) for every event another
         daemon sends (daemon/pg/events.py); reconnects by itself when the server comes
         back."""
+        self._on_event = on_event
         self._listener = threading.Thread(
             target=self._listen, args=(on_event,), name="ctxd-pg-listen", daemon=True
         )
         self._listener.start()
 
+    @property
+    def listening(self) -> threading.Event:
+        """Set while this daemon hears other daemons' events."""
+        return self._event_reader.listening
+
+    def ensure_listening(self) -> None:
+        """Start the listening thread again if it has ended (it never should)."""
+        if self._on_event is None or self._stop.is_set():
+            return
+        if self._listener is not None and self._listener.is_alive():
+            return
+        log.warning("the events listener had stopped; listening again")
+        self.listen(self._on_event)
+
     def _listen(self, on_event: Callable[[dict[str, Any]], None]) -> None:
         events.listen_forever(
-            self.dsn, self.password, EVENTS_CHANNEL, self.origin, self._stop, on_event
+            self.dsn, self.password, self.origin, self._stop, on_event, self._event_reader,
+            self._own_pids,
         )
+
+    def _own_pids(self) -> set[int]:
+        """The server processes of the connections this daemon sends events on."""
+        pid = self.conn.backend_pid
+        return set() if pid is None else {pid}
 
     def _reader(self) -> PgArchive:
         if self._local is None:
             self._local = threading.local()
         archive = getattr(self._local, "archive", None)
         if archive is None:
-            conn = PgConnection(self.dsn, self.password)
+            conn = self._connection()
             self._readers.append(conn)
             archive = self._local.archive = PgArchive(conn)  # type: ignore[arg-type]
         return archive
@@ -412,9 +466,12 @@ class PostgresStore:
         self._stop.set()
         if self._listener is not None:
             self._listener.join(5)
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        for pool in (self._pool, self._waiters):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+        self._pool = self._waiters = None
+        self.compaction_locks.close()
+        self.ids.close()
         for r in self._readers:
             r.close()
         self._readers.clear()

@@ -17,8 +17,13 @@ A `Store` has five parts and a transaction:
 
 Contract every implementation keeps (the engine relies on each point):
 
-- **Transactions.** Writes happen only inside `with store.transaction():`, one explicit
-  transaction on the store's single writer; the block commits as a whole or not at all.
+- **Transactions.** Writes happen only inside `with store.transaction(session_id):`, one
+  explicit transaction; the block commits as a whole or not at all. A transaction that
+  reads a session's context to write it names the session: a store shared by several
+  daemons serializes the writes to that session (and only those); the embedded store's
+  single writer serializes every write anyway. A shared store may refuse at once with
+  `SessionBusy` (another connection writes the session): the caller waits with
+  `wait_session` beside the event loop and runs again (daemon/busy.py).
   A storage failure (disk full, read-only, connection lost) raises
   `ctxd.protocol.errors.StorageError` and leaves nothing written. Reads may run inside or
   outside a transaction; inside, they see the transaction's own writes.
@@ -26,7 +31,8 @@ Contract every implementation keeps (the engine relies on each point):
   `search_async` and `read_async`, which run beside it (their own connections,
   read-only).
 - **Append-only archive.** Archived rows are never updated or deleted. Message ids are
-  integers, increasing in append order across the whole store; a batch's ids are
+  integers, unique across the whole store and increasing in append order within a
+  session (across sessions too on the embedded store); a batch's ids are
   consecutive (`ArchiveStore.append` returns them). `clientBatchId` is unique per session.
 - **Dicts on the wire side.** Sessions, messages, hits, runs, approvals and pins are
   returned as the dicts the protocol sends (camelCase keys; an archived message is its
@@ -243,7 +249,7 @@ class Store(Protocol):
     runs: RunStore
     compactions: CompactionLogStore
 
-    def transaction(self) -> AbstractContextManager[None]:
+    def transaction(self, session_id: str | None = None) -> AbstractContextManager[None]:
         """One write transaction (see the module docstring)."""
 
     async def search_async(

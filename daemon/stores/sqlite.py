@@ -38,7 +38,8 @@ class SqliteStore:
         self.compactions = CompactionLog(self.conn)
         self.searcher = Searcher(db_path, search_budget_seconds)
 
-    def transaction(self) -> AbstractContextManager[None]:
+    def transaction(self, session_id: str | None = None) -> AbstractContextManager[None]:
+        # one writer: every write is serialized, whichever session it is about
         return transaction(self.conn)
 
     async def search_async(self, query: str, **kw: Any) -> tuple[list[dict[str, Any]], str]:
