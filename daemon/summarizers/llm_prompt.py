@@ -148,10 +148,17 @@ def _summary_json(summary: Summary) -> str:
         items = summary.sections.get(name) or []
         if items:
             rows = ",\n".join(
-                "  " + json.dumps(item.to_dict(), ensure_ascii=False) for item in items
+                "  " + json.dumps(_without_origin(item.to_dict()), ensure_ascii=False)
+                for item in items
             )
             blocks.append(f" {json.dumps(name)}: [\n{rows}\n ]")
     return '{"sections": {\n' + ",\n".join(blocks) + "\n}}"
+
+
+def _without_origin(item: dict[str, Any]) -> dict[str, Any]:
+    # who wrote an item is bookkeeping, not something the model should copy
+    item.pop("origin", None)
+    return item
 
 
 def build_prompt(
@@ -162,6 +169,7 @@ def build_prompt(
     blocks: Sequence[str],
     target_tokens: int,
     part: int | None = None,
+    only_sections: Sequence[str] | None = None,
 ) -> list[dict[str, str]]:
     """The system and user messages asking for the summary of `blocks`."""
     anchor = "(none: this is the first summary)" if previous.is_empty() else _summary_json(
@@ -180,6 +188,15 @@ def build_prompt(
     if part is not None:
         intro = _PART_NOTE.format(part=part) + "\n" + intro
     sections.append(f"{intro}\n<messages>\n" + "\n".join(blocks) + "\n</messages>")
+    if only_sections:
+        # the rest is extracted mechanically beside the model
+        sections.append(
+            "Write only these sections: "
+            + ", ".join(only_sections)
+            + ": the state of the work, the decisions with their reasons, and what is "
+            "still open. The rules, files, artifacts, errors and tool activity are "
+            "recorded separately; leave them out."
+        )
     sections.append(
         "Write the new summary: the previous summary extended with these messages, every "
         f"item citing its ids. Keep it under about {target_tokens} tokens of text "
