@@ -57,7 +57,8 @@ def settings(base_url: str, **kw: Any) -> OpenAISummarizerConfig:
     these tests are about what is asked of the model and how its answer is held."""
     kw.setdefault("timeout_seconds", 5.0)
     kw.setdefault("with_extractor", False)
-    return OpenAISummarizerConfig(base_url=base_url, model="fake-model", api_key_env=KEY_ENV, **kw)
+    kw.setdefault("model", "fake-model")
+    return OpenAISummarizerConfig(base_url=base_url, api_key_env=KEY_ENV, **kw)
 
 
 def conversation(start: int = 10) -> list[dict[str, Any]]:
