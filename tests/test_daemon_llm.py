@@ -50,7 +50,16 @@ def test_compaction_through_the_model_and_its_failures(tmp_path: Path, llm: Fake
             assert llm.requests and "focus on mod3" in llm.requests[-1].prompt
             explained = c.call("context/explain", {"sessionId": sid})
             assert explained["items"] and explained["brokenPointers"] == 0
-            assert explained["provenance"]["summarizer"] == "openai:fake-model"
+            # the model wrote beside the built-in extractor; the log says who wrote what
+            written_by = explained["provenance"]["summarizer"]
+            assert written_by.startswith("openai:fake-model + builtin {")
+            assert {item.get("origin") for item in explained["items"]} <= {
+                "extractor", "model", "model+extractor"}
+            logged = c.call("context/compactions", {"sessionId": sid})["compactions"][0]
+            assert logged["summarizer"] == written_by
+            status = c.call("context/status", {"sessionId": sid})
+            assert status["summarizer"] == "openai:fake-model"
+            assert status["summarizerLastFailure"] is None
 
             # the endpoint fails: -32016 with the reason, the context is untouched
             llm.default = "http500"
@@ -62,6 +71,9 @@ def test_compaction_through_the_model_and_its_failures(tmp_path: Path, llm: Fake
             failed = wait_for(events, "context/compactionFailed")
             assert failed["sessionId"] == sid and failed["error"]["code"] == -32016
             assert c.call("context/get", {"sessionId": sid})["messages"] == before
+            status = c.call("context/status", {"sessionId": sid})
+            assert "HTTP 500" in status["summarizerLastFailure"]
+            assert status["summarizerLastFailureAt"] > 0
     finally:
         d.stop()
 

@@ -42,12 +42,12 @@ BOTH = "model+extractor"
 def read_answer(content: str) -> dict[str, Any] | None:
     """The answer's JSON object; a reply cut off at the output limit is closed after
     its last complete item, so the items written before the cut are kept."""
-    obj = parse_json_object(content)
-    if obj is None:
-        obj = parse_json_object(close_truncated(content))
-    if obj is None or not ("sections" in obj or any(k in SECTIONS for k in obj)):
-        return None
-    return obj
+    for text in (content, close_truncated(content)):
+        obj = parse_json_object(text)
+        # a lone item of a cut-off answer decodes too: only a summary's shape counts
+        if obj is not None and ("sections" in obj or any(k in SECTIONS for k in obj)):
+            return obj
+    return None
 
 
 def close_truncated(text: str) -> str:
