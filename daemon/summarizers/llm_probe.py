@@ -11,13 +11,14 @@ same way: vLLM lists `max_model_len` with each model, llama.cpp's `llama-server`
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from ctxd.daemon.config import OpenAISummarizerConfig
+from ctxd.daemon.config import Config, OpenAISummarizerConfig
 from ctxd.daemon.summarizers.llm_http import is_loopback
 
 
@@ -131,3 +132,22 @@ def _props_window(client: httpx.Client, base: str) -> int | None:
             if isinstance(value, int) and value > 0:
                 return value
     return None
+
+
+def summarizer_report(config: Config, *, timeout: float = 3.0) -> tuple[bool, str]:
+    """(ok, one line) on the configured summarizer, probing a model endpoint: what
+    `ctxd serve` prints at start and `ctxd config` prints after the configuration."""
+    if config.summarizer != "openai":
+        return True, f"summarizer: {config.summarizer}"
+    oa = config.openai
+    key = os.environ.get(oa.api_key_env, "").strip() if oa.api_key_env else ""
+    found = probe(oa, timeout=timeout, api_key=key)
+    name = f"openai:{oa.model or 'default'}"
+    if found.ok:
+        return True, f"summarizer: {name}; {found.line()}"
+    then = (
+        "compactions use the built-in summarizer until it answers (fallback = \"builtin\")"
+        if oa.fallback == "builtin"
+        else "compactions will fail (fallback is off)"
+    )
+    return False, f"summarizer: {name}; {found.line()}; {then}"
