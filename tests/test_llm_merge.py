@@ -79,7 +79,12 @@ def test_a_careless_model_loses_nothing_the_extractor_found(llm: FakeLLM) -> Non
             {"text": "csv_writer streams rows instead of building the file in memory",
              "sources": [2, 3]},
         ],
-        open_items=[{"text": "Ask whether empty rows are skipped", "sources": [7]}],
+        open_items=[
+            {"text": "Ask whether empty rows are skipped", "sources": [7]},
+            # what small models write: a placeholder, and a path from nowhere
+            {"text": "...", "sources": [7]},
+            {"text": "created src/report.py", "sources": [7]},
+        ],
     ))
     summary = run(merged(llm.base_url), req())
     assert check_summary(summary, set(SPAN)) == []
@@ -93,6 +98,7 @@ def test_a_careless_model_loses_nothing_the_extractor_found(llm: FakeLLM) -> Non
     # a value message 6 replaced is not stated as current by the model's item
     assert "Export batch size 500" not in by_text
     assert by_text["Ask whether empty rows are skipped"].origin in ("model", "model+extractor")
+    assert "..." not in by_text and "src/report.py" not in text
     constraints = summary.sections["constraints"]
     assert all(item.origin == "extractor" for item in constraints)
     # every item says where it came from, and the summary counts them

@@ -169,7 +169,6 @@ def build_prompt(
     blocks: Sequence[str],
     target_tokens: int,
     part: int | None = None,
-    only_sections: Sequence[str] | None = None,
 ) -> list[dict[str, str]]:
     """The system and user messages asking for the summary of `blocks`."""
     anchor = "(none: this is the first summary)" if previous.is_empty() else _summary_json(
@@ -188,15 +187,6 @@ def build_prompt(
     if part is not None:
         intro = _PART_NOTE.format(part=part) + "\n" + intro
     sections.append(f"{intro}\n<messages>\n" + "\n".join(blocks) + "\n</messages>")
-    if only_sections:
-        # the rest is extracted mechanically beside the model
-        sections.append(
-            "Write only these sections: "
-            + ", ".join(only_sections)
-            + ": the state of the work, the decisions with their reasons, and what is "
-            "still open. The rules, files, artifacts, errors and tool activity are "
-            "recorded separately; leave them out."
-        )
     sections.append(
         "Write the new summary: the previous summary extended with these messages, every "
         f"item citing its ids. Keep it under about {target_tokens} tokens of text "
@@ -206,6 +196,54 @@ def build_prompt(
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": "\n\n".join(sections)},
     ]
+
+
+MODEL_PROMPT = """\
+You summarize part of an AI agent's conversation for the agent itself: these messages \
+are leaving its context. The user's rules, the files, the artifacts, the errors and the \
+tool calls are recorded separately, word for word. Write only what needs understanding:
+- goals: what the user wants, and the state of the work (done, in progress, blocked).
+- decisions: what was decided, with the reason when the messages give one.
+- open_items: open questions and the next steps.
+Each item is {"text": "...", "sources": [N]}, citing the [id N] of the messages it comes \
+from. Write only what the messages say. Be terse. Copy names, paths and numbers exactly.
+Answer with one JSON object: {"sections": {"goals": [...], "decisions": [...], \
+"open_items": [...]}}"""
+
+
+def build_model_prompt(
+    *,
+    previous: Summary,
+    sections: Sequence[str],
+    pins: Sequence[str],
+    instructions: str | None,
+    blocks: Sequence[str],
+    target_tokens: int,
+    part: int | None = None,
+) -> list[dict[str, str]]:
+    """The request when the built-in extractor writes the rest of the summary: a short
+    prompt asking for `sections` only, and the previous summary's items of those
+    sections only (the extractor carries the others).
+
+    One user message: Gemma's chat template, among others, has no system role and
+    drops a system message, and a user message reads the same on every server.
+    """
+    kept = Summary(sections={k: v for k, v in previous.sections.items() if k in sections})
+    parts = [MODEL_PROMPT]
+    if not kept.is_empty():
+        parts.append(f"<previous_summary>\n{_summary_json(kept)}\n</previous_summary>")
+    if pins:
+        parts.append("<pinned_facts>\n" + "\n".join(f"- {p}" for p in pins) + "\n</pinned_facts>")
+    if instructions and instructions.strip():
+        parts.append(f"<focus>\nFocus on: {instructions.strip()}\n</focus>")
+    intro = "Messages, oldest first:"
+    if part is not None:
+        intro = _PART_NOTE.format(part=part) + "\n" + intro
+    parts.append(f"{intro}\n<messages>\n" + "\n".join(blocks) + "\n</messages>")
+    parts.append(
+        f"Keep it under about {target_tokens} tokens. Answer with the JSON object only."
+    )
+    return [{"role": "user", "content": "\n\n".join(parts)}]
 
 
 # ------------------------------------------------------------------------ parsing

@@ -82,10 +82,21 @@ def close_truncated(text: str) -> str:
     return last_good or text
 
 
+# a path or a file name: a model item naming one the messages never named made it up
+_PATHLIKE = re.compile(
+    r"[\w.-]*/[\w./-]*\w|\b[\w-]+\.(?:py|js|ts|tsx|md|json|toml|ya?ml|txt|csv|sql|sh|go|rs"
+    r"|java|c|h|cpp|html|css|lock|cfg|ini)\b"
+)
+
+
 def model_items(
-    obj: dict[str, Any], span: list[int], anchor: Summary
+    obj: dict[str, Any], span: list[int], anchor: Summary, evidence: str = ""
 ) -> dict[str, list[SummaryItem]]:
-    """The model's goals, decisions and open items, each citing ids that exist."""
+    """The model's goals, decisions and open items, each citing ids that exist.
+
+    Items without a word ("...") are dropped, and so are items naming a path that is
+    not in `evidence` (the messages and the previous summary), which small models copy
+    from the prompt's examples or invent."""
     raw = obj.get("sections", obj)
     if not isinstance(raw, dict):
         return {}
@@ -104,6 +115,10 @@ def model_items(
             if not isinstance(text, str) or not text.strip():
                 continue
             text = re.sub(r"\s+", " ", text).strip()[:600]
+            if len(re.findall(r"\w{2,}", text)) < 2:
+                continue
+            if evidence and any(p not in evidence for p in _PATHLIKE.findall(text)):
+                continue
             if text.casefold() in seen:
                 continue  # small models repeat themselves
             seen.add(text.casefold())

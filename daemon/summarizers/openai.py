@@ -54,6 +54,7 @@ from ctxd.daemon.summarizers.llm_http import (
 )
 from ctxd.daemon.summarizers.llm_probe import probe
 from ctxd.daemon.summarizers.llm_prompt import (
+    build_model_prompt,
     build_prompt,
     format_messages,
     parse_json_object,
@@ -204,16 +205,24 @@ class OpenAISummarizer:
         wanted = int(self._target_tokens(request) * 1.5) + 100
         return max(64, min(self.config.max_output_tokens, wanted))
 
-    def _room(self, request: SummaryRequest, anchor: Summary) -> int:
-        """Tokens left for message text in one request anchored on `anchor`."""
-        prompt = build_prompt(
+    def _prompt(
+        self, request: SummaryRequest, anchor: Summary, blocks: list[str], part: int | None
+    ) -> list[dict[str, str]]:
+        build = build_model_prompt if self.config.with_extractor else build_prompt
+        extra = {"sections": MODEL_SECTIONS} if self.config.with_extractor else {}
+        return build(
             previous=anchor,
             pins=request.pins,
             instructions=request.instructions,
-            blocks=[],
+            blocks=blocks,
             target_tokens=self._target_tokens(request),
-            part=1,
+            part=part,
+            **extra,  # type: ignore[arg-type]
         )
+
+    def _room(self, request: SummaryRequest, anchor: Summary) -> int:
+        """Tokens left for message text in one request anchored on `anchor`."""
+        prompt = self._prompt(request, anchor, [], 1)
         overhead = sum(request.count_tokens(m["content"]) + 4 for m in prompt) + 3
         # The server's tokenizer is not ours: keep a tenth in reserve. A retry appends
         # the bad answer (trimmed) and the list of its problems.
@@ -267,14 +276,7 @@ class OpenAISummarizer:
         if self.config.with_extractor:
             return await self._summarize_beside_extractor(request, anchor, chunk, ids, part)
         allowed = anchor.all_sources() | set(ids)
-        messages: list[dict[str, str]] = build_prompt(
-            previous=anchor,
-            pins=request.pins,
-            instructions=request.instructions,
-            blocks=[text for _, text in chunk],
-            target_tokens=self._target_tokens(request),
-            part=part,
-        )
+        messages = self._prompt(request, anchor, [text for _, text in chunk], part)
         verdict = _Verdict()
         # the built-in reading of the same messages: what the answer is held to
         ref = reference(request, anchor, ids)
@@ -331,15 +333,7 @@ class OpenAISummarizer:
         part: int | None,
     ) -> Summary:
         """The extractor's summary of the chunk with the model's items merged in."""
-        messages = build_prompt(
-            previous=anchor,
-            pins=request.pins,
-            instructions=request.instructions,
-            blocks=[text for _, text in chunk],
-            target_tokens=self._target_tokens(request),
-            part=part,
-            only_sections=MODEL_SECTIONS,
-        )
+        messages = self._prompt(request, anchor, [text for _, text in chunk], part)
         content, finish_reason = await self._complete(
             messages, self._model_schema, self._max_tokens(request)
         )
@@ -365,7 +359,9 @@ class OpenAISummarizer:
             )
         )
         ref = reference(request, anchor, ids)
-        merged = merge(extracted, model_items(obj, ids, anchor), request, anchor, ref, ids)
+        evidence = "\n".join(text for _, text in chunk) + "\n" + anchor.render()
+        found = model_items(obj, ids, anchor, evidence)
+        merged = merge(extracted, found, request, anchor, ref, ids)
         summary = self._finish(request, anchor, merged.sections, ids, ref)
         summary.supersessions = {**extracted.supersessions, **summary.supersessions}
         counts = origin_counts(summary)
