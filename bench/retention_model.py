@@ -45,7 +45,7 @@ from ctxd.daemon.summarizers import make_summarizer  # noqa: E402
 
 # small: a model compaction on a shared 2-core machine takes a minute or more
 MODEL_SIZES = dataclasses.replace(
-    SMALL, name="model", sessions=1, llm_sessions=1, chunks=4, turns_per_chunk=2,
+    SMALL, name="model", sessions=1, llm_sessions=1, chunks=3, turns_per_chunk=2,
     facts_per_chunk=3, quiet_chunks=1,
 )
 # the policy: a short tail, so each compaction hands the model a few turns

@@ -20,9 +20,12 @@ from llm_server import N_CTX, RealLLM, real_llm  # noqa: F401  (the fixture)
 from ctxd.daemon.compaction import check_summary
 from ctxd.daemon.summary import Summary, SummaryItem
 
-RULE = "Never push to the main branch; open a pull request instead."
+RULE = "Never push to the main branch, always open a pull request."
 ARTIFACT = "src/billing/invoice.py"
 BUDGET = 600
+TEST_OUTPUT = "\n".join(
+    f"tests/billing/test_invoice.py::test_case_{n} PASSED  [{n * 4}%]" for n in range(1, 26)
+) + "\n25 passed in 0.42s"
 
 # every test here waits for a model on a machine it shares
 pytestmark = pytest.mark.timeout(1800)
@@ -36,6 +39,11 @@ def session_messages() -> list[dict[str, Any]]:
              "name": "write_file",
              "arguments": json.dumps({"path": ARTIFACT, "content": "def total(lines): ..."})}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": f"wrote {ARTIFACT} (12 lines)"},
+        # bulk, as agents' histories are: a compaction is committed only if it shrinks
+        {"role": "assistant", "content": "Running the billing tests.",
+         "tool_calls": [{"id": "call_2", "type": "function", "function": {
+             "name": "run_shell", "arguments": json.dumps({"cmd": "pytest tests/billing"})}}]},
+        {"role": "tool", "tool_call_id": "call_2", "content": TEST_OUTPUT},
         {"role": "user", "content": "Run the dev server on port 8080."},
         {"role": "assistant", "content": "Decided: amounts use Decimal, because floats round "
                                          "cents wrongly."},
