@@ -55,11 +55,18 @@ def _window_of(entry: dict[str, Any]) -> int | None:
             return value
     meta = entry.get("meta")
     if isinstance(meta, dict):
-        for key in ("n_ctx", "n_ctx_train"):
-            value = meta.get(key)
-            if isinstance(value, int) and value > 0:
-                return value
+        value = meta.get("n_ctx")
+        if isinstance(value, int) and value > 0:
+            return value
     return None
+
+
+def _trained_window(entry: dict[str, Any]) -> int | None:
+    """llama-server's `meta.n_ctx_train`: what the model was trained on, an upper bound
+    only (the server may run a smaller window, which its /props says)."""
+    meta = entry.get("meta")
+    value = meta.get("n_ctx_train") if isinstance(meta, dict) else None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def probe(
@@ -99,6 +106,8 @@ def probe(
                 result.context_window = _window_of(chosen)
             if result.context_window is None:
                 result.context_window = _props_window(client, base)
+            if result.context_window is None and chosen is not None:
+                result.context_window = _trained_window(chosen)
     except httpx.HTTPError as exc:
         result.problem = f"unreachable ({type(exc).__name__}: {str(exc)[:200] or 'no answer'})"
         return result
