@@ -254,7 +254,8 @@ _TRAILING_COMMA = re.compile(r",(\s*[}\]])")
 
 
 def _first_object(text: str) -> dict[str, Any] | None:
-    decoder = json.JSONDecoder()
+    # strict=False: a raw newline or tab inside a string, which small models write
+    decoder = json.JSONDecoder(strict=False)
     first: dict[str, Any] | None = None
     i = text.find("{")
     while i != -1:

@@ -340,7 +340,10 @@ class OpenAISummarizer:
         obj = read_answer(content)
         if obj is None:
             cut = " (cut off at max_tokens)" if finish_reason == "length" else ""
-            shown = content.strip()[:120] or "an empty answer"
+            text = content.strip()
+            shown = (text if len(text) <= 240 else f"{text[:120]} … {text[-120:]}") or (
+                "an empty answer"
+            )
             raise SummarizerError(
                 f"{self.endpoint}: the answer holds no JSON summary{cut}: {shown!r}"
             )
