@@ -71,6 +71,12 @@ def cmd_config(args: argparse.Namespace) -> int:
     out = cfg.to_dict()
     out["connection_file"] = str(cfg.connection_file or connection_file_for(cfg.data_dir))
     print(json.dumps(out, indent=2))
+    if cfg.summarizer != "builtin":
+        from ctxd.daemon.summarizers.llm_probe import summarizer_report
+
+        # after the JSON, on stderr: `ctxd config | jq` keeps working
+        ok, line = summarizer_report(cfg)
+        print(("" if ok else "warning: ") + line, file=sys.stderr)
     return 0
 
 

@@ -212,6 +212,9 @@ class Daemon:
                 file=sys.stderr,
                 flush=True,
             )
+            if cfg.summarizer != "builtin":
+                # in the background: a slow endpoint must not delay serving
+                self._probe_task = asyncio.create_task(_report_summarizer(cfg))
             await self.stopping.wait()
             log.info("stopping")
         finally:
@@ -292,6 +295,15 @@ def open_data_dir(cfg: Config) -> tuple[PidLock, Engine]:
             f"{cfg.db_path}: cannot open the database ({_reason(exc)}); expected a ctxd "
             "database on a writable disk with free space"
         ) from None
+
+
+async def _report_summarizer(cfg: Config) -> None:
+    """Say at start whether the model endpoint is there and serves the model."""
+    from ctxd.daemon.summarizers.llm_probe import summarizer_report
+
+    ok, line = await asyncio.to_thread(summarizer_report, cfg)
+    (log.info if ok else log.warning)("%s", line)
+    print(f"  {line}", file=sys.stderr, flush=True)
 
 
 def _reason(exc: BaseException) -> str:

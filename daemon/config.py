@@ -47,13 +47,22 @@ class OpenAISummarizerConfig:
     model: str = ""
     # the name of the environment variable holding the API key, never the key itself
     api_key_env: str = "OPENAI_API_KEY"
+    # the wait for the answer to start: connecting, and the server reading the prompt
     timeout_seconds: float = 60.0
+    # the answer is streamed: no token for this long fails the request (a whole answer
+    # is bounded by max_tokens, derived from the summary budget, not by a clock)
+    idle_timeout_seconds: float = 30.0
     max_output_tokens: int = 1500
     temperature: float = 0.2
-    # the summarizer's own window: larger input is summarized in chunks
+    # the summarizer's own window: larger input is summarized in chunks (the smaller
+    # of this and what the endpoint reports, when it reports one)
     context_window_tokens: int = 8192
+    # run the built-in extractor on the same messages and merge: rules, corrections,
+    # artifacts, files and errors come from it word for word, the model adds the state
+    # of the work, decisions with reasons and open questions
+    with_extractor: bool = True
     # "builtin": use the built-in summarizer when the endpoint fails; "": fail
-    fallback: str = ""
+    fallback: str = "builtin"
 
 
 @dataclass

@@ -381,6 +381,8 @@ class Dispatcher:
                 "notifications": sorted(NOTIFICATIONS),
                 "tools": [recall.SEARCH_TOOL_NAME],
                 "summarizer": getattr(self.engine.summarizer, "name", "custom"),
+                # when it last failed, {at, message}, or null
+                "summarizerLastFailure": _last_failure(self.engine.summarizer),
                 "tokenEncoding": self.engine.tokens.encoding_name,
                 "search": {"languages": ["en", "zh"], "advanced": True},
                 "runLeaseSeconds": self.run_lease,
@@ -527,3 +529,8 @@ class Dispatcher:
             p["sessionId"], p["runId"], p["toolCallId"], p["toolName"], p["arguments"]
         )
         return {"approvalId": approval["approvalId"], "approval": approval}
+
+
+def _last_failure(summarizer: object) -> dict[str, Any] | None:
+    failure = getattr(summarizer, "last_failure", None)
+    return {"at": failure[0], "message": failure[1][:500]} if failure else None

@@ -34,7 +34,7 @@ from ctxd.daemon.pairing import check_tool_pairs
 from ctxd.daemon.run_book import RunBook
 from ctxd.daemon.stores.base import Store
 from ctxd.daemon.stores.sqlite import SqliteStore
-from ctxd.daemon.summarizers import make_summarizer
+from ctxd.daemon.summarizers import make_summarizer, summarizer_status
 from ctxd.daemon.summary import Summarizer
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import Conflict, InvalidParams, NotFound, SessionNotFound
@@ -392,6 +392,7 @@ class Engine(ContextReads, RunsAndApprovals):
             or (self.shared and self.compactor.elsewhere(session_id)),
             "autoCompactionPaused": self.compactor.auto_paused(session_id),
             "version": st.version,
+            **summarizer_status(self.summarizer),
         }
 
     # compaction (the Compactor does the work)

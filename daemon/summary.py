@@ -51,6 +51,10 @@ class SummaryItem:
     # the value a setting sets; `was`: the value it replaced, shown as "(was X)"
     value: str | None = None
     was: str | None = None
+    # who wrote it when a model and the built-in extractor summarize together:
+    # "extractor", "model", or "model+extractor" (a model's wording of an extracted
+    # item); None when one summarizer wrote the whole summary
+    origin: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"text": self.text, "sources": list(self.sources)}
@@ -58,7 +62,7 @@ class SummaryItem:
             out["status"] = self.status
         if self.unconfirmed:
             out["unconfirmed"] = True
-        for key in ("subject", "value", "was"):
+        for key in ("subject", "value", "was", "origin"):
             if getattr(self, key):
                 out[key] = getattr(self, key)
         return out
@@ -77,6 +81,7 @@ class SummaryItem:
             subject=opt("subject"),
             value=opt("value"),
             was=opt("was"),
+            origin=opt("origin"),
         )
 
     def line(

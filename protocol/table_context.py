@@ -101,7 +101,11 @@ CONTEXT_METHODS: tuple[Method, ...] = (
         "`lastCompactedAt` (unix seconds or null), `pendingApprovals`, `activeRunId` (or "
         "null), `compacting` (boolean), `autoCompactionPaused` (boolean: three automatic "
         "compactions failed in a row; a manual compaction or rebuild that succeeds resumes "
-        "it), `version` (bumped whenever the context is replaced), `sessionId`.",
+        "it), `version` (bumped whenever the context is replaced), `sessionId`, "
+        "`summarizer` (the daemon's summarizer, e.g. \"openai:qwen2.5:7b (fallback "
+        "builtin)\"), `summarizerLastFailureAt` (unix seconds or null) and "
+        "`summarizerLastFailure` (the message of its last failure, or null; a model "
+        "that failed over to the fallback counts).",
         "Counters of the session's context and archive.",
         (_E.SESSION_NOT_FOUND,),
         True,
@@ -213,6 +217,8 @@ CONTEXT_METHODS: tuple[Method, ...] = (
         "`{id, role, createdAt, snippet, ordinal}` resolved from the archive, `ordinal` "
         "being the message's position in its session, the `#N` the model reads; or "
         "`{id, broken: true}`; and, when they apply, `unconfirmed` (a hedged statement), "
+        "`origin` (who wrote it when a model and the built-in extractor summarized "
+        "together: `extractor`, `model` or `model+extractor`), "
         "`subject` (the path or id an artifact names), `value` (what a setting sets) and "
         "`was` (the value it replaced)); `brokenPointers` (count); `pins`; `provenance` "
         "(`compactionIds`, `coversFrom`, `coversTo` (archive ids), `coversFromOrdinal`, "

@@ -72,7 +72,9 @@ SESSION_METHODS: tuple[Method, ...] = (
         ),
         '`serverName` ("ctxd"), `version` (daemon version), `protocolVersion` ("1.0"), '
         "`capabilities` (object naming the optional features this daemon serves; "
-        "`runLeaseSeconds`: how long a ZeroMQ client holding a run may stay silent), "
+        "`runLeaseSeconds`: how long a ZeroMQ client holding a run may stay silent; "
+        "`summarizer`: the summarizer in use; `summarizerLastFailure`: `{at, message}` of "
+        "its last failure, or null), "
         '`nonceMac` (when `nonce` was sent: hex HMAC-SHA256 under the token of `"ctxd-daemon:"` '
         "followed by `nonce`; a client must check it before sending anything else and close "
         "the connection when it differs), `pageKey` (after `pageLogin` or `pageKey`: the key the "

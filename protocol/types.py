@@ -74,6 +74,9 @@ class Status(_Wire):
     compacting: bool
     auto_compaction_paused: bool
     version: int
+    summarizer: str = ""
+    summarizer_last_failure_at: float | None = None
+    summarizer_last_failure: str | None = None
 
 
 class Session(_Wire):

@@ -43,6 +43,10 @@ BEHAVIOURS = (
     "http503",  # HTTP 503 without Retry-After: the client backs off on its own
     "gzip",  # the good summary, gzip-encoded
     "gzip_bomb",  # a small gzip body that inflates to `bomb_bytes` of zeros
+    "sse",  # the good summary as server-sent events, a few characters an event
+    "sse_stall",  # server-sent events that stop after a few tokens for `slow_seconds`
+    "sse_slow_steady",  # the good summary as events `token_gap` seconds apart
+    "refuse_json_schema",  # HTTP 500 to the json_schema form, as llama-cpp-python does
 )
 
 
@@ -118,11 +122,16 @@ class FakeLLM:
         model: str = "fake-model",
         retry_after: str | None = "1",
         bomb_bytes: int = 64 * 1024 * 1024,
+        token_gap: float = 0.05,
+        models: list[dict[str, Any]] | None = None,
     ) -> None:
         self.default = default
         self.retry_after = retry_after
         self.bomb_bytes = bomb_bytes
         self.slow_seconds = slow_seconds
+        self.token_gap = token_gap
+        # what GET /v1/models lists (the configured model by default)
+        self.models = models if models is not None else [{"id": model, "object": "model"}]
         self.model = model
         self.requests: list[Recorded] = []
         self._script: list[Behaviour] = []
@@ -168,6 +177,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         pass  # keep test output clean
+
+    def do_GET(self) -> None:  # noqa: N802
+        fake: FakeLLM = self.server.fake  # type: ignore[attr-defined]
+        if self.path == "/v1/models":
+            self._send(200, {"object": "list", "data": fake.models})
+        else:
+            self._send(404, {"error": {"message": f"no route {self.path}"}})
 
     def do_POST(self) -> None:  # noqa: N802
         fake: FakeLLM = self.server.fake  # type: ignore[attr-defined]
@@ -268,6 +284,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(503, {"error": {"message": "The server is overloaded"}})
         elif behaviour == "gzip":
             self._completion(fake, good, gzipped=True)
+        elif behaviour == "sse":
+            self._events(fake, good)
+        elif behaviour == "sse_stall":
+            self._events(fake, good, stall_after=3)
+        elif behaviour == "sse_slow_steady":
+            self._events(fake, good, gap=fake.token_gap, piece=max(1, len(good) // 40))
+        elif behaviour == "refuse_json_schema":
+            if (rec.body.get("response_format") or {}).get("type") == "json_schema":
+                self._send(500, {"error": {"message": "Internal Server Error"}})
+            else:
+                self._events(fake, good)
         elif behaviour == "gzip_bomb":
             # deflate at level 9 packs zeros ~1000:1, so the bomb is small on the wire
             packer = zlib.compressobj(9, zlib.DEFLATED, 31)
@@ -304,6 +331,57 @@ class _Handler(BaseHTTPRequestHandler):
             self._raw(200, gzip.compress(json.dumps(body).encode()), {"Content-Encoding": "gzip"})
             return
         self._send(200, body, chunked=chunked)
+
+    def _events(
+        self,
+        fake: FakeLLM,
+        content: str,
+        *,
+        stall_after: int | None = None,
+        gap: float = 0.0,
+        piece: int = 7,
+    ) -> None:
+        """`content` as chat completion chunks over server-sent events, chunked."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def send(data: str) -> None:
+            raw = data.encode()
+            self.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
+            self.wfile.flush()
+
+        # a keep-alive comment, as sse-starlette sends: not a token
+        send(": ping\n\n")
+        pieces = [content[i : i + piece] for i in range(0, len(content), piece)]
+        for n, text in enumerate(pieces):
+            if stall_after is not None and n == stall_after:
+                # keep the connection open, sending comments only, then give up
+                deadline = time.monotonic() + fake.slow_seconds
+                while time.monotonic() < deadline and not fake._stop.is_set():
+                    send(": ping\n\n")
+                    if fake._stop.wait(0.2):
+                        break
+                return
+            if gap and fake._stop.wait(gap):
+                return
+            chunk = {
+                "id": "chatcmpl-s",
+                "object": "chat.completion.chunk",
+                "model": fake.model,
+                "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+            }
+            send(f"data: {json.dumps(chunk)}\n\n")
+        last = {
+            "id": "chatcmpl-s",
+            "object": "chat.completion.chunk",
+            "model": fake.model,
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+        }
+        send(f"data: {json.dumps(last)}\n\n")
+        send("data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
 
     def _raw(self, status: int, data: bytes, headers: dict[str, str]) -> None:
         self.send_response(status)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,7 +55,16 @@ def test_compaction_through_the_model_and_its_failures(tmp_path: Path, llm: Fake
             assert llm.requests and "focus on mod3" in llm.requests[-1].prompt
             explained = c.call("context/explain", {"sessionId": sid})
             assert explained["items"] and explained["brokenPointers"] == 0
-            assert explained["provenance"]["summarizer"] == "openai:fake-model"
+            # the model wrote beside the built-in extractor; the log says who wrote what
+            written_by = explained["provenance"]["summarizer"]
+            assert written_by.startswith("openai:fake-model + builtin {")
+            assert {item.get("origin") for item in explained["items"]} <= {
+                "extractor", "model", "model+extractor"}
+            logged = c.call("context/compactions", {"sessionId": sid})["compactions"][0]
+            assert logged["summarizer"] == written_by
+            status = c.call("context/status", {"sessionId": sid})
+            assert status["summarizer"] == "openai:fake-model"
+            assert status["summarizerLastFailure"] is None
 
             # the endpoint fails: -32016 with the reason, the context is untouched
             llm.default = "http500"
@@ -62,6 +76,9 @@ def test_compaction_through_the_model_and_its_failures(tmp_path: Path, llm: Fake
             failed = wait_for(events, "context/compactionFailed")
             assert failed["sessionId"] == sid and failed["error"]["code"] == -32016
             assert c.call("context/get", {"sessionId": sid})["messages"] == before
+            status = c.call("context/status", {"sessionId": sid})
+            assert "HTTP 500" in status["summarizerLastFailure"]
+            assert status["summarizerLastFailureAt"] > 0
     finally:
         d.stop()
 
@@ -107,5 +124,60 @@ def test_auto_compaction_pauses_after_three_failures(tmp_path: Path, llm: FakeLL
             llm.default = "good"
             assert c.call("context/compact", {"sessionId": sid})["effective"] is True
             assert c.call("context/status", {"sessionId": sid})["autoCompactionPaused"] is False
+    finally:
+        d.stop()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cli(d: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "ctxd.clients.cli", *args,
+           "--data-dir", str(d.data_dir), "--connection-file", str(d.connection_file)]
+    return subprocess.run(cmd, env=d.env, capture_output=True, text=True, timeout=60)
+
+
+def test_a_closed_port_is_said_at_start_and_compaction_falls_back(tmp_path: Path) -> None:
+    port = _closed_port()
+    config = tmp_path / "ctxd.toml"
+    # no fallback key: the built-in summarizer is the default fallback
+    config.write_text(
+        'summarizer = "openai"\n[openai]\n'
+        f'base_url = "http://127.0.0.1:{port}/v1"\nmodel = "gemma3"\ntimeout_seconds = 5\n'
+    )
+    d = DaemonProcess(tmp_path, "--config", str(config)).start()
+    try:
+        deadline = time.monotonic() + 30
+        while "summarizer endpoint" not in d.log_path.read_text(errors="replace"):
+            assert time.monotonic() < deadline, d.log_path.read_text(errors="replace")
+            time.sleep(0.1)
+        said = d.log_path.read_text(errors="replace")
+        assert f"127.0.0.1:{port}" in said and 'fallback = "builtin"' in said
+        with d.client("jsonrpc") as c:
+            sid = c.call("session/create", {})["sessionId"]
+            _fill(c, sid, 10)
+            assert c.call("context/compact", {"sessionId": sid, "force": True})["effective"]
+            explained = c.call("context/explain", {"sessionId": sid})
+            assert explained["provenance"]["summarizer"].startswith("builtin (fallback:")
+            assert explained["brokenPointers"] == 0
+            status = c.call("context/status", {"sessionId": sid})
+            assert status["summarizer"] == "openai:gemma3 (fallback builtin)"
+            assert "request failed" in status["summarizerLastFailure"]
+        shown = _cli(d, "status", "--json")
+        assert shown.returncode == 0, shown.stderr
+        doc = json.loads(shown.stdout)
+        assert doc["summarizer"] == "openai:gemma3 (fallback builtin)"
+        assert "request failed" in doc["summarizerLastFailure"]["message"]
+        text = _cli(d, "status")
+        assert "openai:gemma3 (fallback builtin)" in text.stdout
+        assert "last failure" in text.stdout and "request failed" in text.stdout
+        configured = _cli(d, "config", "--config", str(config))
+        assert configured.returncode == 0
+        assert json.loads(configured.stdout)["openai"]["fallback"] == "builtin"
+        assert "warning: summarizer: openai:gemma3" in configured.stderr
+        assert "unreachable" in configured.stderr
     finally:
         d.stop()

@@ -25,7 +25,10 @@ def llm() -> Iterator[FakeLLM]:
 
 def summarize(base_url: str, messages: list[dict[str, Any]]) -> Summary:
     config = OpenAISummarizerConfig(
-        base_url=base_url, model="fake-model", api_key_env="CTXD_TEST_NO_KEY", timeout_seconds=5
+        base_url=base_url, model="fake-model", api_key_env="CTXD_TEST_NO_KEY", timeout_seconds=5,
+        # the model's answer alone is held to the contract here (tests/test_llm_merge.py
+        # has the extractor beside it)
+        with_extractor=False,
     )
     request = SummaryRequest(
         session_id="s",

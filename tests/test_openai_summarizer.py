@@ -32,7 +32,7 @@ from ctxd.daemon.summarizers import (
     make_summarizer,
 )
 from ctxd.daemon.summarizers.openai import parse_json_object, trim_middle
-from ctxd.daemon.summary import Summary, SummaryItem, SummaryRequest
+from ctxd.daemon.summary import SECTIONS, Summary, SummaryItem, SummaryRequest
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import SummarizerFailed
 
@@ -53,8 +53,12 @@ def _no_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def settings(base_url: str, **kw: Any) -> OpenAISummarizerConfig:
+    """The model alone writes the summary unless a test asks for the extractor beside it:
+    these tests are about what is asked of the model and how its answer is held."""
     kw.setdefault("timeout_seconds", 5.0)
-    return OpenAISummarizerConfig(base_url=base_url, model="fake-model", api_key_env=KEY_ENV, **kw)
+    kw.setdefault("with_extractor", False)
+    kw.setdefault("model", "fake-model")
+    return OpenAISummarizerConfig(base_url=base_url, api_key_env=KEY_ENV, **kw)
 
 
 def conversation(start: int = 10) -> list[dict[str, Any]]:
@@ -129,9 +133,14 @@ def test_good_answer_gives_a_valid_summary_citing_given_ids(llm: FakeLLM) -> Non
     sent = llm.requests[0]
     assert sent.path == "/v1/chat/completions"
     assert sent.body["model"] == "fake-model"
-    assert sent.body["response_format"] == {"type": "json_object"}
-    assert sent.body["max_tokens"] == 1500
-    assert sent.body["stream"] is False
+    # structured output: the summary's schema, in the first form a server may take
+    fmt = sent.body["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["strict"] is True
+    schema = fmt["json_schema"]["schema"]
+    assert schema["required"] == ["sections"]
+    assert set(schema["properties"]["sections"]["properties"]) == set(SECTIONS)
+    assert 64 <= sent.body["max_tokens"] <= 1500
+    assert sent.body["stream"] is True
 
 
 def test_fenced_json_with_prose_is_parsed_without_a_retry(llm: FakeLLM) -> None:
@@ -256,7 +265,10 @@ def test_http_500_is_an_error_naming_endpoint_and_cause(llm: FakeLLM) -> None:
     with pytest.raises(SummarizerError) as err:
         summarize(OpenAISummarizer(settings(llm.base_url)), request())
     assert str(err.value) == f"{llm.base_url}/chat/completions: HTTP 500: model crashed"
-    assert len(llm.requests) == 1
+    # a server never heard from may be refusing the schema (llama-cpp-python answers an
+    # unknown response_format with 500): each form, then the prompt alone
+    assert [r.body.get("response_format", {}).get("type") for r in llm.requests] == [
+        "json_schema", "json_object", None]
 
 
 def test_wrong_base_url_gets_a_hint(llm: FakeLLM) -> None:
@@ -283,14 +295,19 @@ def test_400_on_response_format_is_retried_without_it(llm: FakeLLM) -> None:
     req = request()
     summary = summarize(summarizer, req)
     assert summary.all_sources() == given_ids(req)
-    assert len(llm.requests) == 2
-    assert "response_format" in llm.requests[0].body
-    assert "response_format" not in llm.requests[1].body
-    assert llm.requests[0].messages == llm.requests[1].messages
-    # remembered: the next summary goes straight to the plain request
-    summarize(summarizer, req)
     assert len(llm.requests) == 3
+    assert llm.requests[0].body["response_format"]["type"] == "json_schema"
+    assert llm.requests[1].body["response_format"]["type"] == "json_object"
+    assert "schema" in llm.requests[1].body["response_format"]
     assert "response_format" not in llm.requests[2].body
+    assert llm.requests[0].messages == llm.requests[2].messages
+    # remembered for the endpoint: the next summary goes straight to the plain request,
+    # even from another summarizer in the process
+    summarize(summarizer, req)
+    summarize(OpenAISummarizer(settings(llm.base_url)), req)
+    assert len(llm.requests) == 5
+    assert "response_format" not in llm.requests[3].body
+    assert "response_format" not in llm.requests[4].body
 
 
 def test_options_newer_openai_models_reject_are_adapted(llm: FakeLLM) -> None:
@@ -300,9 +317,9 @@ def test_options_newer_openai_models_reject_are_adapted(llm: FakeLLM) -> None:
     assert summary.all_sources() == given_ids(req)
     assert len(llm.requests) == 3
     last = llm.requests[-1].body
-    assert "max_tokens" not in last and last["max_completion_tokens"] == 1500
+    assert "max_tokens" not in last and 64 <= last["max_completion_tokens"] <= 1500
     assert "temperature" not in last
-    assert last["response_format"] == {"type": "json_object"}
+    assert last["response_format"]["type"] == "json_schema"
 
 
 def test_api_key_from_the_named_variable_reaches_the_server(
@@ -492,6 +509,9 @@ def test_make_summarizer_builds_what_the_config_names() -> None:
     assert isinstance(make_summarizer(cfg), BuiltinSummarizer)
     cfg.summarizer = "openai"
     cfg.openai.model = "llama3.1:8b"
+    # the fallback is the built-in summarizer unless turned off
+    assert isinstance(make_summarizer(cfg), FallbackSummarizer)
+    cfg.openai.fallback = ""
     plain = make_summarizer(cfg)
     assert isinstance(plain, OpenAISummarizer)
     assert plain.name == "openai:llama3.1:8b"
@@ -554,7 +574,7 @@ def test_engine_failure_leaves_the_context_as_it_was(llm: FakeLLM, tmp_path: Pat
         assert err.value.code == -32016
         assert "HTTP 500" in str(err.value)
         assert engine.context_messages(sid) == before
-        assert len(llm.requests) == 1
+        assert len(llm.requests) == 3  # the schema's two forms, then the prompt alone
     finally:
         engine.close()
 

@@ -88,6 +88,8 @@ def test_compact_from_the_page_shrinks_numbers_and_pointers_jump(
     errors = watch_errors(page)
     before = client.call("context/status", {"sessionId": sid})
     assert page.inner_text("#n-active") == fmt(before["activeMessages"])
+    # the summarizer in use, with no failure to show
+    assert page.inner_text("#n-summarizer") == before["summarizer"] == "builtin"
     # the newest page only: the start of the session is not in the DOM yet
     assert page.locator("#transcript .msg[data-id]").count() <= 100
     page.fill("#compact-instructions", "keep every file path")

@@ -27,6 +27,9 @@ def cmd_status(ctx: Context) -> int:
     sessions = sum(1 for _ in all_sessions(ctx.client))
     endpoints = {k: info[k] for k in ("zmq_router", "zmq_pub", "jsonrpc_tcp", "websocket")
                  if info.get(k)}
+    capabilities = (getattr(ctx.client, "server_info", None) or {}).get("capabilities") or {}
+    summarizer = capabilities.get("summarizer")
+    failure = capabilities.get("summarizerLastFailure")
     if ctx.out.json_mode:
         ctx.out.document({
             "running": True,
@@ -37,6 +40,8 @@ def cmd_status(ctx: Context) -> int:
             "connectionFile": str(ctx.connection_file),
             "endpoints": endpoints,
             "sessions": sessions,
+            "summarizer": summarizer,
+            "summarizerLastFailure": failure,
         })
         return EXIT_OK
     out = ctx.out
@@ -47,7 +52,11 @@ def cmd_status(ctx: Context) -> int:
         ("connection file", str(ctx.connection_file)),
         *[(name.replace("_", " "), str(url)) for name, url in endpoints.items()],
         ("sessions", str(sessions)),
+        ("summarizer", str(summarizer or "?")),
     ]
+    if failure:
+        message = one_line(str(failure.get("message") or ""))
+        rows.append(("last failure", f"{when(failure.get('at'))}: {message}"))
     fields(out, rows)
     return EXIT_OK
 

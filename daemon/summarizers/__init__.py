@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import time
+from typing import Any
 
 from ctxd.daemon.config import Config
 from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
@@ -15,6 +17,7 @@ __all__ = [
     "OpenAISummarizer",
     "SummarizerError",
     "make_summarizer",
+    "summarizer_status",
 ]
 
 log = logging.getLogger("ctxd.summarizer")
@@ -31,6 +34,8 @@ class FallbackSummarizer:
         self.primary = primary
         self.fallback = fallback
         self.name = f"{primary.name} (fallback {fallback.name})"
+        # (time.time(), message) of the primary's last failure, for `ctxd status`
+        self.last_failure: tuple[float, str] | None = None
 
     async def summarize(self, request: SummaryRequest) -> Summary:
         try:
@@ -39,11 +44,22 @@ class FallbackSummarizer:
             reason = str(exc) or type(exc).__name__
             if not isinstance(exc, SummarizerError):
                 reason = f"{type(exc).__name__}: {reason}"
+            self.last_failure = (time.time(), reason)
             log.warning("summarizer %s failed, using %s: %s",
                         self.primary.name, self.fallback.name, reason)
         summary = await self.fallback.summarize(request)
         summary.summarizer = f"{self.fallback.name} (fallback: {reason[:300]})"
         return summary
+
+
+def summarizer_status(summarizer: Summarizer) -> dict[str, Any]:
+    """The summarizer in use and its last failure, as `context/status` reports them."""
+    failure = getattr(summarizer, "last_failure", None)
+    return {
+        "summarizer": getattr(summarizer, "name", type(summarizer).__name__),
+        "summarizerLastFailureAt": failure[0] if failure else None,
+        "summarizerLastFailure": failure[1][:500] if failure else None,
+    }
 
 
 def make_summarizer(config: Config) -> Summarizer:

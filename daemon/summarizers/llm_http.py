@@ -51,6 +51,10 @@ class _HTTPError(Exception):
     pass
 
 
+class IdleTimeout(TimeoutError):
+    """A streamed answer stopped: no token for `idle_timeout` seconds."""
+
+
 # Statuses that say "later" rather than "no": overload, rate limits, a gateway between us
 # and the model. A plain 500 is not retried: it is usually the model failing on this very
 # prompt, and the same prompt fails again.
@@ -131,13 +135,24 @@ class LLMHTTP:
             await client.aclose()
 
     async def post_json(
-        self, payload: dict[str, Any], headers: dict[str, str], *, timeout: float
+        self,
+        payload: dict[str, Any],
+        headers: dict[str, str],
+        *,
+        timeout: float,
+        idle_timeout: float | None = None,
     ) -> _Response:
         """The answer to one POST, after retrying statuses that say "later".
 
         Each attempt is bounded by `timeout` (TimeoutError past it). The last answer is
         returned as it is when retries run out or the server asks for a longer wait than
         `max_retry_wait`.
+
+        With `idle_timeout`, a streamed answer (`text/event-stream`) is read token by
+        token: `timeout` bounds the wait for the first one (the server reads the prompt
+        first), `idle_timeout` every gap after it (`IdleTimeout`), and nothing bounds
+        the whole, which `max_tokens` does. The events are folded into one chat
+        completion body, so callers read both kinds of answer alike.
         """
         body = json.dumps(payload, ensure_ascii=False).encode()
         head = {
@@ -146,10 +161,15 @@ class LLMHTTP:
             "Accept-Encoding": "gzip, deflate",
             **headers,
         }
+        if idle_timeout is not None:
+            head["Accept"] = "text/event-stream, application/json"
         attempt = 0
         while True:
-            async with asyncio.timeout(timeout):
-                response = await self._once(body, head)
+            if idle_timeout is None:
+                async with asyncio.timeout(timeout):
+                    response = await self._once(body, head)
+            else:
+                response = await self._once_streamed(body, head, timeout, idle_timeout)
             if response.status not in RETRY_STATUSES or attempt >= self.retries:
                 return response
             asked = retry_after_seconds(response.headers.get("retry-after"))
@@ -173,6 +193,88 @@ class LLMHTTP:
             return _Response(
                 response.status_code, {k.lower(): v for k, v in response.headers.items()}, data
             )
+
+    async def _once_streamed(
+        self, body: bytes, head: dict[str, str], first: float, idle: float
+    ) -> _Response:
+        client = self._client()
+        deadline = asyncio.get_running_loop().time() + first
+        async with contextlib.AsyncExitStack() as stack:
+            async with asyncio.timeout_at(deadline):
+                response = await stack.enter_async_context(
+                    client.stream("POST", self.url, content=body, headers=head)
+                )
+            headers = {k.lower(): v for k, v in response.headers.items()}
+            kind = headers.get("content-type", "").split(";")[0].strip().lower()
+            if kind != "text/event-stream":
+                # an error, or a server that answers in one piece despite `stream`
+                async with asyncio.timeout_at(deadline + idle):
+                    data = await self._read_body(response)
+                return _Response(response.status_code, headers, data)
+            folded = await self._read_events(response, deadline, idle)
+            return _Response(response.status_code, headers, folded)
+
+    async def _read_events(
+        self, response: httpx.Response, deadline: float, idle: float
+    ) -> bytes:
+        """Server-sent chat completion chunks folded into one completion body."""
+        loop = asyncio.get_running_loop()
+        lines = response.aiter_lines()
+        parts: list[str] = []
+        size = 0
+        finish: str | None = None
+        model = ""
+        started = False
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    line = await anext(lines)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                if started:
+                    raise IdleTimeout(f"no token for {idle:g} s") from None
+                raise
+            line = line.strip()
+            if not line.startswith("data:"):
+                continue  # comments (keep-alive pings), event names, blank separators
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            try:
+                event = json.loads(data)
+                choice = (event.get("choices") or [{}])[0]
+            except (ValueError, AttributeError, TypeError, IndexError):
+                raise _HTTPError(f"not a chat completion stream event: {data[:200]!r}") from None
+            if isinstance(event, dict) and event.get("error"):
+                # some servers report a failure mid-stream as an event
+                raise _HTTPError(f"the stream reported an error: {str(event['error'])[:300]}")
+            model = str(event.get("model") or model)
+            delta = choice.get("delta") or {}
+            piece = delta.get("content") if isinstance(delta, dict) else None
+            if isinstance(piece, str) and piece:
+                parts.append(piece)
+                size += len(piece)
+                if size > self.max_bytes:
+                    raise _HTTPError(f"the response is larger than {self.max_bytes} bytes")
+                started = True
+                deadline = loop.time() + idle
+            elif started:
+                deadline = loop.time() + idle
+            if choice.get("finish_reason"):
+                finish = str(choice["finish_reason"])
+        folded = {
+            "object": "chat.completion",
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "".join(parts)},
+                    "finish_reason": finish,
+                }
+            ],
+        }
+        return json.dumps(folded, ensure_ascii=False).encode()
 
     async def _read_body(self, response: httpx.Response) -> bytes:
         """The body, decoded, never more than `max_bytes` in memory after decompression."""

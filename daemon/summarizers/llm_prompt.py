@@ -148,10 +148,17 @@ def _summary_json(summary: Summary) -> str:
         items = summary.sections.get(name) or []
         if items:
             rows = ",\n".join(
-                "  " + json.dumps(item.to_dict(), ensure_ascii=False) for item in items
+                "  " + json.dumps(_without_origin(item.to_dict()), ensure_ascii=False)
+                for item in items
             )
             blocks.append(f" {json.dumps(name)}: [\n{rows}\n ]")
     return '{"sections": {\n' + ",\n".join(blocks) + "\n}}"
+
+
+def _without_origin(item: dict[str, Any]) -> dict[str, Any]:
+    # who wrote an item is bookkeeping, not something the model should copy
+    item.pop("origin", None)
+    return item
 
 
 def build_prompt(
@@ -191,6 +198,54 @@ def build_prompt(
     ]
 
 
+MODEL_PROMPT = """\
+You summarize part of an AI agent's conversation for the agent itself: these messages \
+are leaving its context. The user's rules, the files, the artifacts, the errors and the \
+tool calls are recorded separately, word for word. Write only what needs understanding:
+- goals: what the user wants, and the state of the work (done, in progress, blocked).
+- decisions: what was decided, with the reason when the messages give one.
+- open_items: open questions and the next steps.
+Each item is {"text": "...", "sources": [N]}, citing the [id N] of the messages it comes \
+from. Write only what the messages say. Be terse. Copy names, paths and numbers exactly.
+Answer with one JSON object: {"sections": {"goals": [...], "decisions": [...], \
+"open_items": [...]}}"""
+
+
+def build_model_prompt(
+    *,
+    previous: Summary,
+    sections: Sequence[str],
+    pins: Sequence[str],
+    instructions: str | None,
+    blocks: Sequence[str],
+    target_tokens: int,
+    part: int | None = None,
+) -> list[dict[str, str]]:
+    """The request when the built-in extractor writes the rest of the summary: a short
+    prompt asking for `sections` only, and the previous summary's items of those
+    sections only (the extractor carries the others).
+
+    One user message: Gemma's chat template, among others, has no system role and
+    drops a system message, and a user message reads the same on every server.
+    """
+    kept = Summary(sections={k: v for k, v in previous.sections.items() if k in sections})
+    parts = [MODEL_PROMPT]
+    if not kept.is_empty():
+        parts.append(f"<previous_summary>\n{_summary_json(kept)}\n</previous_summary>")
+    if pins:
+        parts.append("<pinned_facts>\n" + "\n".join(f"- {p}" for p in pins) + "\n</pinned_facts>")
+    if instructions and instructions.strip():
+        parts.append(f"<focus>\nFocus on: {instructions.strip()}\n</focus>")
+    intro = "Messages, oldest first:"
+    if part is not None:
+        intro = _PART_NOTE.format(part=part) + "\n" + intro
+    parts.append(f"{intro}\n<messages>\n" + "\n".join(blocks) + "\n</messages>")
+    parts.append(
+        f"Keep it under about {target_tokens} tokens. Answer with the JSON object only."
+    )
+    return [{"role": "user", "content": "\n\n".join(parts)}]
+
+
 # ------------------------------------------------------------------------ parsing
 
 _THINK = re.compile(r"<think(?:ing)?>.*?(?:</think(?:ing)?>|\Z)", re.DOTALL | re.IGNORECASE)
@@ -199,7 +254,8 @@ _TRAILING_COMMA = re.compile(r",(\s*[}\]])")
 
 
 def _first_object(text: str) -> dict[str, Any] | None:
-    decoder = json.JSONDecoder()
+    # strict=False: a raw newline or tab inside a string, which small models write
+    decoder = json.JSONDecoder(strict=False)
     first: dict[str, Any] | None = None
     i = text.find("{")
     while i != -1:

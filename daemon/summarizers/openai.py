@@ -1,16 +1,25 @@
 """A summarizer backed by an OpenAI-compatible chat completions endpoint.
 
 It speaks plain `POST {base_url}/chat/completions`, the one API that OpenAI, Ollama,
-llama.cpp's server and vLLM all serve, and asks for JSON the portable way: the format is
-spelled out in the prompt and `response_format: {"type": "json_object"}` is sent as a
-hint, dropped when a server rejects it. The answer is parsed tolerantly (code fences,
-prose around the object, reasoning blocks, trailing commas) and then checked strictly:
-known sections, items with text and sources, only ids that were shown, within the
-budget. A bad answer gets one retry with its problems named; a second bad answer is a
-`SummarizerError`, and the engine leaves the context untouched.
+llama.cpp's server and vLLM all serve. The summary's JSON Schema goes as
+`response_format` (structured output: even a small model answers in the contract's
+shape), in the first of the forms of `llm_schema` the endpoint accepts, and the format
+is spelled out in the prompt for servers that take none. The answer is streamed:
+`max_tokens` is derived from the summary budget, and the request fails when no token
+comes for `idle_timeout_seconds`, however long a steady answer takes.
 
-Input larger than the model's window is summarized in chunks, oldest first, each chunk
-anchored on the summary so far, so a long history never makes compaction fail.
+With `with_extractor` (the default) the built-in extractor reads the same messages and
+`merge` combines both: the model adds goals, decisions and open items, and cannot lose a
+rule, an artifact, a path or a pointer. Without it the answer is the whole summary,
+parsed tolerantly (code fences, prose around the object, reasoning blocks, trailing
+commas) and then checked strictly: known sections, items with text and sources, only
+ids that were shown, within the budget. A bad answer gets one retry with its problems
+named; a second bad answer is a `SummarizerError`, and the engine leaves the context
+untouched (or the fallback summarizes).
+
+Input larger than the model's window (the smaller of `context_window_tokens` and what
+the endpoint reports) is summarized in chunks, oldest first, each chunk anchored on the
+summary so far, so a long history never makes compaction fail.
 
 HTTP goes through httpx (`llm_http.LLMHTTP`): keep-alive, retries with backoff on 429
 and 502/503/504 honouring `Retry-After`, proxies from the environment (never for a
@@ -18,34 +27,50 @@ loopback endpoint) and a bound on the decompressed answer.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import ssl
-import zlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
-
 from ctxd.daemon.config import OpenAISummarizerConfig
+from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
 from ctxd.daemon.summarizers.contract import contract_problems, reference
-from ctxd.daemon.summarizers.llm_http import (
-    LLMHTTP,
-    RETRY_STATUSES,
-    SummarizerError,
-    _error_detail,
-    _HTTPError,
-    _read_choice,
-    _redact,
+from ctxd.daemon.summarizers.llm_chat import ChatCompletions
+from ctxd.daemon.summarizers.llm_fit import (
+    MIN_ROOM,
+    RETRY_RESERVE,
+    fit_budget,
+    fit_text,
+    lost_constraints,
+    message_id,
 )
+from ctxd.daemon.summarizers.llm_http import (
+    SummarizerError,
+)
+from ctxd.daemon.summarizers.llm_probe import probe
 from ctxd.daemon.summarizers.llm_prompt import (
+    build_model_prompt,
     build_prompt,
     format_messages,
     parse_json_object,
     read_sections,
-    trim_middle,
+)
+from ctxd.daemon.summarizers.llm_prompt import trim_middle as trim_middle  # re-exported
+from ctxd.daemon.summarizers.llm_schema import (
+    MODEL_SECTIONS,
+    summary_schema,
+)
+from ctxd.daemon.summarizers.merge import (
+    describe,
+    merge,
+    model_items,
+    origin_counts,
+    read_answer,
 )
 from ctxd.daemon.summary import SECTIONS, Summary, SummaryItem, SummaryRequest
 
@@ -63,9 +88,6 @@ class _Verdict:
     over_budget_only: bool = False
 
 
-# What the budget gives up first when a valid answer is still too long after the
-# retry: the same order as the built-in summarizer, current constraints last.
-_DROP_ORDER = ("tool_activity", "errors", "files", "decisions", "goals", "open_items")
 
 
 class OpenAISummarizer:
@@ -92,32 +114,60 @@ class OpenAISummarizer:
         # For messages: credentials embedded in the URL must not leak into logs.
         netloc = parts.netloc.rsplit("@", 1)[-1]
         self.endpoint = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
-        self._http: LLMHTTP | None = None
-        self._http_error = ""
-        try:
-            self._http = LLMHTTP(
-                self.url,
-                ssl_context=ssl_context,
-                max_bytes=max_response_bytes,
-                retries=retries,
-                backoff_seconds=backoff_seconds,
-                max_retry_wait=max_retry_wait,
-            )
-        except _HTTPError as exc:  # reported on the first summary, like a refused connection
-            self._http_error = str(exc)
-        # Request options a server turned down; remembered so later requests skip them.
-        self._dropped: set[str] = set()
-        self._max_tokens_key = "max_tokens"
+        self._chat = ChatCompletions(
+            config,
+            self.url,
+            self.endpoint,
+            ssl_context=ssl_context,
+            max_response_bytes=max_response_bytes,
+            retries=retries,
+            backoff_seconds=backoff_seconds,
+            max_retry_wait=max_retry_wait,
+        )
+        # (time.time(), message) of the last failure, for `ctxd status`
+        self.last_failure: tuple[float, str] | None = None
+        # the window the endpoint reports, read once (None: it reports none)
+        self._reported_window: int | None = None
+        self._window_read = False
+        self._extractor = BuiltinSummarizer()
+        self._full_schema = summary_schema()
+        self._model_schema = summary_schema(MODEL_SECTIONS, full_items=False)
 
     # ------------------------------------------------------------ public API
 
     async def summarize(self, request: SummaryRequest) -> Summary:
+        try:
+            return await self._summarize(request)
+        except Exception as exc:
+            self.last_failure = (time.time(), str(exc) or type(exc).__name__)
+            raise
+
+    @property
+    def context_window(self) -> int:
+        reported = self._reported_window
+        configured = self.config.context_window_tokens
+        return min(configured, reported) if reported else configured
+
+    async def _read_window(self) -> None:
+        if self._window_read:
+            return
+        self._window_read = True
+        env = self.config.api_key_env
+        key = os.environ.get(env, "").strip() if env else ""
+        found = await asyncio.to_thread(probe, self.config, timeout=3.0, api_key=key)
+        self._reported_window = found.context_window
+        if found.context_window:
+            log.info("%s: the endpoint reports a context window of %d tokens",
+                     self.endpoint, found.context_window)
+
+    async def _summarize(self, request: SummaryRequest) -> Summary:
         previous = request.previous
         if request.budget_tokens <= 0:
             return self._finish(request, previous, {}, [])
         blocks = format_messages(request.messages, self.max_tool_chars)
         if not blocks:
             return self._finish(request, previous, previous.sections, [])
+        await self._read_window()
         count = request.count_tokens
         sized = [(mid, text, count(text) + 1) for mid, text in blocks]
         summary = previous
@@ -132,7 +182,7 @@ class OpenAISummarizer:
                     "%s: %d messages exceed the window of %d tokens; summarizing in chunks",
                     self.endpoint,
                     len(blocks),
-                    self.config.context_window_tokens,
+                    self.context_window,
                 )
             numbered = part if (part > 1 or pending) else None
             summary = await self._summarize_chunk(request, summary, chunk, numbered)
@@ -142,34 +192,52 @@ class OpenAISummarizer:
 
     def _target_tokens(self, request: SummaryRequest) -> int:
         # The JSON answer is longer than the rendered text; asking for a rendered size
-        # the output limit cannot hold would get a cut-off answer.
-        return max(50, min(request.budget_tokens, int(self.config.max_output_tokens * 0.7)))
+        # the output limit cannot hold would get a cut-off answer. Beside the extractor
+        # the model's share is half the budget.
+        budget = request.budget_tokens
+        if self.config.with_extractor:
+            budget //= 2
+        return max(50, min(budget, int(self.config.max_output_tokens * 0.7)))
 
-    def _room(self, request: SummaryRequest, anchor: Summary) -> int:
-        """Tokens left for message text in one request anchored on `anchor`."""
-        prompt = build_prompt(
+    def _max_tokens(self, request: SummaryRequest) -> int:
+        """The answer's bound: the target as JSON (about 1.5 tokens of JSON per token of
+        rendered text, plus the frame), never more than `max_output_tokens`."""
+        wanted = int(self._target_tokens(request) * 1.5) + 100
+        return max(64, min(self.config.max_output_tokens, wanted))
+
+    def _prompt(
+        self, request: SummaryRequest, anchor: Summary, blocks: list[str], part: int | None
+    ) -> list[dict[str, str]]:
+        build = build_model_prompt if self.config.with_extractor else build_prompt
+        extra = {"sections": MODEL_SECTIONS} if self.config.with_extractor else {}
+        return build(
             previous=anchor,
             pins=request.pins,
             instructions=request.instructions,
-            blocks=[],
+            blocks=blocks,
             target_tokens=self._target_tokens(request),
-            part=1,
+            part=part,
+            **extra,  # type: ignore[arg-type]
         )
+
+    def _room(self, request: SummaryRequest, anchor: Summary) -> int:
+        """Tokens left for message text in one request anchored on `anchor`."""
+        prompt = self._prompt(request, anchor, [], 1)
         overhead = sum(request.count_tokens(m["content"]) + 4 for m in prompt) + 3
         # The server's tokenizer is not ours: keep a tenth in reserve. A retry appends
         # the bad answer (trimmed) and the list of its problems.
-        window = int(self.config.context_window_tokens * 0.9)
-        room = window - overhead - self.config.max_output_tokens - _RETRY_RESERVE
-        if room < _MIN_ROOM:
+        window = int(self.context_window * 0.9)
+        room = window - overhead - self._max_tokens(request) - RETRY_RESERVE
+        if room < MIN_ROOM:
             log.warning(
                 "%s: the prompt and previous summary leave %d tokens of a %d-token window "
                 "for messages; using %d, which may exceed the window",
                 self.endpoint,
                 room,
-                self.config.context_window_tokens,
-                _MIN_ROOM,
+                self.context_window,
+                MIN_ROOM,
             )
-            room = _MIN_ROOM
+            room = MIN_ROOM
         return room
 
     @staticmethod
@@ -190,7 +258,7 @@ class OpenAISummarizer:
                 i += 1
                 continue
             if not chunk:
-                chunk.append((mid, _fit_text(text, room, count)))
+                chunk.append((mid, fit_text(text, room, count)))
                 i += 1
             break
         return chunk, pending[i:]
@@ -205,20 +273,17 @@ class OpenAISummarizer:
         part: int | None,
     ) -> Summary:
         ids = [mid for mid, _ in chunk if mid is not None]
+        if self.config.with_extractor:
+            return await self._summarize_beside_extractor(request, anchor, chunk, ids, part)
         allowed = anchor.all_sources() | set(ids)
-        messages: list[dict[str, str]] = build_prompt(
-            previous=anchor,
-            pins=request.pins,
-            instructions=request.instructions,
-            blocks=[text for _, text in chunk],
-            target_tokens=self._target_tokens(request),
-            part=part,
-        )
+        messages = self._prompt(request, anchor, [text for _, text in chunk], part)
         verdict = _Verdict()
         # the built-in reading of the same messages: what the answer is held to
         ref = reference(request, anchor, ids)
         for attempt in (1, 2):
-            content, finish_reason = await self._complete(messages)
+            content, finish_reason = await self._complete(
+                messages, self._full_schema, self._max_tokens(request)
+            )
             verdict = self._check(content, finish_reason, allowed, anchor, request)
             if not verdict.problems or verdict.over_budget_only:
                 broken = contract_problems(ref, verdict.sections, ids, request.budget_tokens)
@@ -234,7 +299,7 @@ class OpenAISummarizer:
                 )
                 # Trimmed to what _room reserved for a retry, so it fits the window too.
                 shown = (
-                    _fit_text(content, _RETRY_RESERVE // 2, request.count_tokens)
+                    fit_text(content, RETRY_RESERVE // 2, request.count_tokens)
                     if content.strip()
                     else "(an empty answer)"
                 )
@@ -251,13 +316,62 @@ class OpenAISummarizer:
         if verdict.over_budget_only:
             # Twice valid but too long: cutting the least important items keeps the
             # model's work, which beats failing the compaction over size alone.
-            sections = _fit_budget(verdict.sections, request)
+            sections = fit_budget(verdict.sections, request)
             log.warning("%s: the summary was over budget twice; dropped items", self.endpoint)
             return self._finish(request, anchor, sections, ids, ref)
         raise SummarizerError(
             f"{self.endpoint}: the model's summary was invalid twice: "
             + "; ".join(verdict.problems[:5])
         )
+
+    async def _summarize_beside_extractor(
+        self,
+        request: SummaryRequest,
+        anchor: Summary,
+        chunk: list[tuple[int | None, str]],
+        ids: list[int],
+        part: int | None,
+    ) -> Summary:
+        """The extractor's summary of the chunk with the model's items merged in."""
+        messages = self._prompt(request, anchor, [text for _, text in chunk], part)
+        content, finish_reason = await self._complete(
+            messages, self._model_schema, self._max_tokens(request)
+        )
+        obj = read_answer(content)
+        if obj is None:
+            cut = " (cut off at max_tokens)" if finish_reason == "length" else ""
+            text = content.strip()
+            shown = (text if len(text) <= 240 else f"{text[:120]} … {text[-120:]}") or (
+                "an empty answer"
+            )
+            raise SummarizerError(
+                f"{self.endpoint}: the answer holds no JSON summary{cut}: {shown!r}"
+            )
+        wanted = set(ids)
+        span_messages = [m for m in request.messages if message_id(m) in wanted]
+        extracted = self._extractor.summarize_sync(
+            SummaryRequest(
+                session_id=request.session_id,
+                previous=anchor,
+                messages=span_messages,
+                pins=list(request.pins),
+                instructions=request.instructions,
+                budget_tokens=request.budget_tokens,
+                count_tokens=request.count_tokens,
+                ordinals=dict(request.ordinals),
+            )
+        )
+        ref = reference(request, anchor, ids)
+        evidence = "\n".join(text for _, text in chunk) + "\n" + anchor.render()
+        found = model_items(obj, ids, anchor, evidence)
+        merged = merge(extracted, found, request, anchor, ref, ids)
+        summary = self._finish(request, anchor, merged.sections, ids, ref)
+        summary.supersessions = {**extracted.supersessions, **summary.supersessions}
+        counts = origin_counts(summary)
+        summary.summarizer = f"{self.name} + builtin {describe(counts)}"
+        log.info("%s: merged summary of %d messages, items by origin %s",
+                 self.endpoint, len(ids), describe(counts))
+        return summary
 
     def _check(
         self,
@@ -279,7 +393,7 @@ class OpenAISummarizer:
                 )
             return _Verdict(problems=problems)
         sections, problems = read_sections(obj, allowed)
-        problems += _lost_constraints(anchor, sections, request)
+        problems += lost_constraints(anchor, sections, request)
         size = request.count_tokens(Summary(sections=sections).render())
         if size > request.budget_tokens:
             over = (
@@ -312,136 +426,7 @@ class OpenAISummarizer:
             supersessions={**anchor.supersessions, **(ref.supersessions if ref else {})},
         )
 
-    # ---------------------------------------------------------------- HTTP
-
-    def _payload(self, messages: list[dict[str, str]]) -> dict[str, Any]:
-        payload: dict[str, Any] = {"messages": messages, "stream": False}
-        if self.config.model:
-            payload["model"] = self.config.model
-        if "temperature" not in self._dropped:
-            payload["temperature"] = self.config.temperature
-        payload[self._max_tokens_key] = self.config.max_output_tokens
-        if "response_format" not in self._dropped:
-            payload["response_format"] = {"type": "json_object"}
-        return payload
-
-    def _adapt(self, status: int, detail: str) -> bool:
-        """Drop or rename the option a server rejected; False when there is none."""
-        if status not in (400, 422):
-            return False
-        low = detail.lower()
-        if "response_format" in low and "response_format" not in self._dropped:
-            self._dropped.add("response_format")
-            return True
-        unsupported = "unsupported" in low or "not supported" in low
-        # Newer OpenAI models take max_completion_tokens and only the default temperature.
-        if (
-            unsupported
-            and "max_tokens" in low
-            and "max_completion_tokens" in low
-            and self._max_tokens_key == "max_tokens"
-        ):
-            self._max_tokens_key = "max_completion_tokens"
-            return True
-        if unsupported and "temperature" in low and "temperature" not in self._dropped:
-            self._dropped.add("temperature")
-            return True
-        return False
-
-    async def _complete(self, messages: list[dict[str, str]]) -> tuple[str, str | None]:
-        """The model's answer text and finish reason."""
-        key_name = self.config.api_key_env
-        key = os.environ.get(key_name, "").strip() if key_name else ""
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        timeout = self.config.timeout_seconds
-        if self._http is None:
-            raise SummarizerError(f"{self.endpoint}: request failed: {self._http_error}")
-        for _ in range(4):
-            try:
-                response = await self._http.post_json(
-                    self._payload(messages), headers, timeout=timeout
-                )
-            except TimeoutError:
-                raise SummarizerError(
-                    f"{self.endpoint}: no answer within {timeout:g} s (timeout_seconds)"
-                ) from None
-            except (OSError, _HTTPError, httpx.HTTPError, ValueError, zlib.error) as exc:
-                cause = _redact(f"{type(exc).__name__}: {exc}", key)
-                raise SummarizerError(f"{self.endpoint}: request failed: {cause}") from None
-            if 200 <= response.status < 300:
-                return _read_choice(response.body, self.endpoint, key)
-            detail = _redact(_error_detail(response.body), key)
-            if self._adapt(response.status, detail):
-                log.info("%s: HTTP %d (%s); retrying without that option",
-                         self.endpoint, response.status, detail[:120])
-                continue
-            hint = ""
-            if response.status in RETRY_STATUSES and "retry-after" in response.headers:
-                hint = f" (Retry-After: {response.headers['retry-after'][:40]})"
-            if response.status == 404:
-                hint = " (check openai.base_url: it usually ends in /v1)"
-            raise SummarizerError(f"{self.endpoint}: HTTP {response.status}: {detail}{hint}")
-        raise SummarizerError(f"{self.endpoint}: the server rejected every request option")
-
-
-# Room a retry adds to the conversation: the trimmed bad answer and the problems.
-_RETRY_RESERVE = 600
-# Never fewer tokens of messages per request than this, whatever the window says.
-_MIN_ROOM = 256
-
-
-def _fit_text(text: str, room: int, count: Callable[[str], int]) -> str:
-    """`text` trimmed in the middle until it counts at most `room` tokens."""
-    limit = len(text)
-    for _ in range(8):
-        tokens = count(text)
-        if tokens <= room:
-            return text
-        limit = max(40, int(min(limit, len(text)) * room / tokens * 0.9))
-        text = trim_middle(text, limit)
-    return text
-
-
-def _lost_constraints(
-    anchor: Summary, sections: dict[str, list[SummaryItem]], request: SummaryRequest
-) -> list[str]:
-    """Current constraints of the anchor that no item cites any more.
-
-    A user's rule dropped from the summary is the most harmful loss; the check is
-    skipped when those constraints alone would take half the budget.
-    """
-    kept = [i for i in anchor.sections.get("constraints") or [] if i.status == "current"]
-    if not kept:
-        return []
-    alone = Summary(sections={"constraints": kept}).render()
-    if request.count_tokens(alone) * 2 > request.budget_tokens:
-        return []
-    cited = {s for items in sections.values() for item in items for s in item.sources}
-    return [
-        f"the previous summary's constraint {item.text[:60]!r} (sources {item.sources[:5]}) "
-        "is missing: keep it with its sources"
-        for item in kept
-        if not set(item.sources) & cited
-    ]
-
-
-def _newest_source(item: SummaryItem) -> int:
-    return max(item.sources, default=0)
-
-
-def _fit_budget(
-    sections: dict[str, list[SummaryItem]], request: SummaryRequest
-) -> dict[str, list[SummaryItem]]:
-    """Drop items, least important and oldest first, until the render fits."""
-    out = {name: list(items) for name, items in sections.items()}
-    order: list[tuple[str, SummaryItem]] = []
-    for name in _DROP_ORDER:
-        order.extend((name, item) for item in sorted(out.get(name, []), key=_newest_source))
-    constraints = sorted(out.get("constraints", []), key=_newest_source)
-    order.extend(("constraints", i) for i in constraints if i.status != "current")
-    order.extend(("constraints", i) for i in constraints if i.status == "current")
-    for name, item in order:
-        if request.count_tokens(Summary(sections=out).render()) <= request.budget_tokens:
-            break
-        out[name] = [i for i in out[name] if i is not item]
-    return {name: items for name, items in out.items() if items}
+    async def _complete(
+        self, messages: list[dict[str, str]], schema: dict[str, Any], max_tokens: int
+    ) -> tuple[str, str | None]:
+        return await self._chat.complete(messages, schema, max_tokens)

@@ -198,6 +198,12 @@ function setStatus(st) {
   $("#n-approvals").classList.toggle("warn", st.pendingApprovals > 0);
   $("#n-paused").textContent = st.autoCompactionPaused ? "paused (3 failures)" : "on";
   $("#n-paused").classList.toggle("warn", st.autoCompactionPaused);
+  // the summarizer in use, and when and why it last failed (hover for the message)
+  const summ = $("#n-summarizer");
+  const failed = st.summarizerLastFailureAt;
+  summ.textContent = (st.summarizer || "–") + (failed ? ` · failed ${fmtAgo(failed)}` : "");
+  summ.title = failed ? `${fmtTime(failed)}: ${st.summarizerLastFailure || ""}` : "";
+  summ.classList.toggle("warn", !!failed);
   updateGates();
 }
 
