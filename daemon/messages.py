@@ -229,6 +229,20 @@ def content_text(content: Any, *, mark_other_parts: bool = False) -> str:
     return str(content)
 
 
+def message_id(msg: Any) -> int | None:
+    """The archive id of a message as summarizers receive it; None when it has none (a
+    message without an id cannot be cited)."""
+    if not isinstance(msg, dict):
+        return None
+    raw = msg.get("id")
+    if isinstance(raw, bool):
+        return None
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return None
+
+
 def message_text(msg: dict[str, Any]) -> str:
     """All searchable text of a message: content, tool call names and arguments."""
     parts: list[str] = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ctxd.daemon.messages import content_text
+from ctxd.daemon.messages import content_text, message_id
 from ctxd.daemon.summarizers.artifacts_fold import fold_unlisted
 from ctxd.daemon.summarizers.boilerplate import clean
 from ctxd.daemon.summarizers.cues import (
@@ -110,7 +110,7 @@ class BuiltinSummarizer:
         # A message without an archive id could not be cited, so it cannot be summarized.
         messages: list[tuple[int, dict[str, Any]]] = []
         for m in request.messages:
-            mid = _message_id(m)
+            mid = message_id(m)
             if mid is not None:
                 messages.append((mid, m))
         answered = {
@@ -474,16 +474,5 @@ class BuiltinSummarizer:
         if listed:
             text += f": {listed}"
         return _trim(text, self.max_item_chars)
-
-def _message_id(msg: Any) -> int | None:
-    if not isinstance(msg, dict):
-        return None
-    raw = msg.get("id")
-    if isinstance(raw, bool):
-        return None
-    try:
-        return int(raw)
-    except (TypeError, ValueError):
-        return None
 
 

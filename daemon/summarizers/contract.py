@@ -11,8 +11,8 @@ problems spelt out, like any other invalid answer.
 from __future__ import annotations
 
 import re
-from typing import Any
 
+from ctxd.daemon.messages import message_id
 from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
 from ctxd.daemon.summarizers.draft import FOLDED_ARTIFACTS
 from ctxd.daemon.summarizers.facts import is_hedged
@@ -48,7 +48,7 @@ mentioned go in "files"."""
 def reference(request: SummaryRequest, anchor: Summary, ids: list[int]) -> Summary:
     """The built-in summarizer's summary of the chunk, with room for everything."""
     wanted = set(ids)
-    messages = [m for m in request.messages if _mid(m) in wanted]
+    messages = [m for m in request.messages if message_id(m) in wanted]
     return BuiltinSummarizer().summarize_sync(
         SummaryRequest(
             session_id=request.session_id,
@@ -137,12 +137,3 @@ def _words(text: str) -> set[str]:
     low = text.casefold()
     return set(re.findall(r"[a-z0-9_]{3,}", low)) | set(re.findall(r"[\u4e00-\u9fff]", low))
 
-
-def _mid(msg: dict[str, Any]) -> int | None:
-    raw = msg.get("id")
-    if isinstance(raw, bool):
-        return None
-    try:
-        return int(raw)
-    except (TypeError, ValueError):
-        return None

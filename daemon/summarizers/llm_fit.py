@@ -4,7 +4,6 @@ must keep, and cutting a valid answer that is still over the budget."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from ctxd.daemon.summarizers.llm_prompt import trim_middle
 from ctxd.daemon.summary import Summary, SummaryItem, SummaryRequest
@@ -13,15 +12,6 @@ from ctxd.daemon.summary import Summary, SummaryItem, SummaryRequest
 # retry: the same order as the built-in summarizer, current constraints last.
 DROP_ORDER = ("tool_activity", "errors", "files", "decisions", "goals", "open_items")
 
-
-def message_id(msg: dict[str, Any]) -> int | None:
-    raw = msg.get("id")
-    if isinstance(raw, bool):
-        return None
-    try:
-        return int(raw)
-    except (TypeError, ValueError):
-        return None
 
 
 # Room a retry adds to the conversation: the trimmed bad answer and the problems.

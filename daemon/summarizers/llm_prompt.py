@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ctxd.daemon.messages import content_text
+from ctxd.daemon.messages import content_text, message_id
 from ctxd.daemon.summarizers.contract import CONTRACT_PROMPT
 from ctxd.daemon.summary import SECTIONS, Summary, SummaryItem
 
@@ -88,15 +88,6 @@ def trim_middle(text: str, limit: int) -> str:
     return f"{text[:head]}\n… {omitted} chars omitted …\n{text[len(text) - tail:]}"
 
 
-def _message_id(msg: dict[str, Any]) -> int | None:
-    raw = msg.get("id")
-    if isinstance(raw, bool):
-        return None
-    try:
-        return int(raw)
-    except (TypeError, ValueError):
-        return None
-
 
 def format_messages(
     messages: Sequence[dict[str, Any]], max_tool_chars: int = 2000
@@ -105,7 +96,7 @@ def format_messages(
     call_names: dict[str, str] = {}
     out: list[tuple[int | None, str]] = []
     for msg in messages:
-        mid = _message_id(msg)
+        mid = message_id(msg)
         role = str(msg.get("role") or "unknown")
         text = content_text(msg.get("content"), mark_other_parts=True)
         label = role

@@ -38,6 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from ctxd.daemon.config import OpenAISummarizerConfig
+from ctxd.daemon.messages import message_id
 from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
 from ctxd.daemon.summarizers.contract import contract_problems, reference
 from ctxd.daemon.summarizers.llm_chat import ChatCompletions
@@ -47,7 +48,6 @@ from ctxd.daemon.summarizers.llm_fit import (
     fit_budget,
     fit_text,
     lost_constraints,
-    message_id,
 )
 from ctxd.daemon.summarizers.llm_http import (
     SummarizerError,
