@@ -105,11 +105,18 @@ def connection_file_for(data_dir: Path | str) -> Path:
 def write_connection_file(path: Path, info: dict[str, Any]) -> None:
     """Write atomically with mode 0600 so no reader ever sees a partial file."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".conn-", suffix=".json")
+    replace_file(path, json.dumps(info, indent=2), 0o600)
+
+
+def replace_file(path: Path, text: str, mode: int) -> None:
+    """Put `text` at `path` atomically with `mode`: written under a fresh name made with
+    O_EXCL in the same directory, then renamed over `path`. Nothing already there (a
+    planted link under a predictable temporary name) is opened or chmod-ed."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(info, f, indent=2)
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -14,13 +14,12 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from ctxd.protocol.connection import UnsafePath, ensure_private_dir
+from ctxd.protocol.connection import UnsafePath, ensure_private_dir, replace_file
 
 SCHEME = "ctxd"
 Kind = Literal["transcript", "context", "search"]
@@ -109,20 +108,8 @@ def write_file(root: Path, key: DocKey, text: str) -> Path:
             return path
     except OSError:
         pass
-    # A fresh name made with O_EXCL in a directory only we can write: nothing another
-    # user planted (a `.tmp` symlink to a victim file) is ever opened or chmod-ed.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o400)  # a view of the archive: edits would be lost, so the editor warns
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    # read-only: a view of the archive, where edits would be lost, so the editor warns
+    replace_file(path, text, 0o400)
     return path
 
 
@@ -446,7 +433,6 @@ def clean_snippet(snippet: str) -> str:
 
 def default_cache_dir() -> Path:
     """Where session documents are written for editors that cannot read `ctxd:` URIs."""
-    import os
 
     import platformdirs
 
