@@ -516,7 +516,7 @@ def test_squatters_on_tcp_do_not_reach_ctxd_stdio(tmp_path: Path) -> None:
             squatters.append(socket.create_connection(host_port(info["jsonrpc_tcp"]),
                                                       timeout=TIMEOUT))
         body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                           "params": {"clientInfo": {"name": "t"}}}).encode()
+                           "params": {"clientName": "t"}}).encode()
         listed = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "session/list",
                              "params": {}}).encode()
         for _ in range(3):
