@@ -74,11 +74,14 @@ class TcpTransport:
         self._task: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
-        host, port = split_hostport(self.endpoint)
+        # an absolute path is the daemon's JSON-RPC Unix socket (`jsonrpc_unix`)
+        if self.endpoint.startswith("/"):
+            opening = asyncio.open_unix_connection(self.endpoint)
+        else:
+            host, port = split_hostport(self.endpoint)
+            opening = asyncio.open_connection(host, port)
         try:
-            self._reader, self._writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port), self.connect_timeout
-            )
+            self._reader, self._writer = await asyncio.wait_for(opening, self.connect_timeout)
         except TimeoutError:
             raise ConnectionRefusedError(
                 f"no answer from {self.endpoint} within {self.connect_timeout:g}s"

@@ -171,10 +171,19 @@ class TcpLane(Lane):
         self.max_frame = max_frame
         self._reader = FrameReader(max_frame)
         self._pending: list[bytes] = []
-        host, port = split_hostport(address)
-        sock = socket.create_connection((host, port), timeout=connect_timeout)
-        try:
+        if address.startswith("/"):  # the daemon's JSON-RPC Unix socket
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(connect_timeout)
+            try:
+                sock.connect(address)
+            except BaseException:
+                sock.close()
+                raise
+        else:
+            host, port = split_hostport(address)
+            sock = socket.create_connection((host, port), timeout=connect_timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
             self._sock = sock
             nonce = auth.new_nonce()
             params = {"nonce": nonce, "proof": auth.client_proof(token, nonce),

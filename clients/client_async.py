@@ -218,6 +218,10 @@ class AsyncClient(_Methods[Awaitable[Any]], _Callbacks):
     def _make_transport(self) -> ZmqTransport | TcpTransport | WebSocketTransport:
         key = _WIRE_KEYS[self.wire]
         endpoint = self.info.get(key)
+        if self.wire == "jsonrpc" and self.info.get("jsonrpc_unix"):
+            # the same wire on a socket only this user can open: no other local user
+            # can hold its logins up (TCP's quota before login is shared with them)
+            endpoint = self.info["jsonrpc_unix"]
         if not endpoint:
             raise DaemonNotRunning(
                 f"the daemon does not serve the {self.wire} wire: no '{key}' in {self.source}"
