@@ -7,6 +7,7 @@ multi-part content with images, Chinese and emoji, corrupt lines and unknown lin
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -627,3 +628,54 @@ def test_unfinished_line_is_parsed_again_only_when_the_file_grows(
     assert sum(r["unfinished"] for r in reports) == 2, reports
     details = [d for r in reports for d in r.get("details", []) if "not finished" in d]
     assert len(details) == 2 and all(f"{path}:4:" in d for d in details)
+
+
+def test_follow_imports_a_rotated_file_into_its_own_session(
+        daemon: DaemonProcess, client: Client, tmp_path: Path) -> None:
+    base = _base_line()
+    folder = tmp_path / "rotating"
+    folder.mkdir()
+    path = folder / "rot00002-aaaa.jsonl"
+    sid = "claude-code-rot00002-aaaa"
+    cmd = [sys.executable, "-m", "ctxd.clients.cli", "import", "claude-code", str(folder),
+           "--follow", "--interval", "0.1", "--json",
+           "--connection-file", str(daemon.connection_file)]
+    proc = subprocess.Popen(cmd, env=daemon.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, encoding="utf-8")
+
+    def wait_for(session: str, n: int) -> int:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if _exists(client, session) and len(archive(client, session)) >= n:
+                break
+            time.sleep(0.05)
+        return len(archive(client, session)) if _exists(client, session) else 0
+
+    try:
+        path.write_text("".join(ln + "\n" for ln in _user_lines(base, "first", 3)))
+        assert wait_for(sid, 3) == 3
+        path.rename(folder / "rot00002-aaaa.jsonl.1")
+        new = _user_lines(base, "second", 8)
+        path.write_text("".join(ln + "\n" for ln in new[:5]))
+        # its session: the old id, "-r" and the hash of its first line
+        rotated = [f"{sid}-r{hashlib.sha1(new[0].encode()).hexdigest()[:8]}"]
+        assert wait_for(rotated[0], 5) == 5
+        with open(path, "a", encoding="utf-8") as f:
+            f.write("".join(ln + "\n" for ln in new[5:]))
+        assert wait_for(rotated[0], 8) == 8
+        assert [m["content"] for m in archive(client, rotated[0])] == [
+            f"second request number {i}" for i in range(8)]
+        assert [m["content"] for m in archive(client, sid)] == [
+            f"first request number {i}" for i in range(3)]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate(timeout=5)
+    notes = [n for ln in out.splitlines() if ln.startswith("{")
+             for n in json.loads(ln)["notes"]]
+    assert [n for n in notes if "new transcript" in n] == [
+        f"{path}: a new transcript at this path (its first line differs from the one "
+        f"imported into {sid}); imported into session {rotated[0]}"]

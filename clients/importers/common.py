@@ -378,15 +378,16 @@ class FileImporter:
         if start > 0 and head is not None and (current is None or current[0] != head):
             if current is None or not current[1]:
                 self.report.notes.append(
-                    f"{self.path}: its first line changed ({size} bytes now, {start} were "
-                    "imported) and the new one is not complete yet; waiting for it")
+                    f"{self.path}: its first line is not the one imported and is not "
+                    f"complete ({size} bytes now, {start} were imported): rewritten or "
+                    "truncated; waiting for a complete first line")
                 return None
             # another transcript at the same path (rotated or replaced): never read from
             # the old file's offset; it gets a session of its own, found again by its head
             old = self.mapper.session_id(None)
             self.mapper.base_id = safe_id(self.mapper.base_id, "r" + current[0][:8])
             self.existing.clear()
-            self.head = current[0]
+            self.unfinished.pop(self.path, None)  # what was found in the old file
             position = self._last_position()
             if position is None:
                 self.report.notes.append(
@@ -399,6 +400,10 @@ class FileImporter:
                     f"{self.path}: a new transcript at this path (its first line differs "
                     f"from the one imported into {old}); imported into session "
                     f"{self.mapper.session_id(None)}")
+        if current is not None and current[1]:
+            # the markers of this run name the file read now, even if it is replaced
+            # while being read (the next run then sees a different first line)
+            self.head = current[0]
         if start > size:
             self.report.notes.append(
                 f"{self.path}: shorter than what was imported from it ({size} < {start} "
