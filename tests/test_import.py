@@ -7,6 +7,7 @@ multi-part content with images, Chinese and emoji, corrupt lines and unknown lin
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -496,3 +497,185 @@ def test_one_file_name_in_two_project_folders_stays_two_sessions(
         found[project] = sids.pop()
         assert [m["content"] for m in archive(client, found[project])] == [text]
     assert found["alpha"] != found["beta"]
+
+
+def _user_lines(base: dict[str, Any], tag: str, n: int) -> list[str]:
+    """`n` transcript lines of the user speaking, each one message with a distinct text."""
+    return [json.dumps(dict(base, uuid=f"{tag}-{i}", message={
+        "role": "user", "content": f"{tag} request number {i}"})) for i in range(n)]
+
+
+def _base_line() -> dict[str, Any]:
+    source = (CC_DIR / "-home-dev-shop" / "7f1c2a9e-4b1d-4c53-9a11-2f7a0c6e9b10.jsonl")
+    base: dict[str, Any] = json.loads(source.read_text(encoding="utf-8").splitlines()[1])
+    return base
+
+
+def test_rotated_file_is_a_new_session_and_a_truncated_one_is_reported(
+        daemon: DaemonProcess, client: Client, tmp_path: Path) -> None:
+    base = _base_line()
+    path = tmp_path / "rot00001-aaaa.jsonl"
+    old = _user_lines(base, "old", 5)
+    path.write_text("".join(ln + "\n" for ln in old), encoding="utf-8")
+    first = ctxd_import(daemon, "claude-code", str(path))
+    sid = "claude-code-rot00001-aaaa"
+    assert first["messages"] == 5
+    # rotated: a new, longer transcript at the same path (read from the old offset it
+    # would lose its first lines and start mid-line)
+    path.rename(tmp_path / "rot00001-aaaa.jsonl.1")
+    new = _user_lines(base, "new", 12)
+    path.write_text("".join(ln + "\n" for ln in new), encoding="utf-8")
+    second = ctxd_import(daemon, "claude-code", str(path))
+    assert second["messages"] == 12
+    assert [m["content"] for m in archive(client, sid)] == [
+        f"old request number {i}" for i in range(5)]
+    noted = [n for n in second["notes"] if "new transcript" in n]
+    assert len(noted) == 1, second["notes"]
+    rotated = noted[0].rsplit("session ", 1)[1]
+    assert rotated.startswith(sid + "-r") and rotated != sid
+    assert [m["content"] for m in archive(client, rotated)] == [
+        f"new request number {i}" for i in range(12)]
+    # the new file grows: its new lines go on in its own session, once
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("".join(ln + "\n" for ln in _user_lines(base, "more", 2)))
+    third = ctxd_import(daemon, "claude-code", str(path))
+    assert third["messages"] == 2 and third["sessionsCreated"] == 0
+    assert len(archive(client, rotated)) == 14 and len(archive(client, sid)) == 5
+    # truncated: same first line, shorter than what was imported: reported, left alone
+    path.write_text("".join(ln + "\n" for ln in new[:3]), encoding="utf-8")
+    fourth = ctxd_import(daemon, "claude-code", str(path))
+    assert fourth["messages"] == 0 and fourth["files"] == 0
+    assert any("truncated" in n and str(path) in n for n in fourth["notes"]), fourth
+    assert len(archive(client, rotated)) == 14 and len(archive(client, sid)) == 5
+
+
+def test_line_over_the_limit_is_skipped_and_reported(
+        daemon: DaemonProcess, client: Client, tmp_path: Path) -> None:
+    base = _base_line()
+    before, after = _user_lines(base, "short", 2)
+    huge = json.dumps(dict(base, uuid="huge", message={"role": "user", "content": "x" * 300_000}))
+    path = tmp_path / "long0001-aaaa.jsonl"
+    path.write_text(f"{before}\n{huge}\n{after}\n", encoding="utf-8")
+    report = ctxd_import(daemon, "claude-code", str(path), "--max-line-bytes", "100000",
+                         "--verbose")
+    assert report["unmappable"] == {"line too long": 1}
+    assert report["lines"] == 3 and report["messages"] == 2
+    assert [m["content"] for m in archive(client, "claude-code-long0001-aaaa")] == [
+        "short request number 0", "short request number 1"]
+    assert [d for d in report["details"] if "too long" in d] == [
+        f"{path}:2: line too long: {len(huge) + 1} bytes, over the limit of 100000; not read"]
+    # under the default limit the same line is imported (cut to the archive's text limit)
+    copy = tmp_path / "long0002-aaaa.jsonl"
+    shutil.copy(path, copy)
+    whole = ctxd_import(daemon, "claude-code", str(copy))
+    assert whole["unmappable"] == {} and whole["messages"] == 3
+
+
+def test_unfinished_line_is_parsed_again_only_when_the_file_grows(
+        daemon: DaemonProcess, client: Client, tmp_path: Path) -> None:
+    base = _base_line()
+    folder = tmp_path / "tail"
+    folder.mkdir()
+    path = folder / "tail0001-aaaa.jsonl"
+    done = _user_lines(base, "done", 3)
+    last = json.dumps(dict(base, uuid="last", message={
+        "role": "user", "content": "the line a writer finishes late"}))
+    path.write_text("".join(ln + "\n" for ln in done) + last[:30], encoding="utf-8")
+    sid = "claude-code-tail0001-aaaa"
+    cmd = [sys.executable, "-m", "ctxd.clients.cli", "import", "claude-code", str(folder),
+           "--follow", "--interval", "0.1", "--verbose", "--json",
+           "--connection-file", str(daemon.connection_file)]
+    proc = subprocess.Popen(cmd, env=daemon.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, encoding="utf-8")
+
+    def wait_for(n: int) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if _exists(client, sid) and len(archive(client, sid)) >= n:
+                break
+            time.sleep(0.05)
+        return archive(client, sid)
+
+    try:
+        assert len(wait_for(3)) == 3
+        # the file is touched but does not grow, over a couple of seconds: every touch
+        # makes the watcher look at it again, and the unfinished line must not be re-read
+        stamp = time.time()
+        for k in range(1, 9):
+            os.utime(path, (stamp + k, stamp + k))
+            time.sleep(0.25)
+        # it grows but is still unfinished: read once more
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(last[30:40])
+        time.sleep(0.6)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(last[40:] + "\n")
+        msgs = wait_for(4)
+        assert [m["content"] for m in msgs] == [f"done request number {i}" for i in range(3)] + [
+            "the line a writer finishes late"]
+        time.sleep(0.5)
+        assert len(archive(client, sid)) == 4
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate(timeout=5)
+    reports = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
+    assert sum(r["messages"] for r in reports) == 4
+    # parsed and found unfinished twice: once at first sight, once after it grew
+    assert sum(r["unfinished"] for r in reports) == 2, reports
+    details = [d for r in reports for d in r.get("details", []) if "not finished" in d]
+    assert len(details) == 2 and all(f"{path}:4:" in d for d in details)
+
+
+def test_follow_imports_a_rotated_file_into_its_own_session(
+        daemon: DaemonProcess, client: Client, tmp_path: Path) -> None:
+    base = _base_line()
+    folder = tmp_path / "rotating"
+    folder.mkdir()
+    path = folder / "rot00002-aaaa.jsonl"
+    sid = "claude-code-rot00002-aaaa"
+    cmd = [sys.executable, "-m", "ctxd.clients.cli", "import", "claude-code", str(folder),
+           "--follow", "--interval", "0.1", "--json",
+           "--connection-file", str(daemon.connection_file)]
+    proc = subprocess.Popen(cmd, env=daemon.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, encoding="utf-8")
+
+    def wait_for(session: str, n: int) -> int:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if _exists(client, session) and len(archive(client, session)) >= n:
+                break
+            time.sleep(0.05)
+        return len(archive(client, session)) if _exists(client, session) else 0
+
+    try:
+        path.write_text("".join(ln + "\n" for ln in _user_lines(base, "first", 3)))
+        assert wait_for(sid, 3) == 3
+        path.rename(folder / "rot00002-aaaa.jsonl.1")
+        new = _user_lines(base, "second", 8)
+        path.write_text("".join(ln + "\n" for ln in new[:5]))
+        # its session: the old id, "-r" and the hash of its first line
+        rotated = [f"{sid}-r{hashlib.sha1(new[0].encode()).hexdigest()[:8]}"]
+        assert wait_for(rotated[0], 5) == 5
+        with open(path, "a", encoding="utf-8") as f:
+            f.write("".join(ln + "\n" for ln in new[5:]))
+        assert wait_for(rotated[0], 8) == 8
+        assert [m["content"] for m in archive(client, rotated[0])] == [
+            f"second request number {i}" for i in range(8)]
+        assert [m["content"] for m in archive(client, sid)] == [
+            f"first request number {i}" for i in range(3)]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate(timeout=5)
+    notes = [n for ln in out.splitlines() if ln.startswith("{")
+             for n in json.loads(ln)["notes"]]
+    assert [n for n in notes if "new transcript" in n] == [
+        f"{path}: a new transcript at this path (its first line differs from the one "
+        f"imported into {sid}); imported into session {rotated[0]}"]

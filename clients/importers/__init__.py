@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from ctxd.clients.importers import claude_code, codex
-from ctxd.clients.importers.common import FileImporter, Mapper, Options, Report, find_files
+from ctxd.clients.importers.common import (
+    MAX_LINE_BYTES,
+    FileImporter,
+    Mapper,
+    Options,
+    Report,
+    find_files,
+)
 from ctxd.protocol.errors import CtxdError
 
 __all__ = ["FORMATS", "import_paths", "register"]
@@ -26,8 +33,11 @@ FORMATS: dict[str, tuple[Callable[[Path, Options], Mapper], str, Callable[[], li
 
 def import_paths(client: Any, fmt: str, paths: list[Path], options: Options,
                  report: Report | None = None,
-                 seen: dict[Path, tuple[int, float]] | None = None) -> Report:
-    """Import every transcript under `paths`; with `seen`, only files changed since."""
+                 seen: dict[Path, tuple[int, float]] | None = None,
+                 unfinished: dict[Path, tuple[int, int]] | None = None) -> Report:
+    """Import every transcript under `paths`; with `seen`, only files changed since.
+    `unfinished` keeps, across calls, where each file's unterminated last line starts and
+    the file's size then, so that line is parsed again only once the size changed."""
     make, pattern, _ = FORMATS[fmt]
     report = report or Report(verbose=options.verbose)
     for path in find_files(paths, pattern):
@@ -41,7 +51,8 @@ def import_paths(client: Any, fmt: str, paths: list[Path], options: Options,
             if seen.get(path) == key:
                 continue
         try:
-            FileImporter(client, make(path, options), path, report, options).run()
+            FileImporter(client, make(path, options), path, report, options,
+                         unfinished).run()
         except CtxdError as exc:
             report.failed += 1
             report.notes.append(f"{path}: the daemon refused an append: {exc.message}")
@@ -87,8 +98,11 @@ def cmd_import(args: argparse.Namespace, connect: Callable[[], Any]) -> int:
             print(f"ctxd: {p} does not exist", file=sys.stderr)
         if len(missing) == len(paths):
             return 2
+    if args.max_line_bytes < 1:
+        print("ctxd: --max-line-bytes must be at least 1", file=sys.stderr)
+        return 2
     options = Options(drop_reasoning=args.drop_reasoning, verbose=args.verbose,
-                      sidechains=args.sidechains)
+                      sidechains=args.sidechains, max_line_bytes=args.max_line_bytes)
     try:
         client = connect()
     except (DaemonNotRunning, ConnectionError) as exc:
@@ -96,12 +110,14 @@ def cmd_import(args: argparse.Namespace, connect: Callable[[], Any]) -> int:
         return 1
     try:
         seen: dict[Path, tuple[int, float]] = {}
-        report = import_paths(client, fmt, paths, options, seen=seen)
+        unfinished: dict[Path, tuple[int, int]] = {}
+        report = import_paths(client, fmt, paths, options, seen=seen, unfinished=unfinished)
         _print_report(report, args.json)
         while args.follow:
             time.sleep(args.interval)
             try:
-                report = import_paths(client, fmt, paths, options, seen=seen)
+                report = import_paths(client, fmt, paths, options, seen=seen,
+                                      unfinished=unfinished)
             except ConnectionError as exc:
                 # the daemon went away (restart, upgrade): start or find it again and go
                 # on; what was stored is known from the archive, so nothing is doubled
@@ -109,7 +125,8 @@ def cmd_import(args: argparse.Namespace, connect: Callable[[], Any]) -> int:
                 client.close()
                 client = _reconnect(connect, args.interval)
                 continue
-            if report.messages or report.notes or report.unmappable:
+            if (report.messages or report.notes or report.unmappable
+                    or (report.verbose and report.unfinished)):
                 _print_report(report, args.json)
     except KeyboardInterrupt:
         return 0
@@ -150,6 +167,9 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None],
         f.add_argument("--sidechains", choices=["sessions", "mark"], default="sessions",
                        help="subagent conversations as their own sessions (default) or "
                        "kept in the main session, marked")
+        f.add_argument("--max-line-bytes", type=int, default=MAX_LINE_BYTES, metavar="N",
+                       help="skip (and report) a transcript line longer than N bytes "
+                       f"without reading it whole (default {MAX_LINE_BYTES // 2**20} MiB)")
         f.add_argument("--verbose", action="store_true",
                        help="list every line that was skipped, with its file and number")
         f.add_argument("--json", action="store_true", help="print the report as JSON")

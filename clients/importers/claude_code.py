@@ -36,9 +36,9 @@ from ctxd.clients.importers.common import (
     cut_text,
     image_reference,
     iso_to_unix,
-    parse_line,
     safe_id,
 )
+from ctxd.clients.importers.lines import parse_line
 
 SOURCE = "claude-code"
 DEFAULT_ROOT = Path("~/.claude/projects")

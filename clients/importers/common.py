@@ -10,21 +10,35 @@ next import reads the session's last message (`archive/read` with `beforeId`) an
 on from its offset: a file read twice adds nothing, a grown file adds only its new lines.
 
 The file is read line by line with bounded batches, so memory stays flat however big the
-transcript is.
+transcript is. A line longer than `Options.max_line_bytes` is skipped and reported, read
+in chunks to its newline and never held whole.
+
+The marker also carries `head`, a hash of the file's first line: a file at the same path
+whose first line differs is a new transcript (the agent rotated or replaced it), imported
+into a session of its own (the plain id plus `-r` and its head's hash) instead of being
+read from the old file's offset; a file shorter than what was imported from it with the
+same first line was truncated, and is reported and left alone. An unfinished last line
+(a writer in the middle of it, or one that died there) is parsed again only once the file
+changed size since it was last looked at.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ctxd.clients.importers.lines import (
+    MAX_LINE_BYTES,
+    Unfinished,
+    file_head,
+    iter_lines,
+    parse_line,
+)
 from ctxd.protocol.errors import Conflict, CtxdError, InvalidMessage, PayloadTooLarge
 
 # A batch is flushed at this many messages or bytes, whichever comes first.
@@ -47,6 +61,7 @@ class Options:
     drop_reasoning: bool = False
     verbose: bool = False
     sidechains: str = "sessions"  # "sessions": own sessions; "mark": kept in place, marked
+    max_line_bytes: int = MAX_LINE_BYTES
 
 
 @dataclass
@@ -108,6 +123,7 @@ class Report:
     repaired: Counter[str] = field(default_factory=Counter)
     deferred: int = 0
     failed: int = 0  # files the daemon refused an append of
+    unfinished: int = 0  # unterminated last lines parsed and found not yet complete
     notes: list[str] = field(default_factory=list)
     details: list[str] = field(default_factory=list)
     verbose: bool = False
@@ -131,6 +147,7 @@ class Report:
             "repaired": dict(self.repaired),
             "deferred": self.deferred,
             "failed": self.failed,
+            "unfinished": self.unfinished,
             "notes": self.notes,
         }
         if self.verbose:
@@ -172,55 +189,6 @@ def iso_to_unix(value: Any) -> float | None:
         return None
 
 
-_LONE_SURROGATE_HINT = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-class BadLine(ValueError):
-    """A transcript line that is valid JSON for no purpose of ours (nested past any real
-    transcript's depth): skipped like a corrupt one."""
-
-
-def parse_line(raw: bytes) -> Any:
-    """One transcript line as JSON. Nesting past the parser's recursion limit is a
-    `BadLine`, not a crash; a lone surrogate escape (`"\\ud800"`, valid JSON that no
-    UTF-8 text can hold) becomes U+FFFD, so the message can still be stored and sent."""
-    try:
-        obj = json.loads(raw)
-    except RecursionError:
-        raise BadLine("nested too deeply") from None
-    if _LONE_SURROGATE_HINT.search(raw):
-        obj = _without_lone_surrogates(obj)
-    return obj
-
-
-def _without_lone_surrogates(value: Any) -> Any:
-    if isinstance(value, str):
-        # json.loads joins a valid pair into one character: what is left is lone
-        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    if isinstance(value, list):
-        return [_without_lone_surrogates(v) for v in value]
-    if isinstance(value, dict):
-        return {_without_lone_surrogates(k): _without_lone_surrogates(v)
-                for k, v in value.items()}
-    return value
-
-
-def iter_lines(path: Path, start: int) -> Iterator[tuple[int, bytes]]:
-    """(end offset, line) of each complete line from `start`. A last line without its
-    newline is returned only when it parses: a writer may be in the middle of it."""
-    with open(path, "rb") as f:
-        f.seek(start)
-        pos = start
-        for raw in f:
-            pos += len(raw)
-            if not raw.endswith(b"\n"):
-                try:
-                    parse_line(raw)
-                except ValueError:
-                    return
-            yield pos, raw
-
-
 class _Pending:
     def __init__(self) -> None:
         self.target: str | None = None
@@ -240,7 +208,8 @@ class FileImporter:
     """Imports one transcript file into its session(s) through a ctxd client."""
 
     def __init__(self, client: Any, mapper: Mapper, path: Path, report: Report,
-                 options: Options) -> None:
+                 options: Options,
+                 unfinished: dict[Path, tuple[int, int]] | None = None) -> None:
         self.client = client
         self.mapper = mapper
         self.path = path
@@ -248,13 +217,17 @@ class FileImporter:
         self.options = options
         self.existing: set[str] = set()
         self.pending = _Pending()
+        # unfinished last lines found by earlier runs (kept across `--follow` rounds)
+        self.unfinished = unfinished if unfinished is not None else {}
+        self.head: str | None = None
 
     # resuming
 
-    def _last_position(self) -> tuple[int, int] | None:
-        """(offset, line) this file was imported up to, from the sessions' last imported
-        messages; None when a session of this file holds messages no import wrote."""
-        best = (0, 0)
+    def _last_position(self) -> tuple[int, int, str | None] | None:
+        """(offset, line, head) this file was imported up to, from the sessions' last
+        imported messages; None when a session of this file holds messages no import
+        wrote. `head` is the first line's hash the markers recorded (None: not recorded)."""
+        best: tuple[int, int, str | None] = (0, 0, None)
         for target in self.mapper.targets():
             sid = self.mapper.session_id(target)
             try:
@@ -266,10 +239,11 @@ class FileImporter:
             self.existing.add(sid)
             if pos is None:
                 return None
-            best = max(best, pos)
+            if pos[:2] > best[:2]:
+                best = pos
         return best
 
-    def _session_position(self, sid: str) -> tuple[int, int] | None:
+    def _session_position(self, sid: str) -> tuple[int, int, str | None] | None:
         """The import marker nearest the end of the session. Other clients may have
         appended after it (an agent working on an imported session), so look back a
         bounded stretch; (0, 0) for an empty session, None when no marker is found."""
@@ -282,9 +256,10 @@ class FileImporter:
                 pos = (m.get("metadata") or {}).get("import") or {}
                 off, line = pos.get("offset"), pos.get("line")
                 if isinstance(off, int) and isinstance(line, int):
-                    return off, line
+                    head = pos.get("head")
+                    return off, line, head if isinstance(head, str) else None
             if not page["messages"]:
-                return (0, 0) if before == _END_ID else None
+                return (0, 0, None) if before == _END_ID else None
             if page.get("nextBeforeId") is None:
                 return None
             before = page["nextBeforeId"]
@@ -306,8 +281,14 @@ class FileImporter:
                 pass  # made by an earlier import, or by a concurrent one
             self.existing.add(sid)
         last = p.messages[-1]
-        last["metadata"] = {**(last.get("metadata") or {}),
-                            "import": {"offset": end_offset, "line": end_line}}
+        if self.head is None:
+            # the first line is complete (or a whole JSON value) once a batch ends past it
+            found = file_head(self.path)
+            self.head = found[0] if found else None
+        marker: dict[str, Any] = {"offset": end_offset, "line": end_line}
+        if self.head is not None:
+            marker["head"] = self.head
+        last["metadata"] = {**(last.get("metadata") or {}), "import": marker}
         batch_id = safe_id("import", sid, f"{p.first_offset}-{end_offset}")
         messages = p.messages
         for _ in range(len(messages) + 1):
@@ -377,33 +358,80 @@ class FileImporter:
             digest = hashlib.sha1(str(mine).encode()).hexdigest()[:8]
             self.mapper.base_id = safe_id(self.mapper.base_id, digest)
 
-    def run(self) -> None:
-        self._claim_session_id()
+    def _resume_point(self) -> tuple[int, int] | None:
+        """Where to go on reading this file, after checking it is still the file that was
+        imported: a new first line is a new transcript (its own session, from its start);
+        a file shorter than what was imported is reported and left alone (None)."""
         position = self._last_position()
         if position is None:
             self.report.notes.append(
                 f"{self.path}: its session holds messages no import wrote and no import "
                 "marker near its end; left alone so nothing is imported twice")
-            return
-        start, line_no = position
+            return None
+        start, line_no, head = position
         try:
             size = self.path.stat().st_size
         except OSError as exc:
             self.report.notes.append(f"{self.path}: cannot read ({exc})")
-            return
+            return None
+        current = file_head(self.path)
+        if start > 0 and head is not None and (current is None or current[0] != head):
+            if current is None or not current[1]:
+                self.report.notes.append(
+                    f"{self.path}: its first line is not the one imported and is not "
+                    f"complete ({size} bytes now, {start} were imported): rewritten or "
+                    "truncated; waiting for a complete first line")
+                return None
+            # another transcript at the same path (rotated or replaced): never read from
+            # the old file's offset; it gets a session of its own, found again by its head
+            old = self.mapper.session_id(None)
+            self.mapper.base_id = safe_id(self.mapper.base_id, "r" + current[0][:8])
+            self.existing.clear()
+            self.unfinished.pop(self.path, None)  # what was found in the old file
+            position = self._last_position()
+            if position is None:
+                self.report.notes.append(
+                    f"{self.path}: a new transcript at this path, but its session "
+                    f"{self.mapper.session_id(None)} holds messages no import wrote; left alone")
+                return None
+            start, line_no, _ = position
+            if start == 0:
+                self.report.notes.append(
+                    f"{self.path}: a new transcript at this path (its first line differs "
+                    f"from the one imported into {old}); imported into session "
+                    f"{self.mapper.session_id(None)}")
+        if current is not None and current[1]:
+            # the markers of this run name the file read now, even if it is replaced
+            # while being read (the next run then sees a different first line)
+            self.head = current[0]
         if start > size:
             self.report.notes.append(
                 f"{self.path}: shorter than what was imported from it ({size} < {start} "
-                "bytes); it was rewritten, so it is left alone")
+                "bytes) though its first line is the one imported: it was truncated, so it "
+                "is left alone (nothing already imported is removed)")
+            return None
+        return start, line_no
+
+    def run(self) -> None:
+        self._claim_session_id()
+        resume = self._resume_point()
+        if resume is None:
             return
+        start, line_no = resume
         self.report.files += 1
         self.pending.first_offset = start
         end = start
-        for end_off, raw in iter_lines(self.path, end):
+        tail = Unfinished(seen=self.unfinished.get(self.path))
+        for end_off, raw in iter_lines(self.path, end, self.options.max_line_bytes, tail):
             line_no += 1
             self.report.lines += 1
             line_start = end
             end = end_off
+            if raw is None:
+                self.report.skip(self.path, line_no, Skip(
+                    "line too long", f"{end_off - line_start} bytes, over the limit of "
+                    f"{self.options.max_line_bytes}; not read", True))
+                continue
             if not raw.strip():
                 continue
             try:
@@ -431,6 +459,7 @@ class FileImporter:
                     p.nbytes = _approx_size(msg)
                 else:
                     self._flush(end, line_no)
+        tail_line = line_no + 1
         p = self.pending
         if p.messages and self.mapper.incomplete(p.messages[-1]):
             # the writer is still on this message (more blocks, or its tool results, are
@@ -439,6 +468,17 @@ class FileImporter:
             p.messages.pop()
             self.report.deferred += 1
         self._flush(end, line_no)
+        if tail.found is None:
+            self.unfinished.pop(self.path, None)
+        else:
+            self.unfinished[self.path] = tail.found
+        if tail.parsed:
+            self.report.unfinished += 1
+            if self.report.verbose:
+                self.report.details.append(
+                    f"{self.path}:{tail_line}: last line not finished "
+                    f"({tail.found[1] - tail.found[0] if tail.found else 0} bytes so far); "
+                    "read again once the file changes size")
         for kind, n in getattr(self.mapper, "dropped", {}).items():
             self.report.skipped[kind] += n
             if self.report.verbose:
