@@ -114,12 +114,42 @@ def one_line(text: str) -> str:
     return clean(re.sub(r"\s+", " ", text).strip())
 
 
-def table(out: Output, headers: list[str], rows: list[list[str]], flex: int) -> None:
+def fit_middle(text: str, width: int) -> str:
+    """Cut `text` to at most `width` columns by dropping its middle for `…`: the head
+    and the tail of an id stay, so it is still recognisable."""
+    if text_width(text) <= width:
+        return text
+    if width <= 2:
+        return fit(text, width)
+    tail_width = (width - 1) // 2
+    tail: list[str] = []
+    used = 0
+    for ch in reversed(text):
+        w = text_width(ch)
+        if used + w > tail_width:
+            break
+        tail.append(ch)
+        used += w
+    head = fit(text, width - used)  # ends with its own `…`
+    return head + "".join(reversed(tail))
+
+
+# on a terminal the flexible column gets at least this many cells when a long id
+# can give them up; an id is never shortened below ID_MIN_CELLS, so the daemon's own
+# ids (`ses_` and 20 hex digits) stay whole and can be copied into the next command
+FLEX_MIN_CELLS = 24
+ID_MIN_CELLS = 24
+
+
+def table(out: Output, headers: list[str], rows: list[list[str]], flex: int,
+          squeeze: int | None = None) -> None:
     """Print aligned columns under a header row.
 
     On a terminal, column `flex` shrinks (cut with `…`) so the table fits its width and
-    the header is bold. Elsewhere (a pipe, a file) nothing is cut: every cell is whole,
-    one row per line, so a script can read any column."""
+    the header is bold; when that would leave it fewer than FLEX_MIN_CELLS, the cells
+    of column `squeeze` (ids) longer than needed lose their middle to `…`, never below
+    ID_MIN_CELLS. Elsewhere (a pipe, a file) nothing is cut: every cell is whole, one
+    row per line, so a script can read any column."""
     # rich is imported by the commands that print tables only: the others (`export` and
     # `stdio` among them) do not pay its tens of milliseconds of start-up
     from rich.cells import cell_len
@@ -131,6 +161,15 @@ def table(out: Output, headers: list[str], rows: list[list[str]], flex: int) -> 
               enumerate(headers)]
     if out.tty:
         others = sum(w for i, w in enumerate(widths) if i != flex) + _GAP * (len(widths) - 1)
+        wanted = min(widths[flex], FLEX_MIN_CELLS)
+        if squeeze is not None and out.width - others < wanted:
+            floor = max(ID_MIN_CELLS, cell_len(headers[squeeze]))
+            narrower = max(widths[squeeze] - (wanted - (out.width - others)), floor)
+            if narrower < widths[squeeze]:
+                others -= widths[squeeze] - narrower
+                widths[squeeze] = narrower
+                for r in cells:
+                    r[squeeze] = fit_middle(r[squeeze], narrower)
         widths[flex] = max(min(widths[flex], out.width - others), cell_len(headers[flex]), 8)
     grid = Table(box=None, padding=(0, 0, 0, _GAP), pad_edge=False, show_header=True,
                  header_style="bold" if out.bold else "")

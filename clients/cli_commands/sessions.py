@@ -75,7 +75,7 @@ def cmd_sessions(ctx: Context) -> int:
             str(st.get("estimatedTokens", "?")), str(st.get("compactionCount", "?")),
         ])
     table(ctx.out, ["ID", "TITLE", "CREATED", "ARCHIVE", "ACTIVE", "TOKENS", "COMPACTIONS"],
-          rows, flex=1)
+          rows, flex=1, squeeze=0)
     if cursor:
         ctx.out.line(f"(more sessions: --all lists them all, or raise --limit from {args.limit})")
     return EXIT_OK
