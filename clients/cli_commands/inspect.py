@@ -17,6 +17,7 @@ from ctxd.clients.cli_commands.output import (
     one_line,
     pad,
     plural,
+    text_width,
     when,
 )
 from ctxd.clients.cli_commands.running import Context, archive_pages
@@ -153,7 +154,8 @@ def cmd_show(ctx: Context) -> int:
         for m in shown:
             mark = "*" if m["id"] in in_ctx else " "
             ref = _ref(ordinal[m["id"]], m["id"])
-            lines.append(fit(f"{ref}{mark} " + message_line(m.get("role", "?"), m, col), col))
+            lead = f"{ref}{mark} "
+            lines.append(lead + message_line(m.get("role", "?"), m, col - text_width(lead)))
         return lines or ["(empty)"]
 
     def context_lines() -> list[str]:
@@ -163,7 +165,7 @@ def cmd_show(ctx: Context) -> int:
             summary = mapping is not None and mapping.summary_index == i
             label = "summary" if summary else m.get("role", "?")
             ref = " " * len(_ref(0, 0)) if aid is None else _ref(ordinal.get(aid), aid)
-            lines.append(fit(ref + " " + message_line(label, m, col), col))
+            lines.append(ref + " " + message_line(label, m, col - text_width(ref) - 1))
         return lines or ["(empty)"]
 
     left = left_head + archive_lines()
