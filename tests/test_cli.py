@@ -269,6 +269,35 @@ def test_show_puts_a_cut_calls_file_path_first_and_whole(daemon: Daemon) -> None
     assert 'Read({"limit": 5, "file_path": "a.py"})' in r.stdout
 
 
+def test_show_says_the_pins_message_is_one_of_the_active_ones(daemon: Daemon) -> None:
+    """`activeMessages` counts the generated message carrying pins and summary: `show`
+    says how many of the active messages came from the archive."""
+    made = make_session(daemon, turns=2)
+    sid, archived = made["sessionId"], len(made["ids"])
+    r = cli(daemon, "show", sid)
+    assert r.returncode == 0, r.stderr
+    # no pins, no summary: every active message is an archived one, said plainly
+    assert f"ACTIVE CONTEXT  {archived} messages, ~" in r.stdout
+    assert "pins/summary" not in r.stdout.split("SUMMARY")[0]
+    assert cli(daemon, "pins", "add", sid, "keep the API stable").returncode == 0
+    with daemon.client() as c:
+        active = c.context_status(sid)["activeMessages"]
+    assert active == archived + 1  # the protocol's count includes the pins message
+    r = cli(daemon, "show", sid)
+    assert r.returncode == 0, r.stderr
+    assert (f"ACTIVE CONTEXT  {active} messages ({archived} from the archive + "
+            "pins/summary), ~") in r.stdout
+    shown = cli_json(daemon, "show", sid)["context"]
+    assert shown["messages"] == active and shown["fromArchive"] == archived
+    assert shown["hasSummary"] is True
+
+
+def test_sessions_help_says_what_active_counts(daemon: Daemon) -> None:
+    r = cli(daemon, "sessions", "--help", flags=False)
+    assert r.returncode == 0, r.stderr
+    assert "pins and the summary" in " ".join(r.stdout.split())
+
+
 # search
 
 

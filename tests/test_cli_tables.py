@@ -131,6 +131,10 @@ def test_sessions_table_in_a_pipe_prints_every_field_of_every_row_whole(
         assert f"  {when(s['createdAt'])}  " in line
         assert line.split()[-4:] == [str(st["archiveMessages"]), str(st["activeMessages"]),
                                      str(st["estimatedTokens"]), str(st["compactionCount"])]
+    # ACTIVE counts the generated message that carries the pins: one more than archived
+    pinned = next(s["status"] for s in listed if s["sessionId"] == sessions[-1])
+    assert pinned["activeMessages"] == pinned["archiveMessages"] + 1
+    assert not any(line.startswith("ACTIVE:") for line in lines)
     # the columns line up: each starts at the same place in every line
     start = lines[0].index("CREATED")
     assert all(text_width(line[:line.index(when(s["createdAt"]))]) == start
@@ -164,7 +168,10 @@ def test_on_a_terminal_the_table_fits_and_cuts_only_the_title(
     out = cli_tty(daemon, "sessions", "--all", columns=100)
     assert "\x1b[1m" in out  # the header is bold on a terminal
     lines = [ANSI.sub("", line) for line in out.splitlines()]
-    assert len(lines) == 1 + len(listed)
+    # the rows, then what ACTIVE counts (a pipe leaves that line out, see above)
+    assert len(lines) == 2 + len(listed)
+    assert lines.pop() == ("ACTIVE: messages the model reads, the one carrying pins and "
+                           "summary included")
     assert all(text_width(line) <= 100 for line in lines), lines
     rows = {s["sessionId"]: row_of(lines, s["sessionId"]) for s in listed}
     for s in listed:
@@ -181,7 +188,7 @@ def test_on_a_terminal_the_table_fits_and_cuts_only_the_title(
     assert TITLES[0] in rows[sessions[0]]
     # NO_COLOR: the same table without escape sequences
     plain = cli_tty(daemon, "sessions", "--all", columns=100, NO_COLOR="1")
-    assert "\x1b" not in plain and plain.splitlines() == lines
+    assert "\x1b" not in plain and plain.splitlines()[:-1] == lines
 
 
 def test_a_long_id_gives_up_its_middle_only_as_far_as_the_title_needs(
@@ -191,7 +198,7 @@ def test_a_long_id_gives_up_its_middle_only_as_far_as_the_title_needs(
     widest_title = max(text_width(one_line(s["title"])) for s in listed)
     for columns in (100, 130, 200):
         out = cli_tty(daemon, "sessions", "--all", columns=columns, NO_COLOR="1")
-        lines = out.splitlines()
+        lines = out.splitlines()[:-1]  # the last says what ACTIVE counts
         assert len(lines) == 1 + len(listed)
         assert all(text_width(line) <= columns for line in lines), (columns, lines)
         row = row_of(lines, LONG_ID)

@@ -109,7 +109,9 @@ def cmd_show(ctx: Context) -> int:
                          for m in shown],
             },
             "context": {
+                # `messages` counts the pins/summary message too, as `activeMessages` does
                 "messages": len(ctx_msgs),
+                "fromArchive": len(mapping.in_context) if mapping else None,
                 "estimatedTokens": status.get("estimatedTokens"),
                 "hasSummary": mapping is not None and mapping.summary_index is not None,
                 "items": [{"archiveId": mapping.archive_ids[i] if mapping else None,
@@ -143,7 +145,7 @@ def cmd_show(ctx: Context) -> int:
 
     left_head = [f"ARCHIVE  {plural(count, 'message')}, {plural(tokens, 'token')}",
                  f"last {len(shown)} (* = in context):"]
-    right_head = [f"ACTIVE CONTEXT  {plural(len(ctx_msgs), 'message')}, "
+    right_head = [f"ACTIVE CONTEXT  {_active_count(len(ctx_msgs), mapping)}, "
                   f"~{status.get('estimatedTokens', '?')} tokens", ""]
     width = out.width
     side = out.tty and width >= SIDE_BY_SIDE_MIN_WIDTH
@@ -189,6 +191,15 @@ def cmd_show(ctx: Context) -> int:
         for text in content_text(ctx_msgs[mapping.summary_index].get("content")).splitlines():
             out.line(f"  {text}")
     return EXIT_OK
+
+
+def _active_count(messages: int, mapping: ContextMap | None) -> str:
+    """`63 messages (62 from the archive + pins/summary)`: the status's `activeMessages`
+    counts the generated message that carries the pins and the summary as one."""
+    text = plural(messages, "message")
+    if mapping is not None and mapping.summary_index is not None:
+        text += f" ({len(mapping.in_context)} from the archive + pins/summary)"
+    return text
 
 
 def _ref(ordinal: int | None, archive_id: int) -> str:
