@@ -383,7 +383,9 @@ def preview(msg: dict[str, Any], width: int | None = None) -> str:
     if calls:
         room = None
         if width is not None:
-            room = (width - (text_width(first) + 3 if first else 0)) // len(calls) - 2
+            # the content and ` → ` before the calls, `, ` between them
+            used = (text_width(first) + 3 if first else 0) + 2 * (len(calls) - 1)
+            room = (width - used) // len(calls)
         called = ", ".join(tool_call_text(c, room=room) for c in calls)
         first = f"{first} → {called}" if first else called
     return first
