@@ -72,6 +72,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
         "how many sessions it holds")
 
     p = add("sessions", cmd_sessions, "list sessions, newest first")
+    p.description = ("list sessions, newest first. ACTIVE counts the messages the model "
+                     "reads: the archived ones in the context, plus one for the generated "
+                     "message that carries the pins and the summary, when there are any")
     p.add_argument("--limit", type=positive, default=50, help="sessions per page (default 50)")
     p.add_argument("--all", action="store_true", help="follow the pages to list every session")
 

@@ -97,7 +97,9 @@ CONTEXT_METHODS: tuple[Method, ...] = (
     Method(
         "context/status",
         SESSION_ONLY,
-        "`activeMessages`, `estimatedTokens`, `archiveMessages`, `compactionCount`, "
+        "`activeMessages` (the messages `context/get` returns: the archived ones in the "
+        "context, plus one when the session has pins or a summary, for the generated system "
+        "message that carries them), `estimatedTokens`, `archiveMessages`, `compactionCount`, "
         "`lastCompactedAt` (unix seconds or null), `pendingApprovals`, `activeRunId` (or "
         "null), `compacting` (boolean), `autoCompactionPaused` (boolean: three automatic "
         "compactions failed in a row; a manual compaction or rebuild that succeeds resumes "

@@ -218,6 +218,86 @@ def test_show_human_has_both_sides_and_tool_calls(daemon: Daemon,
     assert f"{ordinal:<6}msg {last:<6}* assistant: mod7.py defines f7" in r.stdout
 
 
+def test_show_puts_a_cut_calls_file_path_first_and_whole(daemon: Daemon) -> None:
+    """Agents often write the file path after a long argument (an edit's old text); a cut
+    call must still say which file it touched."""
+    path = "src/ctxd/daemon/compaction_commit.py"
+    deep = "/home/developer/projects/customer-portal/backend/services/billing/invoices.py"
+    old = "def commit(self, session_id: str) -> None:\n    pass\n" * 4
+    calls = [
+        ("Edit", {"old_string": old, "new_string": "def commit(self) -> None: ...",
+                  "file_path": path}),
+        ("Write", {"content": "x = 1\n" * 40, "file_path": deep}),
+        ("Bash", {"description": "run one test file",
+                  "command": "cd /home/dev/project && python -m pytest -q "
+                             "tests/test_numbering.py -x -p no:cacheprovider"}),
+    ]
+    with daemon.client() as c:
+        sid = c.create_session(title="paths")["sessionId"]
+        c.append(sid, [{"role": "user", "content": "fix the commit"}] + [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"call_{name}", "type": "function",
+                 "function": {"name": name, "arguments": json.dumps(args)}}]}
+            for name, args in calls])
+    r = cli(daemon, "show", sid)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert all(len(line) <= 100 for line in lines), lines  # a pipe: 100 columns
+    shown = {name: [line for line in lines if f"{name}(" in line] for name, _ in calls}
+    # once in the active context, once in the archive's last messages
+    assert all(len(found) == 2 for found in shown.values()), r.stdout
+    for line in shown["Edit"]:
+        assert f'Edit({{"file_path": {json.dumps(path)}, "old_' in line
+        assert line.endswith("…)") and '"new_string"' not in line  # the rest is still cut
+    for line in shown["Write"]:
+        # too long for the line: its end, the file name, is what stays
+        kept = line.split('Write({"file_path": "…', 1)[1].split('"', 1)[0]
+        assert deep.endswith(kept) and kept.endswith("/billing/invoices.py"), line
+        assert line.endswith('", …)')  # the rest gave its cells to the path first
+    for line in shown["Bash"]:
+        # the command is cut around the file it names, which is whole
+        assert 'Bash({"command": "' in line and " tests/test_numbering.py …" in line
+        assert "no:cacheprovider" not in line
+    # the same arguments, short enough, are shown as they are
+    with daemon.client() as c:
+        short = c.create_session(title="short")["sessionId"]
+        c.append(short, [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_r", "type": "function", "function": {
+                "name": "Read", "arguments": json.dumps({"limit": 5, "file_path": "a.py"})}}]}])
+    r = cli(daemon, "show", short)
+    assert r.returncode == 0, r.stderr
+    assert 'Read({"limit": 5, "file_path": "a.py"})' in r.stdout
+
+
+def test_show_says_the_pins_message_is_one_of_the_active_ones(daemon: Daemon) -> None:
+    """`activeMessages` counts the generated message carrying pins and summary: `show`
+    says how many of the active messages came from the archive."""
+    made = make_session(daemon, turns=2)
+    sid, archived = made["sessionId"], len(made["ids"])
+    r = cli(daemon, "show", sid)
+    assert r.returncode == 0, r.stderr
+    # no pins, no summary: every active message is an archived one, said plainly
+    assert f"ACTIVE CONTEXT  {archived} messages, ~" in r.stdout
+    assert "pins/summary" not in r.stdout.split("SUMMARY")[0]
+    assert cli(daemon, "pins", "add", sid, "keep the API stable").returncode == 0
+    with daemon.client() as c:
+        active = c.context_status(sid)["activeMessages"]
+    assert active == archived + 1  # the protocol's count includes the pins message
+    r = cli(daemon, "show", sid)
+    assert r.returncode == 0, r.stderr
+    assert (f"ACTIVE CONTEXT  {active} messages ({archived} from the archive + "
+            "pins/summary), ~") in r.stdout
+    shown = cli_json(daemon, "show", sid)["context"]
+    assert shown["messages"] == active and shown["fromArchive"] == archived
+    assert shown["hasSummary"] is True
+
+
+def test_sessions_help_says_what_active_counts(daemon: Daemon) -> None:
+    r = cli(daemon, "sessions", "--help", flags=False)
+    assert r.returncode == 0, r.stderr
+    assert "pins and the summary" in " ".join(r.stdout.split())
+
+
 # search
 
 

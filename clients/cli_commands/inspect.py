@@ -17,6 +17,7 @@ from ctxd.clients.cli_commands.output import (
     one_line,
     pad,
     plural,
+    text_width,
     when,
 )
 from ctxd.clients.cli_commands.running import Context, archive_pages
@@ -108,7 +109,9 @@ def cmd_show(ctx: Context) -> int:
                          for m in shown],
             },
             "context": {
+                # `messages` counts the pins/summary message too, as `activeMessages` does
                 "messages": len(ctx_msgs),
+                "fromArchive": len(mapping.in_context) if mapping else None,
                 "estimatedTokens": status.get("estimatedTokens"),
                 "hasSummary": mapping is not None and mapping.summary_index is not None,
                 "items": [{"archiveId": mapping.archive_ids[i] if mapping else None,
@@ -142,7 +145,7 @@ def cmd_show(ctx: Context) -> int:
 
     left_head = [f"ARCHIVE  {plural(count, 'message')}, {plural(tokens, 'token')}",
                  f"last {len(shown)} (* = in context):"]
-    right_head = [f"ACTIVE CONTEXT  {plural(len(ctx_msgs), 'message')}, "
+    right_head = [f"ACTIVE CONTEXT  {_active_count(len(ctx_msgs), mapping)}, "
                   f"~{status.get('estimatedTokens', '?')} tokens", ""]
     width = out.width
     side = out.tty and width >= SIDE_BY_SIDE_MIN_WIDTH
@@ -153,7 +156,8 @@ def cmd_show(ctx: Context) -> int:
         for m in shown:
             mark = "*" if m["id"] in in_ctx else " "
             ref = _ref(ordinal[m["id"]], m["id"])
-            lines.append(fit(f"{ref}{mark} " + message_line(m.get("role", "?"), m, col), col))
+            lead = f"{ref}{mark} "
+            lines.append(lead + message_line(m.get("role", "?"), m, col - text_width(lead)))
         return lines or ["(empty)"]
 
     def context_lines() -> list[str]:
@@ -163,7 +167,7 @@ def cmd_show(ctx: Context) -> int:
             summary = mapping is not None and mapping.summary_index == i
             label = "summary" if summary else m.get("role", "?")
             ref = " " * len(_ref(0, 0)) if aid is None else _ref(ordinal.get(aid), aid)
-            lines.append(fit(ref + " " + message_line(label, m, col), col))
+            lines.append(ref + " " + message_line(label, m, col - text_width(ref) - 1))
         return lines or ["(empty)"]
 
     left = left_head + archive_lines()
@@ -187,6 +191,15 @@ def cmd_show(ctx: Context) -> int:
         for text in content_text(ctx_msgs[mapping.summary_index].get("content")).splitlines():
             out.line(f"  {text}")
     return EXIT_OK
+
+
+def _active_count(messages: int, mapping: ContextMap | None) -> str:
+    """`63 messages (62 from the archive + pins/summary)`: the status's `activeMessages`
+    counts the generated message that carries the pins and the summary as one."""
+    text = plural(messages, "message")
+    if mapping is not None and mapping.summary_index is not None:
+        text += f" ({len(mapping.in_context)} from the archive + pins/summary)"
+    return text
 
 
 def _ref(ordinal: int | None, archive_id: int) -> str:

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 import time
@@ -114,12 +115,42 @@ def one_line(text: str) -> str:
     return clean(re.sub(r"\s+", " ", text).strip())
 
 
-def table(out: Output, headers: list[str], rows: list[list[str]], flex: int) -> None:
+def fit_middle(text: str, width: int) -> str:
+    """Cut `text` to at most `width` columns by dropping its middle for `…`: the head
+    and the tail of an id stay, so it is still recognisable."""
+    if text_width(text) <= width:
+        return text
+    if width <= 2:
+        return fit(text, width)
+    tail_width = (width - 1) // 2
+    tail: list[str] = []
+    used = 0
+    for ch in reversed(text):
+        w = text_width(ch)
+        if used + w > tail_width:
+            break
+        tail.append(ch)
+        used += w
+    head = fit(text, width - used)  # ends with its own `…`
+    return head + "".join(reversed(tail))
+
+
+# on a terminal the flexible column gets at least this many cells when a long id
+# can give them up; an id is never shortened below ID_MIN_CELLS, so the daemon's own
+# ids (`ses_` and 20 hex digits) stay whole and can be copied into the next command
+FLEX_MIN_CELLS = 24
+ID_MIN_CELLS = 24
+
+
+def table(out: Output, headers: list[str], rows: list[list[str]], flex: int,
+          squeeze: int | None = None) -> None:
     """Print aligned columns under a header row.
 
     On a terminal, column `flex` shrinks (cut with `…`) so the table fits its width and
-    the header is bold. Elsewhere (a pipe, a file) nothing is cut: every cell is whole,
-    one row per line, so a script can read any column."""
+    the header is bold; when that would leave it fewer than FLEX_MIN_CELLS, the cells
+    of column `squeeze` (ids) longer than needed lose their middle to `…`, never below
+    ID_MIN_CELLS. Elsewhere (a pipe, a file) nothing is cut: every cell is whole, one
+    row per line, so a script can read any column."""
     # rich is imported by the commands that print tables only: the others (`export` and
     # `stdio` among them) do not pay its tens of milliseconds of start-up
     from rich.cells import cell_len
@@ -131,6 +162,15 @@ def table(out: Output, headers: list[str], rows: list[list[str]], flex: int) -> 
               enumerate(headers)]
     if out.tty:
         others = sum(w for i, w in enumerate(widths) if i != flex) + _GAP * (len(widths) - 1)
+        wanted = min(widths[flex], FLEX_MIN_CELLS)
+        if squeeze is not None and out.width - others < wanted:
+            floor = max(ID_MIN_CELLS, cell_len(headers[squeeze]))
+            narrower = max(widths[squeeze] - (wanted - (out.width - others)), floor)
+            if narrower < widths[squeeze]:
+                others -= widths[squeeze] - narrower
+                widths[squeeze] = narrower
+                for r in cells:
+                    r[squeeze] = fit_middle(r[squeeze], narrower)
         widths[flex] = max(min(widths[flex], out.width - others), cell_len(headers[flex]), 8)
     grid = Table(box=None, padding=(0, 0, 0, _GAP), pad_edge=False, show_header=True,
                  header_style="bold" if out.bold else "")
@@ -227,29 +267,133 @@ def content_text(content: Any) -> str:
     return str(content)
 
 
-def tool_call_text(call: Any, max_args: int = 40) -> str:
+# arguments that name a file or directory: a cut call shows them first and whole
+PATH_ARGUMENTS = ("path", "file_path", "filename", "notebook_path", "cwd")
+# a word of a shell command that names a file: `src/mod.py`, `./run.sh`, `notes.md`
+_COMMAND_FILE = re.compile(r"[\w.~/+-]*/[\w.+-]+|[\w.~/+-]*\.[A-Za-z]\w{0,7}")
+# cells the rest of a cut call's arguments keep after its paths, however long those are
+_REST_MIN = 12
+# `, …`: the least a cut call shows of the arguments after its paths
+_REST_SHORTEST = 3
+
+
+def tool_call_text(call: Any, max_args: int = 40, room: int | None = None) -> str:
+    """`name(arguments)`, the arguments cut to `max_args` columns; when cut, the
+    path-like ones (PATH_ARGUMENTS, and the file a `command` names) come first, whole,
+    so a line says which file the call touched. `room`: the columns the whole call may
+    take on its line; a path too long for it keeps its end (`…/daemon/engine.py`)."""
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict):
         return "?()"
-    args = fn.get("arguments")
-    args = one_line(args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
-    return f"{fn.get('name', '?')}({fit(args, max_args)})"
+    raw = fn.get("arguments")
+    args = one_line(raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False))
+    if text_width(args) > max_args:
+        name_width = text_width(str(fn.get("name", "?"))) + 2
+        paths_first = _paths_first(raw, max_args,
+                                   None if room is None else room - name_width)
+        if paths_first is not None:
+            args = paths_first
+        else:
+            args = fit(args, max_args)
+    return f"{fn.get('name', '?')}({args})"
 
 
-def preview(msg: dict[str, Any]) -> str:
-    """The first line of a message's content, then its tool calls as `name(args…)`."""
+def _paths_first(raw: Any, max_args: int, room: int | None) -> str | None:
+    """The arguments as a JSON object with its path-like members first and whole (or
+    their ends, when `room` is too narrow for them), the rest cut to fit; None when there
+    is no such member."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return None
+    if not isinstance(raw, dict):
+        return None
+    paths = [(key, one_line(raw[key])) for key in PATH_ARGUMENTS
+             if isinstance(raw.get(key), str) and raw[key].strip()]
+    if paths and room is not None:
+        # what the keys, quotes and separators take, then the cells left for the values
+        frame = 1 + sum(text_width(_json(k)) + 4 for k, _ in paths) + 2 * (len(paths) - 1)
+        share = max((room - _REST_SHORTEST - frame) // len(paths), _REST_MIN)
+        paths = [(k, fit_start(v, share)) for k, v in paths]
+    first = [f"{_json(k)}: {_json(v)}" for k, v in paths]
+    taken = {k for k, _ in paths}
+    command = raw.get("command")
+    if isinstance(command, str):
+        shown = _command_showing_its_file(one_line(command), max_args)
+        if shown is not None:
+            first.append(f'"command": {_json(shown)}')
+            taken.add("command")
+    if not first:
+        return None
+    head = "{" + ", ".join(first)
+    rest = {k: v for k, v in raw.items() if k not in taken}
+    if not rest:
+        return one_line(head + "}")
+    rest_text = one_line(", " + json.dumps(rest, ensure_ascii=False)[1:])
+    budget = max(max_args - text_width(head), _REST_MIN)
+    if room is not None:
+        # the paths come first: the rest shrinks to `, …` before a path loses a cell
+        budget = max(min(budget, room - text_width(head)), _REST_SHORTEST)
+    return one_line(head) + fit(rest_text, budget)
+
+
+def _command_showing_its_file(command: str, max_args: int) -> str | None:
+    """A long shell command cut around the first file it names (`cat … src/mod.py …`);
+    None when it names none or is short enough to show whole."""
+    if text_width(command) <= max_args // 2:
+        return None
+    try:
+        words = shlex.split(command)
+    except ValueError:  # an unclosed quote: plain words will do
+        words = command.split()
+    named = [w for w in words[1:] if not w.startswith("-") and "://" not in w
+             and _COMMAND_FILE.fullmatch(w) and w in command]
+    # a file (`tests/test_x.py`) says more than a directory (`cd /work/repo && …`)
+    files = [w for w in named if "." in w.rsplit("/", 1)[-1].lstrip(".")]
+    if not (files or named):
+        return None
+    word = (files or named)[0]
+    at = command.find(word)
+    before, after = command[:at], command[at + len(word):]
+    if text_width(before) > _REST_MIN:
+        before = fit(before.rstrip(), _REST_MIN) + " "
+    return before + word + (" …" if after.strip() else "")
+
+
+def fit_start(text: str, width: int) -> str:
+    """Cut `text` to at most `width` columns from its start: a path keeps its file name
+    (`…/daemon/engine.py`)."""
+    if text_width(text) <= width:
+        return text
+    return "…" + fit(text[::-1], width)[:-1][::-1] if width > 1 else fit(text, width)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def preview(msg: dict[str, Any], width: int | None = None) -> str:
+    """The first line of a message's content, then its tool calls as `name(args…)`;
+    `width`: the columns the line has, so a call's path fits in them."""
     text = content_text(msg.get("content")).strip()
     lines = text.splitlines()
     first = one_line(lines[0]) + (" …" if len(lines) > 1 else "") if lines else ""
     calls = msg.get("tool_calls") or []
     if calls:
-        called = ", ".join(tool_call_text(c) for c in calls)
+        room = None
+        if width is not None:
+            # the content and ` → ` before the calls, `, ` between them
+            used = (text_width(first) + 3 if first else 0) + 2 * (len(calls) - 1)
+            room = (width - used) // len(calls)
+        called = ", ".join(tool_call_text(c, room=room) for c in calls)
         first = f"{first} → {called}" if first else called
     return first
 
 
 def message_line(role: str, msg: dict[str, Any], width: int) -> str:
-    return fit(f"{role}: {preview(msg)}", width)
+    head = f"{role}: "
+    return fit(head + preview(msg, width - text_width(head)), width)
 
 
 # resolving and reaching the daemon

@@ -84,7 +84,11 @@ def cmd_sessions(ctx: Context) -> int:
             str(st.get("estimatedTokens", "?")), str(st.get("compactionCount", "?")),
         ])
     table(ctx.out, ["ID", "TITLE", "CREATED", "ARCHIVE", "ACTIVE", "TOKENS", "COMPACTIONS"],
-          rows, flex=1)
+          rows, flex=1, squeeze=0)
+    if ctx.out.tty:
+        # a pipe keeps to one row a line; a person is told what ACTIVE counts
+        ctx.out.line("ACTIVE: messages the model reads, the one carrying pins and summary "
+                     "included")
     if cursor:
         ctx.out.line(f"(more sessions: --all lists them all, or raise --limit from {args.limit})")
     return EXIT_OK
