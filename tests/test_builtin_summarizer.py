@@ -11,6 +11,7 @@ import pytest
 import tiktoken
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from summary_builders import assistant, call, result, user
 
 from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
 from ctxd.daemon.summary import SECTIONS, Summary, SummaryItem, SummaryRequest
@@ -22,30 +23,8 @@ def count_tokens(text: str) -> int:
     return len(_ENC.encode_ordinary(text))
 
 
-def user(mid: int, text: str) -> dict[str, Any]:
-    return {"id": mid, "role": "user", "content": text}
 
 
-def assistant(mid: int, text: str | None, *calls: dict[str, Any]) -> dict[str, Any]:
-    msg: dict[str, Any] = {"id": mid, "role": "assistant", "content": text}
-    if calls:
-        msg["tool_calls"] = list(calls)
-    return msg
-
-
-def call(call_id: str, name: str, **args: Any) -> dict[str, Any]:
-    return {
-        "id": call_id,
-        "type": "function",
-        "function": {"name": name, "arguments": json.dumps(args)},
-    }
-
-
-def result(mid: int, call_id: str, text: str, name: str | None = None) -> dict[str, Any]:
-    msg: dict[str, Any] = {"id": mid, "role": "tool", "tool_call_id": call_id, "content": text}
-    if name:
-        msg["name"] = name
-    return msg
 
 
 def run(

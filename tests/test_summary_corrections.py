@@ -17,31 +17,11 @@ from typing import Any
 
 import pytest
 from helpers import make_config
+from summary_builders import assistant, user
+from summary_builders import summarize as run
 
 from ctxd.daemon.engine import Engine
-from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
-from ctxd.daemon.summary import Summary, SummaryItem, SummaryRequest
-
-
-def user(mid: int, text: str) -> dict[str, Any]:
-    return {"id": mid, "role": "user", "content": text}
-
-
-def assistant(mid: int, text: str | None, **extra: Any) -> dict[str, Any]:
-    return {"id": mid, "role": "assistant", "content": text, **extra}
-
-
-def run(messages: list[dict[str, Any]], previous: Summary | None = None) -> Summary:
-    request = SummaryRequest(
-        session_id="s",
-        previous=previous or Summary(),
-        messages=messages,
-        pins=[],
-        instructions=None,
-        budget_tokens=4000,
-        count_tokens=lambda text: len(text) // 3,
-    )
-    return BuiltinSummarizer().summarize_sync(request)
+from ctxd.daemon.summary import Summary, SummaryItem
 
 
 def statements(summary: Summary) -> dict[str, SummaryItem]:

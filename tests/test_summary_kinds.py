@@ -6,53 +6,16 @@ and search marks superseded statements. Small hand-written sessions, English and
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
-from typing import Any
 
 from helpers import make_config
+from summary_builders import assistant, call, result, user
+from summary_builders import summarize as run
 
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.recall import call_tool, explain
 from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
-from ctxd.daemon.summary import Summary, SummaryRequest
-
-
-def user(mid: int, text: str) -> dict[str, Any]:
-    return {"id": mid, "role": "user", "content": text}
-
-
-def assistant(mid: int, text: str | None, *calls: dict[str, Any]) -> dict[str, Any]:
-    msg: dict[str, Any] = {"id": mid, "role": "assistant", "content": text}
-    if calls:
-        msg["tool_calls"] = list(calls)
-    return msg
-
-
-def call(cid: str, name: str, **args: Any) -> dict[str, Any]:
-    return {"id": cid, "type": "function",
-            "function": {"name": name, "arguments": json.dumps(args)}}
-
-
-def result(mid: int, cid: str, text: str) -> dict[str, Any]:
-    return {"id": mid, "role": "tool", "tool_call_id": cid, "content": text}
-
-
-def run(
-    messages: list[dict[str, Any]],
-    previous: Summary | None = None,
-    summarizer: BuiltinSummarizer | None = None,
-) -> Summary:
-    request = SummaryRequest(
-        session_id="s",
-        previous=previous or Summary(),
-        messages=messages,
-        pins=[],
-        instructions=None,
-        budget_tokens=4000,
-        count_tokens=lambda text: len(text) // 3,
-    )
-    return (summarizer or BuiltinSummarizer()).summarize_sync(request)
+from ctxd.daemon.summary import Summary
 
 
 def statuses(summary: Summary, section: str = "constraints") -> dict[str, str]:

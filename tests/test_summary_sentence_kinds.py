@@ -12,28 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from helpers import make_config
+from summary_builders import summarize as run
 
 from ctxd.daemon.compaction import SUMMARY_HEADER
 from ctxd.daemon.engine import Engine
-from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
-from ctxd.daemon.summary import Summary, SummaryRequest
+from ctxd.daemon.summary import Summary
 
 
 def users(*texts: str, start: int = 1) -> list[dict[str, Any]]:
     return [{"id": start + i, "role": "user", "content": t} for i, t in enumerate(texts)]
 
-
-def run(messages: list[dict[str, Any]], previous: Summary | None = None) -> Summary:
-    request = SummaryRequest(
-        session_id="s",
-        previous=previous or Summary(),
-        messages=messages,
-        pins=[],
-        instructions=None,
-        budget_tokens=4000,
-        count_tokens=lambda text: len(text) // 3,
-    )
-    return BuiltinSummarizer().summarize_sync(request)
 
 
 def texts(summary: Summary, section: str) -> list[str]:
