@@ -530,6 +530,9 @@ def test_squatters_on_tcp_do_not_reach_ctxd_stdio(tmp_path: Path) -> None:
             by_id = {json.loads(r)["id"]: json.loads(r) for r in replies}
             assert "result" in by_id[1], proc.stdout[:400]
             assert "sessions" in by_id[2]["result"], proc.stdout[:400]
+        # the Python client on the jsonrpc wire takes the same socket
+        with d.client(wire="jsonrpc", connect_timeout=TIMEOUT) as c:
+            assert "sessions" in c.call("session/list", {})
     finally:
         for s in squatters:
             s.close()
