@@ -145,7 +145,9 @@ def _llm_daemons(tmp_path: Path, pg_cluster: PgCluster, pg_dsn: str,
     config.write_text(
         'store = "postgres"\nsummarizer = "openai"\n'
         f'[postgres]\ndsn = "{pg_cluster.tcp_dsn(dbname)}"\npassword_env = "{PW_VAR}"\n'
+        # no fallback: a failing model must fail the compaction (its event is tested)
         f'[openai]\nbase_url = "{llm.base_url}"\nmodel = "fake-model"\ntimeout_seconds = 20\n'
+        'fallback = ""\n'
         f"[compaction]\nmax_active_messages = {max_active}\nkeep_messages = 4\n"
         f"wait_seconds = {wait_seconds}\n"
     )
