@@ -104,7 +104,10 @@ def check_committed(c: Any, sid: str, llm: RealLLM) -> None:
     carried = "\n".join(m["content"] for m in context if m["role"] == "system")
     assert RULE in carried
     assert ARTIFACT in carried
-    assert "8081" in carried
+    # the corrected port is in what the model reads next: in the summary, or still in
+    # the kept tail (a forced compaction keeps the last few messages), never as 8080 only
+    model_input = "\n".join(str(m.get("content") or "") for m in context)
+    assert "8081" in model_input
     status = c.call("context/status", {"sessionId": sid})
     assert status["summarizer"] == f"openai:{llm.model}"
     assert status["summarizerLastFailure"] is None, llm.log_tail()
