@@ -43,6 +43,9 @@ orphaned AS (
 UPDATE runs SET daemon_id = ? FROM orphaned WHERE runs.id = orphaned.id
 RETURNING runs.id
 """
+# how long a daemon whose own row lock was lost (and taken back) adopts nothing, so the
+# daemons that lost theirs with it (a server restart) take them back first
+RETAKE_GRACE = 5.0
 # the rows of daemons that are gone and serve no open run any more (not this daemon's:
 # its own lock does not keep its own transaction out)
 FORGET = """
@@ -61,6 +64,7 @@ class DaemonPresence:
         self.main = main
         self.daemon_id = uuid.uuid4().hex
         self._holder: psycopg.Connection | None = None
+        self._ever_held = False
 
     def _connect(self) -> psycopg.Connection:
         # not autocommit: the lock lives as long as the transaction, which the server
@@ -73,24 +77,24 @@ class DaemonPresence:
         holder.autocommit = False
         return holder
 
-    def hold(self, check: bool = False) -> bool:
+    def hold(self, check: bool = False) -> str:
         """Hold the row; with `check`, ask the server whether the holding connection
-        still lives (else the connection's own state is trusted). True when the lock
-        was (re)taken by this call: runs adopted by others meanwhile are theirs."""
+        still lives (else the connection's own state is trusted). Says whether the row
+        was "held" already, "taken" for the first time, or "retaken" after the holding
+        connection ended (runs adopted by others meanwhile are theirs)."""
         c = self._holder
         if c is not None and not c.closed and not c.broken:
             if not check:
-                return False
+                return "held"
             try:
                 c.execute("SELECT 1")
-                return False
+                return "held"
             except psycopg.Error:
                 c.close()
+        retaken = "retaken" if self._ever_held else "taken"
         self._holder = None
-        try:
-            c = self._connect() if c is None or c.closed or c.broken else c
-        except psycopg.Error as exc:
-            raise _storage(exc) from None
+        # (a server that is away: StorageError, and the next look tries again)
+        c = self._connect() if c is None or c.closed or c.broken else c
         try:
             # the row committed first, so that every daemon sees it; then locked in a
             # transaction left open (the row may be forgotten between the two by a
@@ -100,7 +104,8 @@ class DaemonPresence:
                 c.commit()
                 if c.execute(HOLD, (self.daemon_id,)).fetchone() is not None:
                     self._holder = c
-                    return True
+                    self._ever_held = True
+                    return retaken
                 c.rollback()
         except psycopg.Error as exc:
             c.close()
@@ -123,6 +128,7 @@ class PgRuns(RunStore):
     def __init__(self, conn: PgConnection) -> None:
         super().__init__(conn)  # type: ignore[arg-type]
         self.presence = DaemonPresence(conn)
+        self._patient_until = 0.0
 
     @property
     def daemon_id(self) -> str:
@@ -148,9 +154,16 @@ class PgRuns(RunStore):
         """Open runs no live daemon serves, now served by this one (to lease them out)."""
         # this daemon's own row first (taken again after a lost connection), so that the
         # look below never counts this daemon gone
-        taken = self.presence.hold(check=True)
+        got = self.presence.hold(check=True)
+        if got == "retaken":
+            self._patient_until = time.monotonic() + RETAKE_GRACE
+        if got == "retaken" or time.monotonic() < self._patient_until:
+            # this daemon's connection ended, so did the others' if the server restarted:
+            # they get until this daemon's next look, and RETAKE_GRACE seconds at least,
+            # to take their rows back (they look as often), and keep their runs
+            return set()
         adopted = {r[0] for r in self.conn.execute(ADOPT, (self.daemon_id, self.daemon_id))}
-        if adopted or taken:
+        if adopted or got == "taken":
             self.conn.execute(FORGET, (self.daemon_id,))
         return adopted
 
