@@ -65,6 +65,8 @@ class DaemonPresence:
         self.daemon_id = uuid.uuid4().hex
         self._holder: psycopg.Connection | None = None
         self._ever_held = False
+        # when the row was last taken back after the holding connection ended
+        self.retaken_at = -RETAKE_GRACE
 
     def _connect(self) -> psycopg.Connection:
         # not autocommit: the lock lives as long as the transaction, which the server
@@ -104,6 +106,8 @@ class DaemonPresence:
                 c.commit()
                 if c.execute(HOLD, (self.daemon_id,)).fetchone() is not None:
                     self._holder = c
+                    if self._ever_held:
+                        self.retaken_at = time.monotonic()
                     self._ever_held = True
                     return retaken
                 c.rollback()
@@ -128,7 +132,6 @@ class PgRuns(RunStore):
     def __init__(self, conn: PgConnection) -> None:
         super().__init__(conn)  # type: ignore[arg-type]
         self.presence = DaemonPresence(conn)
-        self._patient_until = 0.0
 
     @property
     def daemon_id(self) -> str:
@@ -144,20 +147,12 @@ class PgRuns(RunStore):
         )
         return _run((run_id, session_id, "open", now, None))
 
-    def owned(self) -> set[str]:
-        """The open runs this daemon serves."""
-        return {r[0] for r in self.conn.execute(
-            "SELECT id FROM runs WHERE status = 'open' AND daemon_id = ?", (self.daemon_id,)
-        )}
-
     def adopt_orphans(self) -> set[str]:
         """Open runs no live daemon serves, now served by this one (to lease them out)."""
         # this daemon's own row first (taken again after a lost connection), so that the
         # look below never counts this daemon gone
         got = self.presence.hold(check=True)
-        if got == "retaken":
-            self._patient_until = time.monotonic() + RETAKE_GRACE
-        if got == "retaken" or time.monotonic() < self._patient_until:
+        if got == "retaken" or time.monotonic() < self.presence.retaken_at + RETAKE_GRACE:
             # this daemon's connection ended, so did the others' if the server restarted:
             # they get until this daemon's next look, and RETAKE_GRACE seconds at least,
             # to take their rows back (they look as often), and keep their runs
