@@ -102,7 +102,8 @@ def test_advisory_locks_of_a_role_that_may_only_connect_stall_nothing(
                 c_daemon.stop()
         # what the role can still do is not much: it cannot lock or read ctxd's rows
         for sql in ("SELECT 1 FROM sessions FOR UPDATE", "SELECT body FROM messages",
-                    "SELECT 1 FROM compaction_locks FOR UPDATE", "SELECT * FROM ctxd_events"):
+                    "SELECT 1 FROM compaction_locks FOR UPDATE", "SELECT * FROM ctxd_events",
+                    "SELECT 1 FROM ctxd_daemons FOR KEY SHARE", "SELECT daemon_id FROM runs"):
             with pytest.raises(pgerr.InsufficientPrivilege):
                 intruder.execute(sql)
     finally:
@@ -161,6 +162,54 @@ def test_notifications_of_a_role_that_may_only_connect_are_never_relayed(
         assert appended == [real["messageIds"], first, second, third]
         assert {m for m, _ in got} == {"session/didAppend"}
         assert "Traceback" not in a.log_path.read_text(errors="replace")
+    finally:
+        _stop_running((a, b))
+
+
+def test_advisory_locks_of_a_role_that_may_only_connect_keep_no_dead_daemons_run_open(
+    tmp_path: Path, pg_cluster: PgCluster, pg_dsn: str, intruder: psycopg.Connection,
+) -> None:
+    a, b = _daemons(tmp_path, pg_cluster, pg_dsn, CTXD_RUN_LEASE_SECONDS="1")
+    try:
+        with b.client(timeout=PROMPT) as cb:
+            live, doomed = (cb.create_session()["sessionId"] for _ in range(2))
+            with a.client("jsonrpc", timeout=PROMPT) as ca:
+                runs = [ca.start_run(sid)["runId"] for sid in (live, doomed)]
+                keys = [(key, name) for key in OLD_KEYS for name in (*runs, live, doomed)]
+
+                def lock_every_key() -> None:
+                    # queued behind whoever holds a key: the first to get it when that
+                    # holder's connection ends
+                    for key in OLD_KEYS:
+                        intruder.execute("SELECT pg_advisory_lock(%s)", (key,))
+                    for key, name in keys:
+                        intruder.execute("SELECT pg_advisory_lock(%s, hashtext(%s))",
+                                         (key, name))
+
+                locker = threading.Thread(target=lock_every_key, daemon=True)
+                locker.start()
+                time.sleep(3)  # three leases: B leaves the runs of a live daemon alone
+                assert cb.context_status(live)["activeRunId"] == runs[0]
+                assert cb.context_status(doomed)["activeRunId"] == runs[1]
+                a.kill()
+            locker.join(PROMPT)
+            assert not locker.is_alive(), "the intruder never got every key"
+            held = intruder.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND pid = pg_backend_pid()"
+            ).fetchone()[0]
+            assert held == len(OLD_KEYS) + len(keys)
+            # the killed daemon's runs are adopted all the same, leased and interrupted
+            for sid in (live, doomed):
+                deadline = time.monotonic() + PROMPT
+                while cb.context_status(sid)["activeRunId"] is not None:
+                    assert time.monotonic() < deadline, "the dead daemon's run stayed open"
+                    time.sleep(0.2)
+            with psycopg.connect(pg_dsn) as owner:
+                done = dict(owner.execute("SELECT id, status FROM runs").fetchall())
+            assert done == {run: "interrupted" for run in runs}
+            again = cb.start_run(doomed)["runId"]
+            assert cb.context_status(doomed)["activeRunId"] == again
     finally:
         _stop_running((a, b))
 

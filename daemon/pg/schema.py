@@ -2,7 +2,8 @@
 
 Migrations 1-3 here hold what SQLite's migrations 1-3 hold, so the tables and columns
 mean the same on both stores (`ctxd copy` relies on it); 4 adds an index only
-PostgreSQL's plans need. The differences are PostgreSQL's own ways to give the same
+PostgreSQL's plans need, 5 and 6 what daemons sharing a database lock and tell each
+other through. The differences are PostgreSQL's own ways to give the same
 guarantees:
 - append-only: row triggers refuse UPDATE and DELETE on archived rows, a statement
   trigger refuses TRUNCATE;
@@ -193,6 +194,18 @@ MIGRATIONS: list[str] = [
         created_at  DOUBLE PRECISION NOT NULL
     );
     CREATE INDEX ctxd_events_by_time ON ctxd_events(created_at);
+    """,
+    # 6: PostgreSQL's own: which daemon serves each open run, and which daemons live (a
+    # daemon holds the row lock on its own row for as long as it lives; an open run whose
+    # daemon's row is free is adopted by another daemon, daemon/pg/runs.py). A row each,
+    # where an advisory lock per run could be held by any role that may connect.
+    """
+    CREATE TABLE ctxd_daemons (
+        daemon_id   TEXT PRIMARY KEY,
+        started_at  DOUBLE PRECISION NOT NULL
+    );
+    ALTER TABLE runs ADD COLUMN daemon_id TEXT;
+    CREATE INDEX runs_open_by_daemon ON runs(daemon_id) WHERE status = 'open';
     """,
 ]
 

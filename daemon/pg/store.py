@@ -471,6 +471,7 @@ class PostgresStore:
                 pool.shutdown(wait=True, cancel_futures=True)
         self._pool = self._waiters = None
         self.compaction_locks.close()
+        self.runs.close()
         self.ids.close()
         for r in self._readers:
             r.close()

@@ -1,0 +1,55 @@
+"""Open runs across daemons on one real PostgreSQL: a daemon whose connections the
+server dropped (a restart) keeps its runs; the other daemon adopts none of them."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from helpers import DaemonProcess
+from pg import PASSWORD, PgCluster
+from test_pg_daemons import PW_VAR, _stop_running
+
+from ctxd.daemon.pg.runs import RETAKE_GRACE
+from ctxd.protocol.errors import CtxdError
+
+
+def test_a_daemon_keeps_its_runs_across_a_postgres_restart(tmp_path: Path) -> None:
+    cluster = PgCluster().start()
+    env = {"CTXD_STORE": "postgres", "CTXD_POSTGRES_DSN": cluster.tcp_dsn(),
+           "CTXD_POSTGRES_PASSWORD_ENV": PW_VAR, PW_VAR: PASSWORD,
+           "CTXD_RUN_LEASE_SECONDS": "1"}
+    procs = []
+    try:
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            procs.append(DaemonProcess(tmp_path / name, env=env).start())
+        a, b = procs
+        with a.client("jsonrpc") as ca, b.client("jsonrpc") as cb:
+            sids = [cb.create_session()["sessionId"] for _ in range(2)]
+            runs = [ca.start_run(sid)["runId"] for sid in sids]
+            cluster.halt()
+            cluster.launch()
+            deadline = time.monotonic() + 60
+            for c in (cb, ca):
+                while True:
+                    assert time.monotonic() < deadline, "a daemon never reached the server"
+                    try:
+                        c.context_status(sids[0])
+                        break
+                    except CtxdError:  # the first request after the restart may fail
+                        time.sleep(0.2)
+            # every look of B's past the grace after the restart, and a lease on top: a
+            # run B had adopted would be interrupted by now (A's client never calls B)
+            time.sleep(RETAKE_GRACE + 4)
+            for sid, run in zip(sids, runs, strict=True):
+                assert cb.context_status(sid)["activeRunId"] == run
+            # A still serves them: its client finishes one, runs a turn in the other
+            done = ca.finish_run(runs[0], "completed")
+            assert done["run"]["status"] == "completed"
+            ca.append(sids[1], [{"role": "user", "content": "still mine"}], run_id=runs[1])
+            assert cb.context_status(sids[1])["activeRunId"] == runs[1]
+            assert cb.context_status(sids[0])["activeRunId"] is None
+    finally:
+        _stop_running(procs)
+        cluster.stop()
