@@ -44,8 +44,9 @@ UPDATE runs SET daemon_id = ? FROM orphaned WHERE runs.id = orphaned.id
 RETURNING runs.id
 """
 # how long a daemon whose own row lock was lost (and taken back) adopts nothing, so the
-# daemons that lost theirs with it (a server restart) take them back first
-RETAKE_GRACE = 5.0
+# daemons that lost theirs with it (a server restart) take them back first; long enough
+# for a daemon on a busy machine to reconnect
+RETAKE_GRACE = 15.0
 # the rows of daemons that are gone and serve no open run any more (not this daemon's:
 # its own lock does not keep its own transaction out)
 FORGET = """
