@@ -22,6 +22,7 @@ from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
@@ -33,7 +34,7 @@ from ctxd.daemon.servers.jsonrpc import (
     start_tcp_server,
     start_websocket_server,
 )
-from ctxd.protocol import auth
+from ctxd.protocol import auth, types
 from ctxd.protocol.codec import FrameReader, dumps_json, frame
 from ctxd.protocol.connection import write_connection_file
 from ctxd.protocol.errors import SessionNotFound, Unauthorized
@@ -464,6 +465,8 @@ def _read_until_missed(next_message: Any) -> tuple[list[int], dict[str, Any]]:
         if msg.get("method") == "session/event":
             seen.append(msg["params"]["i"])
         elif msg.get("method") == "session/didMissEvents":
+            # what the protocol's types declare
+            msgspec.convert(msg["params"], types.NOTIFICATIONS["session/didMissEvents"])
             return seen, msg["params"]
 
 

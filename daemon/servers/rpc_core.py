@@ -178,7 +178,7 @@ class JsonRpcConnection(Connection):
 
     def _miss(self, session_id: str) -> None:
         if not self._missed:
-            log.info(
+            log.warning(
                 "%r is not reading its output (%d bytes unread): dropping its events "
                 "until it reads again", self, self._pending_output(),
             )
