@@ -173,7 +173,7 @@ def stuck(tmp: Path) -> tuple[list[Row], bool]:
                 f"{_n(stats['events_published'])} events, {stats['seconds']:.0f} s"
             ),
             "observed": (
-                f"{_problems(failures)}: the stuck client kept its connection; past 4 MiB "
+                f"{_problems(failures)}: the stuck client kept its connection; past 6 MiB "
                 "of unread output its events were dropped, and reading again it got "
                 f"{_n(stats['stuck_events_read'])} events "
                 f"({stats['stuck_bytes_read'] / 2**20:.1f} MiB), then "

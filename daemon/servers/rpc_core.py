@@ -38,13 +38,13 @@ _PRECOUNT_BYTES = 256 * 1024
 
 _LOGIN_FIRST = "send initialize with the token from the connection file first"
 
-# A client whose unread output passes half of `max_queue_bytes` has its session events
-# dropped (and counted) instead of queued, so a paused subscriber keeps its connection
-# and room stays for its replies; once its output is down to an eighth, it is told what
-# it missed. The drain is checked on a timer that backs off to once a second.
+# A client whose unread output passes three quarters of `max_queue_bytes` has its session
+# events dropped (and counted) instead of queued, so a paused subscriber keeps its
+# connection and room stays for its replies; once its output is down to a quarter, it is
+# told what it missed. (A burst of large events outruns a healthy but busy reader for a
+# while: shedding much earlier costs it events it would have read.) The drain is checked
+# on a timer that backs off to once a second.
 MISSED_EVENTS_METHOD = "session/didMissEvents"
-_EVENTS_HIGH_WATER_SHARE = 2
-_EVENTS_LOW_WATER_SHARE = 8
 _DRAIN_CHECK_FIRST = 0.05
 _DRAIN_CHECK_LAST = 1.0
 
@@ -168,7 +168,7 @@ class JsonRpcConnection(Connection):
         session_id = params.get("sessionId")
         if isinstance(session_id, str) and (
             self._missed
-            or self._pending_output() > self._core.max_queue_bytes // _EVENTS_HIGH_WATER_SHARE
+            or self._pending_output() > self._core.max_queue_bytes * 3 // 4
         ):
             # once one event is dropped, the later ones are too until the notice is sent:
             # the client then sees the gap announced before any event after it
@@ -194,7 +194,7 @@ class JsonRpcConnection(Connection):
         self._drain_timer = None
         if self.closed or not self._missed:
             return
-        if self._pending_output() > self._core.max_queue_bytes // _EVENTS_LOW_WATER_SHARE:
+        if self._pending_output() > self._core.max_queue_bytes // 4:
             self._drain_delay = min(self._drain_delay * 2, _DRAIN_CHECK_LAST)
             self._drain_timer = asyncio.get_running_loop().call_later(
                 self._drain_delay, self._check_drain
