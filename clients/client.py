@@ -30,6 +30,16 @@ all), and `TimeoutError` when no reply comes in time.
 On ZeroMQ, `subscribe()` returns only once the SUB socket's subscription is in effect at
 the daemon (a subscription probe, see `_zmq`), so no event sent afterwards is missed.
 
+A connection that falls behind on the JSON-RPC wires (more than three quarters of the daemon's
+`max_queue_bytes`, 6 MiB by default, sent and not yet read: a notification callback
+that blocks the I/O thread, a stream nobody iterates) has its events dropped rather than
+queued; once it has read its backlog it gets `session/didMissEvents` with
+`{sessionId, missed}` for each session concerned, before any later event of it: re-read
+what you keep of the session (`context_status`, `read`). Replies are never dropped: a
+client that leaves `max_queue_bytes` of them unread is disconnected. On ZeroMQ the PUB
+socket drops silently past 1,000 queued events per subscriber and nothing tells which
+subscriber lost what, so no notice comes there.
+
 `AsyncClient` matches replies to concurrent awaits by request id. `Client` runs an
 `AsyncClient` on its own I/O thread, so any number of threads may call it at once;
 notification callbacks of a `Client` run on that I/O thread. On ZeroMQ and JSON-RPC TCP

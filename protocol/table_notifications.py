@@ -52,6 +52,13 @@ NOTIFICATION_LIST: tuple[Notification, ...] = (
         "A run finished (or was marked interrupted when its connection closed).",
     ),
     Notification(
+        "session/didMissEvents",
+        "`sessionId`, `missed` (how many of the session's events this connection did not get).",
+        "The connection stopped reading its output and the daemon dropped events rather than "
+        "queue them; sent once it reads again, before any later event of the session. "
+        "Re-read what you show (`context/status`, `archive/read`).",
+    ),
+    Notification(
         "$/progress",
         '`token` (string, one per operation), `sessionId`, `value`: `{kind: "begin" | '
         '"report" | "end", title?, message?, percentage? (0-100)}`.',

@@ -395,6 +395,11 @@ class RunDidFinish(_Wire):
     auto_compaction_scheduled: bool
 
 
+class DidMissEvents(_Wire):
+    session_id: str
+    missed: int
+
+
 class ProgressValue(_Wire):
     kind: Literal["begin", "report", "end"]
     title: str | None = None
@@ -417,5 +422,6 @@ NOTIFICATIONS: dict[str, type[msgspec.Struct]] = {
     "approval/didResolve": ApprovalEvent,
     "run/didStart": RunDidStart,
     "run/didFinish": RunDidFinish,
+    "session/didMissEvents": DidMissEvents,
     "$/progress": Progress,
 }

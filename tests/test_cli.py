@@ -510,3 +510,5 @@ def test_watch_human_line(daemon: Daemon) -> None:
     assert "26 → 14 messages" in watch_command.event_text("context/didCompact", {
         "trigger": "manual", "before": {"messages": 26, "tokens": 9},
         "after": {"messages": 14, "tokens": 5}})
+    missed = watch_command.event_text("session/didMissEvents", {"sessionId": "s", "missed": 397})
+    assert missed.startswith("missed     397 events") and "ctxd show" in missed

@@ -90,6 +90,7 @@ EXPECTED_NOTIFICATIONS = {
     "approval/didResolve",
     "run/didStart",
     "run/didFinish",
+    "session/didMissEvents",
     "$/progress",
 }
 

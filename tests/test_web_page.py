@@ -499,3 +499,53 @@ def test_pins_from_the_page(daemon: DaemonProcess, client: Any, context: Browser
     page.locator("#pins-box .pin").wait_for(state="detached")
     assert client.call("context/pins/list", {"sessionId": sid})["pins"] == []
     expect(page.locator("#n-tokens")).to_have_text(tokens)
+
+
+def test_a_page_that_fell_behind_re_reads_the_session(
+    daemon: DaemonProcess, client: Any, context: BrowserContext
+) -> None:
+    sid = new_session(client, "fell behind", turns=1)
+    page = open_session(context, daemon, sid)
+    errors = watch_errors(page)
+    assert page.locator("#history-box table.history tbody tr").count() == 0
+    # freeze the page's script: Chromium then stops reading its WebSocket, and the
+    # daemon's output for it piles up until the daemon sheds its events
+    cdp = context.new_cdp_session(page)
+    cdp.send("Debugger.enable")
+    cdp.send("Debugger.pause")
+    run = client.call("run/start", {"sessionId": sid})["runId"]
+    args = {"path": "README.zh.md", "content": "把配置文件里的数据库地址改成只读副本。" * 110}
+    reason = "这个改动会影响生产环境的连接池，先在预发布环境验证。" * 150
+    # approval events are the largest (about 22 KB a round here); at most 32 MiB of them
+    shed = False
+    for n in range(1500):
+        call = {"id": f"frozen_{n}", "type": "function",
+                "function": {"name": "write_file", "arguments": '{"path": "README.zh.md"}'}}
+        client.call("messages/append", {"sessionId": sid, "runId": run, "messages": [
+            {"role": "assistant", "content": "修改说明文件。", "tool_calls": [call]}]})
+        approval = client.call("approval/request", {
+            "sessionId": sid, "runId": run, "toolCallId": f"frozen_{n}", "toolName": "write_file",
+            "arguments": args})
+        client.call("approval/resolve", {
+            "approvalId": approval["approvalId"], "decision": "denied", "reason": reason})
+        client.call("messages/append", {"sessionId": sid, "runId": run, "messages": [
+            {"role": "tool", "tool_call_id": call["id"], "content": "用户拒绝了这次修改。"}]})
+        if n % 50 == 49 and "dropping its events" in daemon.log_path.read_text(errors="replace"):
+            shed = True
+            break
+    assert shed, "the frozen page's events were never shed"
+    # what happens while its events are shed reaches the page only by re-reading: the
+    # events queued before the gap make it re-read the transcript and the context, but
+    # only the notice makes it re-read the compaction history
+    client.call("run/finish", {"runId": run, "outcome": "completed"})
+    mid = client.call("messages/append", {"sessionId": sid, "messages": [
+        {"role": "user", "content": "said while the page was frozen"}]})["messageIds"][0]
+    client.call("context/compact", {"sessionId": sid, "force": True})
+    cdp.send("Debugger.resume")
+    page.wait_for_selector("#history-box table.history tbody tr")
+    page.locator(f"#transcript .msg[data-id='{mid}'] >> text=said while the page was frozen"
+                 ).wait_for()
+    st = client.call("context/status", {"sessionId": sid})
+    expect(page.locator("#n-archive")).to_have_text(fmt(st["archiveMessages"]))
+    expect(page.locator("#n-run")).to_have_text("idle")
+    assert errors == []

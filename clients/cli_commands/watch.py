@@ -61,6 +61,9 @@ def event_text(method: str, p: dict[str, Any]) -> str:
         run = p.get("run") or {}
         auto = ", auto-compaction scheduled" if p.get("autoCompactionScheduled") else ""
         return f"run        {run.get('runId')} {run.get('status', 'finished')}{auto}"
+    if method == "session/didMissEvents":
+        return (f"missed     {plural(int(p.get('missed') or 0), 'event')} while this watch "
+                "fell behind: `ctxd show` has the session as it is now")
     if method == "$/progress":
         v = p.get("value") or {}
         bits = [str(v.get("kind", "?"))]

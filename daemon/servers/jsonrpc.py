@@ -47,9 +47,14 @@ Behaviour shared by both wires
 * Invalid JSON gets -32700 with id null; a non-object or an object without a string
   `method` gets -32600. The connection stays open when frame boundaries are intact.
 * Output (replies and server notifications) never blocks: it is written into the
-  transport's buffer. When a message is to be queued while more than `max_queue_bytes`
-  of earlier output is still unsent, the client has stopped reading: it is dropped with
-  a log line (on WebSocket with close code 1013, so it reconnects and catches up).
+  transport's buffer. A session event to be queued while more than three quarters of
+  `max_queue_bytes` is still unsent is dropped and counted per session instead, and so
+  is every later one until the output is down to a quarter (checked on a timer that
+  backs off to once a second); then the client gets one `session/didMissEvents`
+  (`{sessionId, missed}`) per session, before any later event of it, and re-reads. A
+  subscriber that pauses thus keeps its connection. When a reply is to be queued while
+  more than `max_queue_bytes` is unsent, the client has stopped reading: it is dropped
+  with a log line (on WebSocket with close code 1013, so it reconnects and catches up).
   Pending output is thus bounded by `max_queue_bytes` plus one message.
 * A batch holds at most `max_batch` requests (more: one -32600, nothing runs); a reply
   above `max_reply_bytes` is replaced by a -32015 error naming the limit.

@@ -38,6 +38,16 @@ _PRECOUNT_BYTES = 256 * 1024
 
 _LOGIN_FIRST = "send initialize with the token from the connection file first"
 
+# A client whose unread output passes three quarters of `max_queue_bytes` has its session
+# events dropped (and counted) instead of queued, so a paused subscriber keeps its
+# connection and room stays for its replies; once its output is down to a quarter, it is
+# told what it missed. (A burst of large events outruns a healthy but busy reader for a
+# while: shedding much earlier costs it events it would have read.) The drain is checked
+# on a timer that backs off to once a second.
+MISSED_EVENTS_METHOD = "session/didMissEvents"
+_DRAIN_CHECK_FIRST = 0.05
+_DRAIN_CHECK_LAST = 1.0
+
 
 class JsonRpcConnection(Connection):
     """One JSON-RPC client: decodes messages, runs requests as tasks, writes replies.
@@ -57,6 +67,10 @@ class JsonRpcConnection(Connection):
         self._login_timer: asyncio.TimerHandle | None = None
         # what holds this connection's place in the quota before login
         self._gate_key: object = self
+        # session id -> events dropped since this client's output passed the high-water mark
+        self._missed: dict[str, int] = {}
+        self._drain_timer: asyncio.TimerHandle | None = None
+        self._drain_delay = _DRAIN_CHECK_FIRST
 
     # transport hooks
 
@@ -133,6 +147,9 @@ class JsonRpcConnection(Connection):
         if self._login_timer is not None:
             self._login_timer.cancel()
             self._login_timer = None
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = None
         if not self._opened:
             return
         try:
@@ -146,7 +163,49 @@ class JsonRpcConnection(Connection):
     # output
 
     def send_notification(self, method: str, params: dict[str, Any]) -> None:
+        if self.closed:
+            return
+        session_id = params.get("sessionId")
+        if isinstance(session_id, str) and (
+            self._missed
+            or self._pending_output() > self._core.max_queue_bytes * 3 // 4
+        ):
+            # once one event is dropped, the later ones are too until the notice is sent:
+            # the client then sees the gap announced before any event after it
+            self._miss(session_id)
+            return
         self._send(dumps_json(notification(method, params)))
+
+    def _miss(self, session_id: str) -> None:
+        if not self._missed:
+            log.warning(
+                "%r is not reading its output (%d bytes unread): dropping its events "
+                "until it reads again", self, self._pending_output(),
+            )
+            self._drain_delay = _DRAIN_CHECK_FIRST
+            self._drain_timer = asyncio.get_running_loop().call_later(
+                self._drain_delay, self._check_drain
+            )
+        self._missed[session_id] = self._missed.get(session_id, 0) + 1
+
+    def _check_drain(self) -> None:
+        """Tell the client which sessions' events it missed once its output drained;
+        until then, look again later (less and less often)."""
+        self._drain_timer = None
+        if self.closed or not self._missed:
+            return
+        if self._pending_output() > self._core.max_queue_bytes // 4:
+            self._drain_delay = min(self._drain_delay * 2, _DRAIN_CHECK_LAST)
+            self._drain_timer = asyncio.get_running_loop().call_later(
+                self._drain_delay, self._check_drain
+            )
+            return
+        missed, self._missed = self._missed, {}
+        log.info("%r reads again: it missed %d events", self, sum(missed.values()))
+        for session_id, count in missed.items():
+            self._send(dumps_json(notification(
+                MISSED_EVENTS_METHOD, {"sessionId": session_id, "missed": count}
+            )))
 
     def _send(self, body: bytes) -> None:
         """Queue one message without blocking; drop the client if it stopped reading."""

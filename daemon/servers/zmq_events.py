@@ -11,6 +11,13 @@ watches a session (`watches`). The XPUB socket keeps its default (not verbose): 
 counts the subscribers of each topic itself and passes on a topic's subscription when
 its first subscriber comes and its unsubscription when the last one goes (unsubscribing,
 or disconnecting), so the set of topics passed on is exactly the set subscribed.
+
+A subscriber that stops reading loses events past the high-water mark (1,000 queued per
+subscriber) without notice, unlike on the JSON-RPC wires (`session/didMissEvents`):
+libzmq drops per subscriber inside the PUB socket and tells the publisher nothing, not
+even that it dropped. `XPUB_NODROP` would report it, but for every send while any one
+subscriber's queue is full, so healthy subscribers would lose events too; and a notice
+on the topic would reach every subscriber of it and queue behind the same full pipe.
 """
 
 from __future__ import annotations

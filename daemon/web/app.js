@@ -358,6 +358,11 @@ function onEvent(method, p) {
       soon("history", refreshHistory, 20);
       soon("status", refreshStatus);
       break;
+    case "session/didMissEvents":
+      // the daemon dropped events while this tab fell behind: re-read what it shows
+      soon("missed", () => Promise.all([refreshStatus(), refreshContext(), refreshApprovals(),
+        refreshPins(), refreshExplain(), refreshHistory(), transcript.catchUp()]), 20);
+      break;
     case "approval/didRequest":
     case "approval/didResolve":
       soon("approvals", refreshApprovals, 10);

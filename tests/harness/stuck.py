@@ -186,22 +186,34 @@ class StuckTcp:
             while not reader.feed(self.sock.recv(65536)):
                 pass
 
-    def drain(self, timeout: float) -> tuple[int, str]:
-        """Read what is left; (bytes read, how it ended: eof, reset or open)."""
+    def drain(self, timeout: float) -> dict[str, Any]:
+        """Read again: the events queued before it fell behind, then the notice of what
+        it missed. How it ended: `notice`, `eof`, `reset`, or `open` (no notice within
+        `timeout`)."""
         self.sock.settimeout(timeout)
-        total = 0
+        reader = FrameReader()
+        total, events, missed, end = 0, 0, None, "open"
         try:
-            while True:
+            while missed is None:
                 data = self.sock.recv(1 << 20)
                 if not data:
-                    return total, "eof"
+                    end = "eof"
+                    break
                 total += len(data)
+                for body in reader.feed(data):
+                    msg = json.loads(body)
+                    if msg.get("method") == "session/didMissEvents":
+                        missed, end = msg["params"]["missed"], "notice"
+                    elif "method" in msg:
+                        events += 1
         except ConnectionResetError:
-            return total, "reset"
+            end = "reset"
         except TimeoutError:
-            return total, "open"
+            pass
         finally:
             self.sock.close()
+        return {"stuck_bytes_read": total, "stuck_events_read": events,
+                "stuck_missed": missed, "stuck_end": end}
 
 
 def stuck_run(
@@ -285,13 +297,14 @@ def stuck_run(
             failures.append("acknowledged appends missing from the archive")
         stats["events_published"] = sum(healthy.events.values())
         if stuck_tcp is not None:
-            read, end = stuck_tcp.drain(30)
-            stats.update(stuck_bytes_read=read, stuck_end=end)
+            stats.update(stuck_tcp.drain(30))
         if sub is not None:
             stats["stuck_events_read"] = _drain_sub(sub)
         healthy.c.close()
         c.close()
-        stats["daemon_log_drops"] = d.log_tail(1 << 24).count("the client stopped reading")
+        log_text = d.log_tail(1 << 24)
+        stats["daemon_log_drops"] = log_text.count("the client stopped reading")
+        stats["daemon_log_sheds"] = log_text.count("dropping its events until it reads again")
         if d.stop() != 0:
             failures.append(f"the daemon did not stop cleanly: {d.log_tail()}")
     finally:
