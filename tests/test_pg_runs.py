@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import psycopg
 from helpers import DaemonProcess
 from pg import PASSWORD, PgCluster
 from test_pg_daemons import PW_VAR, _stop_running
@@ -18,7 +19,9 @@ def test_a_daemon_keeps_its_runs_across_a_postgres_restart(tmp_path: Path) -> No
     cluster = PgCluster().start()
     env = {"CTXD_STORE": "postgres", "CTXD_POSTGRES_DSN": cluster.tcp_dsn(),
            "CTXD_POSTGRES_PASSWORD_ENV": PW_VAR, PW_VAR: PASSWORD,
-           "CTXD_RUN_LEASE_SECONDS": "1"}
+           # a lease far longer than the restart, so that only an adoption could take a
+           # run from A; the daemons look for orphans every lease / 3 seconds
+           "CTXD_RUN_LEASE_SECONDS": "12"}
     procs = []
     try:
         for name in ("a", "b"):
@@ -28,6 +31,8 @@ def test_a_daemon_keeps_its_runs_across_a_postgres_restart(tmp_path: Path) -> No
         with a.client("jsonrpc") as ca, b.client("jsonrpc") as cb:
             sids = [cb.create_session()["sessionId"] for _ in range(2)]
             runs = [ca.start_run(sid)["runId"] for sid in sids]
+            owners_before = _owners(cluster, runs)
+            assert len(set(owners_before.values())) == 1  # A's
             cluster.halt()
             cluster.launch()
             deadline = time.monotonic() + 60
@@ -39,9 +44,10 @@ def test_a_daemon_keeps_its_runs_across_a_postgres_restart(tmp_path: Path) -> No
                         break
                     except CtxdError:  # the first request after the restart may fail
                         time.sleep(0.2)
-            # every look of B's past the grace after the restart, and a lease on top: a
-            # run B had adopted would be interrupted by now (A's client never calls B)
-            time.sleep(RETAKE_GRACE + 4)
+            # B's grace after the restart and two of its looks past it: a run it adopted
+            # would name B as its daemon by now
+            time.sleep(RETAKE_GRACE + 2 * 4 + 2)
+            assert _owners(cluster, runs) == owners_before
             for sid, run in zip(sids, runs, strict=True):
                 assert cb.context_status(sid)["activeRunId"] == run
             # A still serves them: its client finishes one, runs a turn in the other
@@ -53,3 +59,11 @@ def test_a_daemon_keeps_its_runs_across_a_postgres_restart(tmp_path: Path) -> No
     finally:
         _stop_running(procs)
         cluster.stop()
+
+
+def _owners(cluster: PgCluster, runs: list[str]) -> dict[str, str | None]:
+    """Which daemon each run names as serving it, read from the database itself."""
+    with psycopg.connect(cluster.tcp_dsn(), password=PASSWORD) as conn:
+        rows = conn.execute("SELECT id, daemon_id FROM runs WHERE id = ANY(%s)",
+                            (runs,)).fetchall()
+    return {rid: daemon for rid, daemon in rows}
