@@ -30,8 +30,8 @@ all), and `TimeoutError` when no reply comes in time.
 On ZeroMQ, `subscribe()` returns only once the SUB socket's subscription is in effect at
 the daemon (a subscription probe, see `_zmq`), so no event sent afterwards is missed.
 
-A connection that falls behind on the JSON-RPC wires (more than three quarters of the daemon's
-`max_queue_bytes`, 6 MiB by default, sent and not yet read: a notification callback
+A connection that falls behind on the JSON-RPC wires (more than the daemon's
+`max_queue_bytes`, 8 MiB by default, sent and not yet read: a notification callback
 that blocks the I/O thread, a stream nobody iterates) has its events dropped rather than
 queued; once it has read its backlog it gets `session/didMissEvents` with
 `{sessionId, missed}` for each session concerned, before any later event of it: re-read

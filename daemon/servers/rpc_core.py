@@ -168,7 +168,9 @@ class JsonRpcConnection(Connection):
         session_id = params.get("sessionId")
         if isinstance(session_id, str) and (
             self._missed
-            or self._pending_output() > self._core.max_queue_bytes * 3 // 4
+            # shed only where a client used to be dropped: a subscriber that is merely
+            # slow during a burst keeps every event
+            or self._pending_output() > self._core.max_queue_bytes
         ):
             # once one event is dropped, the later ones are too until the notice is sent:
             # the client then sees the gap announced before any event after it
