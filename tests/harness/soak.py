@@ -120,6 +120,8 @@ class Subscriber:
         self.appends: dict[str, list[tuple[int, list[int]]]] = {s: [] for s in sessions}
         self.events: Counter[str] = Counter()
         self.event_bytes = 0
+        # events the daemon dropped for it while it read too slowly, as it was told
+        self.missed = 0
         self.c.on_notification(self._on)
         for s in sessions:
             self.c.subscribe(s)
@@ -128,6 +130,8 @@ class Subscriber:
         self.events[method] += 1
         if method.startswith("approval/"):  # the large ones: count what they weigh
             self.event_bytes += len(json.dumps(params, ensure_ascii=False).encode())
+        if method == "session/didMissEvents":
+            self.missed += params["missed"]
         if method == "session/didAppend" and params["sessionId"] in self.appends:
             self.appends[params["sessionId"]].append((params["batchId"], params["messageIds"]))
 

@@ -291,11 +291,17 @@ def stuck_run(
             if len(ids) >= len(archived):
                 break
             time.sleep(0.1)
-        if ids != archived:
+        # A reader slowed by the machine's load may itself pass the shedding mark: then
+        # it was told how many events it missed, and what it saw is the archive in order
+        # with gaps. Without a notice it must have seen every message.
+        stats["healthy_missed"] = healthy.missed
+        if ids != archived and (healthy.missed == 0 or not _in_order_within(ids, archived)):
             failures.append(f"healthy subscriber saw {len(ids)} of {len(archived)} messages")
         if not set(flood.acked + big.acked) <= set(archived):
             failures.append("acknowledged appends missing from the archive")
-        stats["events_published"] = sum(healthy.events.values())
+        # what it heard plus what it was told it missed
+        heard = sum(n for m, n in healthy.events.items() if m != "session/didMissEvents")
+        stats["events_published"] = heard + healthy.missed
         if stuck_tcp is not None:
             stats.update(stuck_tcp.drain(30))
         if sub is not None:
@@ -312,6 +318,12 @@ def stuck_run(
         if d.proc is not None and d.proc.poll() is None:
             d.kill()
     return stats, failures
+
+
+def _in_order_within(seen: list[int], archived: list[int]) -> bool:
+    """Whether `seen` is `archived` with some ids left out, nothing repeated or moved."""
+    remaining = iter(archived)
+    return all(any(i == a for a in remaining) for i in seen)
 
 
 def _stuck_sub(ctx: zmq.Context[Any], d: LoggedDaemon, sid: str) -> zmq.Socket[Any]:
