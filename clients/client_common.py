@@ -125,9 +125,13 @@ class _Methods(Generic[R]):
         session_id: str | None = None,
         title: str | None = None,
         metadata: dict[str, Any] | None = None,
+        created_at: float | None = None,
     ) -> R:
         return self.call(
-            "session/create", _drop_none(sessionId=session_id, title=title, metadata=metadata)
+            "session/create",
+            _drop_none(
+                sessionId=session_id, title=title, metadata=metadata, createdAt=created_at
+            ),
         )
 
     def list_sessions(

@@ -87,8 +87,15 @@ class ArchiveStore(ArchiveSearch):
 
     # sessions
 
-    def create_session(self, session_id: str, title: str | None, metadata: dict | None) -> float:
-        now = time.time()
+    def create_session(
+        self,
+        session_id: str,
+        title: str | None,
+        metadata: dict | None,
+        created_at: float | None = None,
+    ) -> float:
+        """`created_at`: the session's own start (an imported transcript's), else now."""
+        now = time.time() if created_at is None else created_at
         self.conn.execute(
             "INSERT INTO sessions(id, title, metadata, created_at) VALUES (?, ?, ?, ?)",
             (session_id, title, strict_json(metadata, "metadata") if metadata else None, now),
@@ -246,7 +253,8 @@ class ArchiveStore(ArchiveSearch):
             "INSERT INTO messages(id, session_id, batch_id, role, body, tokens, created_at) "
             "VALUES (?,?,?,?,?,?,?)",
             [
-                (i, session_id, batch_id, m["role"], body, tokens, now)
+                # a message that brings its own time (an imported one) keeps it
+                (i, session_id, batch_id, m["role"], body, tokens, m.get("createdAt", now))
                 for i, (m, body, tokens) in zip(ids, messages, strict=True)
             ],
         )

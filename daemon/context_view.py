@@ -297,7 +297,7 @@ class ContextView:
             msg["id"] = mid
             msg["batchId"] = batch_id
             msg["tokens"] = tokens
-            msg["createdAt"] = created_at
+            msg["createdAt"] = msg.get("createdAt", created_at)  # its own, if it has one
             kept.archived.append(msg)
             kept.model.append(strip_archive_fields(msg))
             kept.ids.append(mid)

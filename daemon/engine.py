@@ -29,7 +29,7 @@ from ctxd.daemon.engine_runs import (
     _event_approval,  # noqa: F401 (pg/events.py imports it here)
 )
 from ctxd.daemon.ids import new_id
-from ctxd.daemon.messages import PreparedBatch, prepare_batch
+from ctxd.daemon.messages import PreparedBatch, check_time, prepare_batch
 from ctxd.daemon.pairing import check_tool_pairs
 from ctxd.daemon.run_book import RunBook
 from ctxd.daemon.stores.base import Store
@@ -137,15 +137,20 @@ class Engine(ContextReads, RunsAndApprovals):
         session_id: str | None = None,
         title: str | None = None,
         metadata: dict[str, Any] | None = None,
+        created_at: float | None = None,
     ) -> dict[str, Any]:
         sid = session_id or new_id("ses")
+        if created_at is not None:
+            why = check_time(created_at)
+            if why:
+                raise InvalidParams(why, {"param": "createdAt"})
         with self.store.transaction():
             if self.archive.get_session(sid) is not None:
                 raise Conflict(
                     f"session {sid!r} already exists; use session/get to read it",
                     {"sessionId": sid},
                 )
-            self.archive.create_session(sid, title, metadata)
+            self.archive.create_session(sid, title, metadata, created_at)
             st = ContextState(session_id=sid)
             self.store.contexts.save(st)
         self._contexts[sid] = st

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +18,21 @@ from ctxd.daemon import fts
 from ctxd.protocol.errors import InvalidMessage, InvalidParams, PayloadTooLarge
 
 ROLES = ("system", "user", "assistant", "tool")
+# A message's or session's own time (`createdAt`, given by an importer) may be ahead of
+# this daemon's clock by this much at most: the writer's clock may drift a little, but
+# a time in the future would sort before messages that are appended after it.
+CLOCK_SKEW_SECONDS = 300.0
+
+
+def check_time(value: Any) -> str | None:
+    """Why `value` is not a usable `createdAt` (unix seconds), or None when it is."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "createdAt must be a number (unix seconds)"
+    if not math.isfinite(value) or value < 0:
+        return "createdAt must be a finite number of unix seconds, not negative"
+    if value > time.time() + CLOCK_SKEW_SECONDS:
+        return "createdAt is in the future"
+    return None
 
 
 def _bad(index: int, why: str, field: str | None = None) -> InvalidMessage:
@@ -98,6 +115,13 @@ def normalize_message(raw: Any, index: int, max_bytes: int) -> tuple[dict[str, A
         if not isinstance(metadata, dict):
             raise _bad(index, "metadata must be an object", "metadata")
         msg["metadata"] = metadata
+    created_at = raw.get("createdAt")
+    if created_at is not None:
+        # the message's own time (an imported transcript's): stored as its createdAt
+        why = check_time(created_at)
+        if why:
+            raise _bad(index, why, "createdAt")
+        msg["createdAt"] = float(created_at)
     # Fields this version does not know (e.g. a provider's reasoning_content) are kept
     # as they came: the archive must not lose what the agent sent.
     for key, value in raw.items():

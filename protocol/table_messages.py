@@ -34,7 +34,11 @@ MESSAGE_METHODS: tuple[Method, ...] = (
                 "array",
                 True,
                 "OpenAI-shaped chat messages (`role`, `content`, `tool_calls`, "
-                "`tool_call_id`, `name`), oldest first.",
+                "`tool_call_id`, `name`), oldest first. A message may carry `createdAt`, "
+                "its own time in unix seconds (an imported transcript's), stored as its "
+                "`createdAt` instead of the time of the append: a finite number, not "
+                "negative, not in the future (5 minutes of clock skew allowed), else "
+                "`INVALID_MESSAGE`. The archive's order stays the order of appends.",
                 min=1,
                 max=APPEND_MAX_MESSAGES,
             ),

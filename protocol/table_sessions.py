@@ -97,6 +97,15 @@ SESSION_METHODS: tuple[Method, ...] = (
             ),
             Param("title", "string", False, "Human-readable title.", max=TITLE_MAX),
             Param("metadata", "object", False, "Any JSON object, stored as given."),
+            Param(
+                "createdAt",
+                "number",
+                False,
+                "When the session began (unix seconds), for a session brought in from "
+                "elsewhere (an imported transcript); now when absent. Not in the future "
+                "(5 minutes of clock skew allowed); sessions list newest first by it.",
+                min=0,
+            ),
         ),
         "The session: `sessionId`, `title`, `metadata`, `createdAt` (unix seconds).",
         "Creates an empty session.",

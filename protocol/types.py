@@ -47,6 +47,8 @@ class ChatMessage(msgspec.Struct, kw_only=True):
     name: str | None = None
     # where a client keeps its own form of the message (`includeMetadata`)
     metadata: dict[str, JSON] | None = None
+    # its own time when appended from elsewhere (an imported transcript), unix seconds
+    created_at: float | None = msgspec.field(default=None, name="createdAt")
 
 
 class ArchivedMessage(ChatMessage, kw_only=True):

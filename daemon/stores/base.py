@@ -69,9 +69,13 @@ class ArchiveStore(Protocol):
     # sessions
 
     def create_session(
-        self, session_id: str, title: str | None, metadata: dict[str, Any] | None
+        self,
+        session_id: str,
+        title: str | None,
+        metadata: dict[str, Any] | None,
+        created_at: float | None = None,
     ) -> float:
-        """Insert a session; returns its createdAt."""
+        """Insert a session; returns its createdAt (`created_at` when given, else now)."""
 
     def get_session(self, session_id: str) -> dict[str, Any] | None:
         """{sessionId, title, metadata, createdAt}, or None."""
