@@ -17,13 +17,14 @@ from ctxd.clients.importers.common import (
     Mapper,
     Options,
     Report,
-    find_files,
 )
+from ctxd.clients.importers.detect import Finder, Survey
 from ctxd.protocol.errors import CtxdError
 
-__all__ = ["FORMATS", "import_paths", "register"]
+__all__ = ["FORMATS", "Progress", "import_paths", "register"]
 
-# name -> (mapper class, file pattern, default paths)
+# name -> (mapper class, file pattern, default paths); the pattern is the name the agent
+# gives its transcripts, but files are found by their content (see detect.py)
 FORMATS: dict[str, tuple[Callable[[Path, Options], Mapper], str, Callable[[], list[Path]]]] = {
     "claude-code": (claude_code.ClaudeCodeMapper, claude_code.PATTERN,
                     claude_code.default_paths),
@@ -34,13 +35,27 @@ FORMATS: dict[str, tuple[Callable[[Path, Options], Mapper], str, Callable[[], li
 def import_paths(client: Any, fmt: str, paths: list[Path], options: Options,
                  report: Report | None = None,
                  seen: dict[Path, tuple[int, float]] | None = None,
-                 unfinished: dict[Path, tuple[int, int]] | None = None) -> Report:
-    """Import every transcript under `paths`; with `seen`, only files changed since.
-    `unfinished` keeps, across calls, where each file's unterminated last line starts and
-    the file's size then, so that line is parsed again only once the size changed."""
-    make, pattern, _ = FORMATS[fmt]
+                 unfinished: dict[Path, tuple[int, int]] | None = None,
+                 finder: Finder | None = None,
+                 progress: Progress | None = None) -> Report:
+    """Import every transcript under `paths` (found by content, whatever its name); with
+    `seen`, only files changed since. `unfinished` keeps, across calls, where each file's
+    unterminated last line starts and the file's size then, so that line is parsed again
+    only once the size changed. `finder` keeps what each file was found to be across
+    calls; `progress` is told of each file as it is read."""
+    make = FORMATS[fmt][0]
     report = report or Report(verbose=options.verbose)
-    for path in find_files(paths, pattern):
+    finder = finder or Finder(fmt)
+    survey = Survey()
+    files = finder.find(paths, survey)
+    report.found += len(files)
+    report.looked_at += survey.looked_at
+    report.other_format += len(survey.other)
+    for path, kind in survey.refused:
+        report.failed += 1
+        report.notes.append(f"{path}: a {_NAMES.get(kind, kind)} transcript, not a "
+                            f"{_NAMES[fmt]} one; import it with `ctxd import {kind}`")
+    for i, path in enumerate(files):
         key = None
         if seen is not None:
             try:
@@ -50,6 +65,8 @@ def import_paths(client: Any, fmt: str, paths: list[Path], options: Options,
             key = (st.st_size, st.st_mtime)
             if seen.get(path) == key:
                 continue
+        if progress is not None:
+            progress.show(i, len(files), report, path)
         try:
             FileImporter(client, make(path, options), path, report, options,
                          unfinished).run()
@@ -59,7 +76,37 @@ def import_paths(client: Any, fmt: str, paths: list[Path], options: Options,
         # marked done only now: a file cut short by a lost connection is read again
         if seen is not None and key is not None:
             seen[path] = key
+    if progress is not None:
+        progress.clear()
     return report
+
+
+_NAMES = {"claude-code": "Claude Code", "codex": "Codex"}
+
+
+class Progress:
+    """One line on a terminal, rewritten in place as files are read; nothing elsewhere."""
+
+    def __init__(self, out: Any) -> None:
+        self.out = out
+        self.shown = False
+
+    def show(self, index: int, total: int, report: Report, path: Path) -> None:
+        line = (f"importing {index + 1}/{total}: {report.messages} message(s) so far, "
+                f"{path.name}")
+        self.out.write("\r" + line[:150] + "\x1b[K")
+        self.out.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self.out.write("\r\x1b[K")
+            self.out.flush()
+            self.shown = False
+
+
+def _plural(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
 def _print_report(report: Report, as_json: bool, out: Any = None) -> None:
@@ -67,24 +114,43 @@ def _print_report(report: Report, as_json: bool, out: Any = None) -> None:
     if as_json:
         print(json.dumps(report.to_dict(), ensure_ascii=False), file=out, flush=True)
         return
-    print(f"imported {report.messages} message(s) in {report.batches} batch(es) from "
-          f"{report.files} file(s), {report.lines} line(s) read; "
-          f"{report.sessions_created} new session(s)", file=out)
-    for title, counter in (("skipped (not conversation)", report.skipped),
-                           ("unmappable", report.unmappable),
-                           ("repaired", report.repaired)):
-        if counter:
-            kinds = ", ".join(f"{k}: {n}" for k, n in counter.most_common())
-            print(f"  {title}: {kinds}", file=out)
+    skipped = sum(report.skipped.values()) + sum(report.unmappable.values())
+    line = (f"imported {_plural(report.messages, 'message')} into "
+            f"{_plural(len(report.sessions), 'session')} "
+            f"({report.sessions_created} new) from {_plural(report.files, 'file')}; "
+            f"{_plural(report.lines, 'line')} read, {skipped} skipped")
+    if report.repaired:
+        line += f", {_plural(sum(report.repaired.values()), 'message')} repaired"
+    print(line, file=out)
     if report.deferred:
-        print(f"  {report.deferred} unfinished message(s) left for the next import (their "
-              "transcript is still being written)", file=out)
+        print(f"  {_plural(report.deferred, 'unfinished message')} left for the next "
+              "import (its transcript is still being written)", file=out)
     for note in report.notes:
         print(f"  note: {note}", file=out)
-    if report.verbose or report.unmappable:
-        for d in report.details[:200 if not report.verbose else None]:
+    if report.verbose:
+        for title, counter in (("skipped (not conversation)", report.skipped),
+                               ("unmappable", report.unmappable),
+                               ("repaired", report.repaired)):
+            if counter:
+                kinds = ", ".join(f"{k}: {n}" for k, n in counter.most_common())
+                print(f"  {title}: {kinds}", file=out)
+        for d in report.details:
             print(f"    {d}", file=out)
+    elif skipped or report.repaired:
+        print("  (--verbose lists what was skipped or repaired, line by line)", file=out)
     out.flush()
+
+
+def _nothing_found(fmt: str, paths: list[Path], report: Report) -> str:
+    """Why nothing was imported: what was looked at, and what it was instead."""
+    where = ", ".join(str(p) for p in paths)
+    why = (f"no {_NAMES[fmt]} transcript under {where} "
+           f"({_plural(report.looked_at, 'file')} looked at")
+    if report.other_format:
+        other = next(k for k in FORMATS if k != fmt)
+        why += (f"; {report.other_format} of them are {_NAMES[other]} transcripts: "
+                f"import them with `ctxd import {other}`")
+    return why + ")"
 
 
 def cmd_import(args: argparse.Namespace, connect: Callable[[], Any]) -> int:
@@ -108,16 +174,23 @@ def cmd_import(args: argparse.Namespace, connect: Callable[[], Any]) -> int:
     except (DaemonNotRunning, ConnectionError) as exc:
         print(f"ctxd: {exc}", file=sys.stderr)
         return 1
+    progress = Progress(sys.stderr) if sys.stderr.isatty() and not args.json else None
+    finder = Finder(fmt)
     try:
         seen: dict[Path, tuple[int, float]] = {}
         unfinished: dict[Path, tuple[int, int]] = {}
-        report = import_paths(client, fmt, paths, options, seen=seen, unfinished=unfinished)
+        report = import_paths(client, fmt, paths, options, seen=seen, unfinished=unfinished,
+                              finder=finder, progress=progress)
         _print_report(report, args.json)
+        empty = not report.found and not report.failed
+        if empty:
+            print(f"ctxd: {_nothing_found(fmt, paths, report)}"
+                  + ("; watching for new ones" if args.follow else ""), file=sys.stderr)
         while args.follow:
             time.sleep(args.interval)
             try:
                 report = import_paths(client, fmt, paths, options, seen=seen,
-                                      unfinished=unfinished)
+                                      unfinished=unfinished, finder=finder)
             except ConnectionError as exc:
                 # the daemon went away (restart, upgrade): start or find it again and go
                 # on; what was stored is known from the archive, so nothing is doubled
@@ -135,7 +208,9 @@ def cmd_import(args: argparse.Namespace, connect: Callable[[], Any]) -> int:
         return 1
     finally:
         client.close()
-    return 2 if report.failed else 0
+    if report.failed:
+        return 2
+    return 1 if empty else 0
 
 
 def _reconnect(connect: Callable[[], Any], interval: float) -> Any:
@@ -171,6 +246,7 @@ def register(sub: Any, common: Callable[[argparse.ArgumentParser], None],
                        help="skip (and report) a transcript line longer than N bytes "
                        f"without reading it whole (default {MAX_LINE_BYTES // 2**20} MiB)")
         f.add_argument("--verbose", action="store_true",
-                       help="list every line that was skipped, with its file and number")
+                       help="also list what was skipped or repaired, line by line, with "
+                       "its file and number")
         f.add_argument("--json", action="store_true", help="print the report as JSON")
         f.set_defaults(func=lambda a: cmd_import(a, lambda: connect(a)))

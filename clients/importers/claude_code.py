@@ -39,12 +39,15 @@ from ctxd.clients.importers.common import (
     safe_id,
 )
 from ctxd.clients.importers.lines import parse_line
+from ctxd.clients.importers.titles import TitleFinder
 
 SOURCE = "claude-code"
 DEFAULT_ROOT = Path("~/.claude/projects")
 PATTERN = "*.jsonl"
-# line types that carry no conversation: Claude Code's own bookkeeping
-_BOOKKEEPING = {"file-history-snapshot", "queue-operation", "progress"}
+# line types that carry no conversation: Claude Code's own bookkeeping (attachments
+# repeat what the hooks and the IDE added; the prompt, mode and title lines are UI state)
+_BOOKKEEPING = {"file-history-snapshot", "queue-operation", "progress", "attachment",
+                "last-prompt", "permission-mode", "mode", "custom-title"}
 
 
 def default_paths() -> list[Path]:
@@ -66,7 +69,8 @@ class ClaudeCodeMapper:
         self.is_agent_file = path.stem.startswith("agent-") or _opens_as_subagent(path)
         self.meta: dict[str, Any] = {}
         self.title: str | None = None
-        self.first_text: str | None = None
+        # the first request of each session of the file (its main one and its sidechain)
+        self.titles = TitleFinder()
         # content blocks of types this version does not know, by type, for the report
         self.dropped: Counter[str] = Counter()
 
@@ -81,7 +85,7 @@ class ClaudeCodeMapper:
     def session_info(self, target: str | None) -> tuple[str, dict[str, Any]]:
         meta: dict[str, Any] = {"source": SOURCE, "sourcePath": str(self.path.resolve()),
                                 **self.meta}
-        title = self.title or self.first_text or self.path.stem
+        title = self.title or self.titles.title(target) or self.path.stem
         if target is not None or self.is_agent_file:
             meta["sidechain"] = True
             parent = self.meta.get("sourceSessionId")
@@ -109,6 +113,10 @@ class ClaudeCodeMapper:
             if isinstance(obj.get("summary"), str) and self.title is None:
                 self.title = obj["summary"]
             raise Skip("summary", "used as the session title" if self.title else "")
+        if kind == "ai-title":
+            if isinstance(obj.get("aiTitle"), str) and obj["aiTitle"]:
+                self.meta["aiTitle"] = obj["aiTitle"][:1000]
+            raise Skip("ai-title", "kept as session metadata (aiTitle)")
         if kind == "system":
             raise Skip(f"system:{obj.get('subtype') or 'other'}")
         if kind in _BOOKKEEPING:
@@ -140,9 +148,12 @@ class ClaudeCodeMapper:
         if kind == "assistant":
             out = self._assistant(msg, meta, line)
         else:
-            out = self._user(msg, meta, line)
+            out = self._user(msg, meta, line, target)
         if not out:
             raise Skip(f"{kind} without content")
+        if ts is not None:
+            for m in out:
+                m["createdAt"] = ts  # the transcript's time, kept as the message's own
         return [Emit(m, target) for m in out]
 
     def _assistant(self, msg: dict[str, Any], meta: dict[str, Any],
@@ -198,11 +209,12 @@ class ClaudeCodeMapper:
         return [out]
 
     def _user(self, msg: dict[str, Any], meta: dict[str, Any],
-              line: int) -> list[dict[str, Any]]:
+              line: int, target: str | None = None) -> list[dict[str, Any]]:
         content = msg.get("content")
+        titled = not meta.get("meta") and not meta.get("compactSummary")
         if isinstance(content, str):
-            if self.first_text is None and not meta.get("meta") and content.strip():
-                self.first_text = content.strip().splitlines()[0][:200]
+            if titled:
+                self.titles.see(content, target)
             return [{"role": "user", "content": cut_text(content), "metadata": meta}]
         out: list[dict[str, Any]] = []
         texts: list[str] = []
@@ -228,8 +240,8 @@ class ClaudeCodeMapper:
                 self.dropped[f"content block {btype}"] += 1
         if texts:
             text = "\n".join(texts)
-            if self.first_text is None and not meta.get("meta") and text.strip():
-                self.first_text = text.strip().splitlines()[0][:200]
+            if titled:
+                self.titles.see(text, target)
             out.append({"role": "user", "content": cut_text(text), "metadata": meta})
         return [m for m in out if m["role"] != "tool" or m["tool_call_id"]]
 

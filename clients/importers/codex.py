@@ -36,6 +36,7 @@ from ctxd.clients.importers.common import (
     iso_to_unix,
     safe_id,
 )
+from ctxd.clients.importers.titles import TitleFinder
 
 SOURCE = "codex"
 PATTERN = "rollout-*.jsonl"
@@ -59,7 +60,9 @@ class CodexMapper:
         stem = path.stem.removeprefix("rollout-")
         self.base_id = safe_id(SOURCE, stem)
         self.meta: dict[str, Any] = {}
-        self.first_text: str | None = None
+        self.titles = TitleFinder()
+        # the time of the last line that had one: older rollouts' bare items carry none
+        self.last_ts: float | None = None
         self.pending_reasoning: list[str] = []
         # content parts of types this version does not know, by type, for the report
         self.dropped: Counter[str] = Counter()
@@ -72,7 +75,7 @@ class CodexMapper:
 
     def session_info(self, target: str | None) -> tuple[str, dict[str, Any]]:
         meta = {"source": SOURCE, "sourcePath": str(self.path.resolve()), **self.meta}
-        return self.first_text or self.path.stem, meta
+        return self.titles.title() or self.path.stem, meta
 
     def merge(self, prev: dict[str, Any], new: dict[str, Any]) -> bool:
         return False
@@ -86,6 +89,9 @@ class CodexMapper:
         kind = obj.get("type")
         payload = obj.get("payload")
         ts = iso_to_unix(obj.get("timestamp"))
+        if ts is None:
+            ts = self.last_ts
+        self.last_ts = ts
         if kind in _ITEM_TYPES and payload is None:  # an older rollout: a bare item
             kind, payload = "response_item", obj
         elif "record_type" in obj:
@@ -132,6 +138,8 @@ class CodexMapper:
         m = {k: v for k, v in meta.items() if v is not None}
         if ts is not None:
             m["timestamp"] = ts
+            # the transcript's time, kept as the message's own
+            return {"role": role, "content": content, "metadata": m, "createdAt": ts}
         return {"role": role, "content": content, "metadata": m}
 
     def _take_reasoning(self, msg: dict[str, Any]) -> None:
@@ -164,8 +172,8 @@ class CodexMapper:
             if role == "user":
                 context = text.lstrip().startswith(("<environment_context>",
                                                     "<user_instructions>"))
-                if not context and self.first_text is None and text.strip():
-                    self.first_text = text.strip().splitlines()[0][:200]
+                if not context:
+                    self.titles.see(text)
                 return [Emit(self._msg("user", cut_text(text), ts,
                                        context=True if context else None))]
             raise Skip(f"message role {role!r}", unmappable=True)

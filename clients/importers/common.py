@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections import Counter
+import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,18 +39,33 @@ from ctxd.clients.importers.lines import (
     iter_lines,
     parse_line,
 )
+from ctxd.clients.importers.report import Report
+from ctxd.clients.importers.values import (
+    MAX_TEXT_CHARS,
+    Skip,
+    cut_text,
+    image_reference,
+    iso_to_unix,
+    safe_id,
+)
 from ctxd.protocol.errors import Conflict, CtxdError, InvalidMessage, PayloadTooLarge
+
+# what the importers (and the hooks that reuse them) take from here
+__all__ = [
+    "AT_REST_SECONDS", "BATCH_BYTES", "BATCH_MESSAGES", "MAX_LINE_BYTES", "MAX_TEXT_CHARS",
+    "Emit", "FileImporter", "Mapper", "Options", "Report", "Skip", "cut_text", "find_files",
+    "image_reference", "iso_to_unix", "safe_id",
+]
 
 # A batch is flushed at this many messages or bytes, whichever comes first.
 BATCH_MESSAGES = 500
 BATCH_BYTES = 4 * 1024 * 1024
-# Text longer than this (a whole file a tool read, a huge command output) is cut: the
-# archive is for finding and following history, and the transcript keeps the rest.
-MAX_TEXT_CHARS = 200_000
-# ids the daemon accepts are at most 200 characters
-_ID_MAX = 200
 # the latest message of a session: any id the archive will ever reach is below this
 _END_ID = 2**62
+# A transcript not written to for this long is finished: its last message is imported
+# even when it looks unfinished (a tool call without its result, a reply cut short), so
+# an old file is never reported as still being written.
+AT_REST_SECONDS = 3600.0
 # how far back from a session's end to look for the last import marker
 _MARKER_PAGE = 50
 _MARKER_PAGES = 100
@@ -71,16 +86,6 @@ class Emit:
 
     message: dict[str, Any]
     target: str | None = None
-
-
-class Skip(Exception):
-    """A line that maps to no message; `kind` names why, for the report."""
-
-    def __init__(self, kind: str, note: str = "", unmappable: bool = False) -> None:
-        super().__init__(kind)
-        self.kind = kind
-        self.note = note
-        self.unmappable = unmappable
 
 
 class Mapper(Protocol):
@@ -109,84 +114,6 @@ class Mapper(Protocol):
     def incomplete(self, msg: dict[str, Any]) -> bool:
         """True when a message last in the file may still grow (more lines to merge)."""
         ...
-
-
-@dataclass
-class Report:
-    files: int = 0
-    sessions_created: int = 0
-    messages: int = 0
-    batches: int = 0
-    lines: int = 0
-    skipped: Counter[str] = field(default_factory=Counter)
-    unmappable: Counter[str] = field(default_factory=Counter)
-    repaired: Counter[str] = field(default_factory=Counter)
-    deferred: int = 0
-    failed: int = 0  # files the daemon refused an append of
-    unfinished: int = 0  # unterminated last lines parsed and found not yet complete
-    notes: list[str] = field(default_factory=list)
-    details: list[str] = field(default_factory=list)
-    verbose: bool = False
-
-    def skip(self, path: Path, line: int, exc: Skip) -> None:
-        (self.unmappable if exc.unmappable else self.skipped)[exc.kind] += 1
-        if self.verbose or exc.unmappable:
-            if len(self.details) < 10_000:  # bounded, even for a hostile file
-                note = f": {exc.note}" if exc.note else ""
-                self.details.append(f"{path}:{line}: {exc.kind}{note}")
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "files": self.files,
-            "lines": self.lines,
-            "sessionsCreated": self.sessions_created,
-            "messages": self.messages,
-            "batches": self.batches,
-            "skipped": dict(self.skipped),
-            "unmappable": dict(self.unmappable),
-            "repaired": dict(self.repaired),
-            "deferred": self.deferred,
-            "failed": self.failed,
-            "unfinished": self.unfinished,
-            "notes": self.notes,
-        }
-        if self.verbose:
-            out["details"] = self.details
-        return out
-
-
-def cut_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
-    if len(text) <= limit:
-        return text
-    return text[:limit] + f"\n[… {len(text) - limit} more characters not imported]"
-
-
-def safe_id(*parts: str) -> str:
-    """A session id from parts, hashed when it would be too long for the daemon."""
-    sid = "-".join(p for p in parts if p)
-    if len(sid) <= _ID_MAX:
-        return sid
-    digest = hashlib.sha1(sid.encode()).hexdigest()[:16]
-    return sid[: _ID_MAX - 17] + "-" + digest
-
-
-def image_reference(media_type: str | None, data: Any, where: str) -> str:
-    """What stands in for an inline image: its type, size and hash, never its bytes."""
-    size = len(data) if isinstance(data, str) else 0
-    digest = hashlib.sha256(data.encode()).hexdigest()[:16] if isinstance(data, str) else "?"
-    approx = size * 3 // 4
-    return f"[image {media_type or 'unknown type'}, ~{approx} bytes, sha256:{digest}, {where}]"
-
-
-def iso_to_unix(value: Any) -> float | None:
-    from datetime import datetime
-
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 class _Pending:
@@ -274,8 +201,10 @@ class FileImporter:
         sid = self.mapper.session_id(p.target)
         if sid not in self.existing:
             title, metadata = self.mapper.session_info(p.target)
+            started = _session_start(p.target, p.messages, metadata)
             try:
-                self.client.create_session(sid, title=title[:1000], metadata=metadata)
+                self.client.create_session(sid, title=title[:1000], metadata=metadata,
+                                           created_at=started)
                 self.report.sessions_created += 1
             except Conflict:
                 pass  # made by an earlier import, or by a concurrent one
@@ -302,6 +231,7 @@ class FileImporter:
                 messages[index] = self._repair(messages[index], exc)
         else:  # pragma: no cover - every retry repairs one message, so this cannot loop
             raise RuntimeError("could not repair the batch")
+        self.report.sessions.add(sid)
         self.report.messages += len(result["messageIds"])
         self.report.batches += 1
         p.clear()
@@ -412,6 +342,12 @@ class FileImporter:
             return None
         return start, line_no
 
+    def _at_rest(self) -> bool:
+        try:
+            return time.time() - self.path.stat().st_mtime > AT_REST_SECONDS
+        except OSError:
+            return False
+
     def run(self) -> None:
         self._claim_session_id()
         resume = self._resume_point()
@@ -445,8 +381,12 @@ class FileImporter:
             except Skip as exc:
                 self.report.skip(self.path, line_no, exc)
                 emits = []
+            now = time.time()
             for e in emits:
                 e.message.setdefault("metadata", {})["line"] = line_no
+                if e.message.get("createdAt", 0) > now:
+                    # a writer's clock ahead of this one: the daemon refuses the future
+                    e.message["createdAt"] = now
                 self.add(e, line_start, end_off, line_no)
             p = self.pending
             if len(p.messages) >= BATCH_MESSAGES or p.nbytes >= BATCH_BYTES:
@@ -461,7 +401,7 @@ class FileImporter:
                     self._flush(end, line_no)
         tail_line = line_no + 1
         p = self.pending
-        if p.messages and self.mapper.incomplete(p.messages[-1]):
+        if p.messages and self.mapper.incomplete(p.messages[-1]) and not self._at_rest():
             # the writer is still on this message (more blocks, or its tool results, are
             # to come): leave it for the next import, which reads it again from its start
             end, line_no = p.starts.pop()
@@ -484,6 +424,16 @@ class FileImporter:
             if self.report.verbose:
                 self.report.details.append(f"{self.path}: {kind} ({n}), skipped; a newer "
                                            "version of the agent may write it")
+
+
+def _session_start(target: str | None, messages: list[dict[str, Any]],
+                   metadata: dict[str, Any]) -> float | None:
+    """When a session began, from its transcript: its first message's time or, for a
+    file's main session, the start its header names, whichever is earlier."""
+    times = [t for t in (messages[0].get("createdAt") if messages else None,
+                         metadata.get("startedAt") if target is None else None)
+             if isinstance(t, int | float)]
+    return min(min(times), time.time()) if times else None
 
 
 def _approx_size(msg: dict[str, Any]) -> int:
