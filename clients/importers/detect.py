@@ -14,11 +14,12 @@ is taken for what its first records say it is.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ctxd.clients.importers.lines import parse_line
 
 CLAUDE_CODE = "claude-code"
 CODEX = "codex"
@@ -76,22 +77,25 @@ def sniff(path: Path) -> str | None:
                 if not raw:
                     return None
                 if not raw.lstrip()[:1] == b"{":
-                    if raw.strip():
+                    if raw.strip() and line == 1:
                         return None  # not JSON lines
                     continue
                 if not raw.endswith(b"\n") and len(raw) >= _LINE_BYTES:
                     for pattern, kind in _PREFIX_HINTS:
                         if pattern.search(raw):
                             return kind
-                    return None
+                    # the rest of a line too long to judge: on to the next one
+                    while raw and not raw.endswith(b"\n"):
+                        raw = f.readline(_LINE_BYTES)
+                    continue
                 try:
-                    obj = json.loads(raw)
+                    obj = parse_line(raw)
                 except ValueError:
-                    return None
+                    continue  # a corrupt line: the importer reports it, the next one tells
                 found = kind_of_record(obj, line)
                 if found:
                     return found
-    except (OSError, RecursionError):
+    except OSError:
         return None
     return None
 
