@@ -25,7 +25,7 @@ from ctxd.protocol.methods import (
 # The contract other clients are written against: method -> param names, in order.
 EXPECTED: dict[str, tuple[str, ...]] = {
     "initialize": ("token", "clientName", "nonce", "proof", "pageLogin", "pageKey"),
-    "session/create": ("sessionId", "title", "metadata"),
+    "session/create": ("sessionId", "title", "metadata", "createdAt"),
     "session/list": ("limit", "cursor", "title"),
     "session/get": ("sessionId",),
     "session/subscribe": ("sessionId",),
@@ -98,7 +98,8 @@ EXPECTED_NOTIFICATIONS = {
 GOOD: dict[str, dict[str, Any]] = {
     "initialize": {"token": "t" * 32, "clientName": "cli", "nonce": "n" * 32, "proof": "0" * 64,
                    "pageLogin": "1.n.m", "pageKey": "k" * 43},
-    "session/create": {"sessionId": "s1", "title": "T", "metadata": {"k": [1]}},
+    "session/create": {"sessionId": "s1", "title": "T", "metadata": {"k": [1]},
+                       "createdAt": 1_700_000_000.5},
     "session/list": {"limit": 10, "cursor": "abc", "title": "demo"},
     "session/get": {"sessionId": "s1"},
     "session/subscribe": {"sessionId": "s1"},
@@ -331,6 +332,8 @@ def test_missing_required() -> None:
         ("context/compact", {"sessionId": "s", "force": 1}, "force"),
         ("context/compact", {"sessionId": "s", "force": "true"}, "force"),
         ("session/create", {"metadata": []}, "metadata"),
+        ("session/create", {"createdAt": -1}, "createdAt"),
+        ("session/create", {"createdAt": "2025-01-01"}, "createdAt"),
         ("messages/append", {"sessionId": "s", "messages": {"role": "user"}}, "messages"),
         ("archive/search", {"query": "x", "since": "yesterday"}, "since"),
         ("archive/search", {"query": "x", "until": True}, "until"),
