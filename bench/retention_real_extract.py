@@ -45,8 +45,10 @@ class EngineClient:
         return self.engine.get_session(session_id)
 
     def create_session(self, session_id: str, title: str | None = None,
-                       metadata: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self.engine.create_session(session_id, title=title, metadata=metadata)
+                       metadata: dict[str, Any] | None = None,
+                       created_at: float | None = None) -> dict[str, Any]:
+        return self.engine.create_session(session_id, title=title, metadata=metadata,
+                                          created_at=created_at)
 
     def append(self, session_id: str, messages: list[dict[str, Any]],
                client_batch_id: str | None = None) -> dict[str, Any]:
