@@ -373,12 +373,44 @@ def test_one_codex_file_name_in_two_folders_stays_two_sessions(
     assert sa["metadata"]["cwd"] != sb["metadata"]["cwd"]
 
 
-def test_follow_keeps_one_claude_file_name_in_two_folders_apart(
-        daemon: DaemonProcess, client: Client, tmp_path: Path) -> None:
+def settled(c: Client, sid: str) -> int:
+    """The session's message count once it has not changed for a second."""
+    last, since = -1, time.monotonic()
+    deadline = since + 60
+    while time.monotonic() < deadline:
+        n = len(archive(c, sid))
+        if n != last:
+            last, since = n, time.monotonic()
+        elif time.monotonic() - since > 1.0:
+            return n
+        time.sleep(0.1)
+    raise AssertionError(f"{sid} kept changing")
+
+
+def _extra_line(fmt: str, path: Path, text: str, iso: str) -> dict[str, Any]:
+    """One more user request in the file's own format, as its agent would write it."""
+    if fmt == "claude-code":
+        base = next(r for r in records(path) if r.get("type") == "user")
+        return dict(base, uuid="follow-extra", timestamp=iso,
+                    message={"role": "user", "content": text})
+    return {"timestamp": iso, "type": "response_item", "payload": {
+        "type": "message", "role": "user",
+        "content": [{"type": "input_text", "text": text}]}}
+
+
+@pytest.mark.parametrize(("fmt", "src_a", "src_b", "name"), [
+    ("claude-code", CC / "reliability-hello-world-script.jsonl",
+     CC / "reliability-stop-hook-reflection.jsonl", "same.jsonl"),
+    ("codex", CODEX / "rollout-privacy-x402.jsonl", CODEX / "rollout-raze.jsonl",
+     "rollout-same.jsonl"),
+])
+def test_follow_keeps_one_file_name_in_two_folders_apart(
+        daemon: DaemonProcess, client: Client, tmp_path: Path, fmt: str, src_a: Path,
+        src_b: Path, name: str) -> None:
     root = tmp_path / "projects"
-    a = copy_at_rest(CC / "reliability-hello-world-script.jsonl", root / "-a" / "same.jsonl")
-    b = copy_at_rest(CC / "reliability-stop-hook-reflection.jsonl", root / "-b" / "same.jsonl")
-    cmd = [sys.executable, "-m", "ctxd.clients.cli", "import", "claude-code", str(root),
+    a = copy_at_rest(src_a, root / "-a" / name)
+    b = copy_at_rest(src_b, root / "-b" / name)
+    cmd = [sys.executable, "-m", "ctxd.clients.cli", "import", fmt, str(root),
            "--follow", "--interval", "0.2", "--json",
            "--connection-file", str(daemon.connection_file)]
     proc = subprocess.Popen(cmd, env=daemon.env, stdout=subprocess.DEVNULL,
@@ -398,16 +430,18 @@ def test_follow_keeps_one_claude_file_name_in_two_folders_apart(
                              else None)(sessions_by_path(client)))
         sa, sb = both[str(a.resolve())]["sessionId"], both[str(b.resolve())]["sessionId"]
         assert sa != sb
-        count_a = len(wait(lambda: archive(client, sa)))
-        count_b = len(wait(lambda: archive(client, sb)))
-        base = next(r for r in records(b) if r.get("type") == "user")
-        line = dict(base, uuid="follow-extra", timestamp="2026-01-21T07:00:00.000Z",
-                    message={"role": "user", "content": "one more request, in folder b"})
+        # the whole of each file (the counts stop moving), then one more request
+        # written to folder b's file
+        count_a, count_b = settled(client, sa), settled(client, sb)
+        iso = "2026-04-01T07:00:00.000Z"
         with open(b, "a", encoding="utf-8") as f:
-            f.write(json.dumps(line) + "\n")
-        wait(lambda: len(archive(client, sb)) == count_b + 1)
-        assert archive(client, sb)[-1]["content"] == "one more request, in folder b"
-        assert archive(client, sb)[-1]["createdAt"] == unix("2026-01-21T07:00:00.000Z")
+            f.write(json.dumps(_extra_line(fmt, b, "one more request, in folder b", iso)) + "\n")
+        wait(lambda: any(m.get("content") == "one more request, in folder b"
+                         for m in archive(client, sb)))
+        got = [m for m in archive(client, sb)
+               if m.get("content") == "one more request, in folder b"]
+        assert len(got) == 1 and got[0]["createdAt"] == unix(iso)
+        assert len(archive(client, sb)) >= count_b + 1
         time.sleep(0.5)
         assert len(archive(client, sa)) == count_a
     finally:
