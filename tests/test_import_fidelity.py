@@ -230,6 +230,22 @@ def test_messages_and_sessions_carry_the_transcripts_times(daemon: DaemonProcess
     assert order.index(newer["sessionId"]) < order.index(older["sessionId"])
 
 
+def test_repaired_messages_keep_their_times(daemon: DaemonProcess, client: Client,
+                                           tmp_path: Path) -> None:
+    # this session was continued from an older transcript: results of calls made there
+    # cannot be linked, and are kept as text ("repaired")
+    path = copy_at_rest(CC / "fundwise.jsonl", tmp_path / "repair" / "fundwise-times.jsonl")
+    report = import_json(daemon, "claude-code", str(path))
+    assert report["repaired"]
+    lines = records(path)
+    msgs = archive(client, sessions_by_path(client)[str(path.resolve())]["sessionId"])
+    repaired = [m for m in msgs if m["metadata"].get("repaired")]
+    assert len(repaired) == sum(report["repaired"].values())
+    for m in repaired:
+        assert m["createdAt"] == pytest.approx(
+            unix(lines[m["metadata"]["line"] - 1]["timestamp"]), abs=1e-3)
+
+
 def test_a_message_time_is_validated_and_kept_from_the_model(client: Client) -> None:
     sid = client.create_session(title="times")["sessionId"]
     client.append(sid, [{"role": "user", "content": "hello", "createdAt": 1_500_000_000}])

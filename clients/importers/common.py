@@ -252,7 +252,10 @@ class FileImporter:
         role = "assistant" if msg["role"] in ("assistant", "tool") else msg["role"]
         if msg["role"] == "tool":
             text = f"[result of tool call {msg.get('tool_call_id')}]\n{text}"
-        return {"role": role, "content": text or "(empty)", "metadata": meta}
+        out = {"role": role, "content": text or "(empty)", "metadata": meta}
+        if "createdAt" in msg:
+            out["createdAt"] = msg["createdAt"]
+        return out
 
     def add(self, emit: Emit, line_start: int, line_end: int, line_no: int) -> None:
         p = self.pending
