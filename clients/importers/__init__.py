@@ -52,6 +52,9 @@ def import_paths(client: Any, fmt: str, paths: list[Path], options: Options,
     report.looked_at += survey.looked_at
     report.other_format += len(survey.other)
     for path, kind in survey.refused:
+        if path in finder.refused:
+            continue  # said once: a `--follow` round does not repeat it
+        finder.refused.add(path)
         report.failed += 1
         report.notes.append(f"{path}: a {_NAMES.get(kind, kind)} transcript, not a "
                             f"{_NAMES[fmt]} one; import it with `ctxd import {kind}`")
@@ -109,7 +112,7 @@ def _plural(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
-def _print_report(report: Report, as_json: bool, out: Any = None) -> None:
+def _print_report(report: Report, as_json: bool, out: Any = None, hint: bool = True) -> None:
     out = out or sys.stdout
     if as_json:
         print(json.dumps(report.to_dict(), ensure_ascii=False), file=out, flush=True)
@@ -136,7 +139,7 @@ def _print_report(report: Report, as_json: bool, out: Any = None) -> None:
                 print(f"  {title}: {kinds}", file=out)
         for d in report.details:
             print(f"    {d}", file=out)
-    elif skipped or report.repaired:
+    elif hint and (skipped or report.repaired):
         print("  (--verbose lists what was skipped or repaired, line by line)", file=out)
     out.flush()
 
@@ -200,7 +203,7 @@ def cmd_import(args: argparse.Namespace, connect: Callable[[], Any]) -> int:
                 continue
             if (report.messages or report.notes or report.unmappable
                     or (report.verbose and report.unfinished)):
-                _print_report(report, args.json)
+                _print_report(report, args.json, hint=False)
     except KeyboardInterrupt:
         return 0
     except ConnectionError as exc:

@@ -118,6 +118,8 @@ class Finder:
     def __init__(self, fmt: str) -> None:
         self.fmt = fmt
         self._known: dict[Path, tuple[int, int, str | None]] = {}
+        # named files already reported as the other agent's
+        self.refused: set[Path] = set()
 
     def kind(self, path: Path) -> str | None:
         try:
