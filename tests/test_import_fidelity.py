@@ -172,6 +172,27 @@ def test_a_folder_with_nothing_importable_says_so(daemon: DaemonProcess, tmp_pat
             "with `ctxd import claude-code`") in r.stdout
 
 
+def test_follow_reports_a_file_of_the_other_agent_once(daemon: DaemonProcess,
+                                                      tmp_path: Path) -> None:
+    path = copy_at_rest(CC / "reliability-hello-world-script.jsonl", tmp_path / "cc.jsonl")
+    cmd = [sys.executable, "-m", "ctxd.clients.cli", "import", "codex", str(path),
+           "--follow", "--interval", "0.1", "--json",
+           "--connection-file", str(daemon.connection_file)]
+    proc = subprocess.Popen(cmd, env=daemon.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        first = proc.stdout.readline()  # the first round's report
+        # later rounds look at the file again (every 0.1 s)
+        time.sleep(2.0)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=10)
+    reports = [json.loads(ln) for ln in (first + out).splitlines() if ln.startswith("{")]
+    notes = [n for r in reports for n in r["notes"]]
+    assert notes == [f"{path}: a Claude Code transcript, not a Codex one; import it with "
+                     "`ctxd import claude-code`"]
+
+
 # times
 
 
