@@ -1,6 +1,6 @@
 """`ctxd import` on real transcripts: files found by content whatever their names, the
 transcripts' own times, titles from the first real request, one file name in two
-folders, and what the command prints.
+folders.
 
 The transcripts are the public ones under bench/data/transcripts (see SOURCES.md),
 copied into temporary folders under other names; a real daemon stores them.
@@ -9,29 +9,32 @@ copied into temporary folders under other names; a real daemon stores them.
 from __future__ import annotations
 
 import json
-import os
-import pty
 import re
-import select
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import DaemonProcess
+from import_real import (
+    CC,
+    CODEX,
+    archive,
+    copy_at_rest,
+    import_json,
+    records,
+    run_import,
+    sessions_by_path,
+    shape,
+    unix,
+)
 
 from ctxd.clients.client import Client
 from ctxd.protocol.errors import CtxdError, ErrorCode
-
-REAL = Path(__file__).resolve().parent.parent / "bench" / "data" / "transcripts"
-CC = REAL / "claude-code"
-CODEX = REAL / "codex"
 
 
 @pytest.fixture(scope="module")
@@ -47,73 +50,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
 def client(daemon: DaemonProcess) -> Iterator[Client]:
     with daemon.client() as c:
         yield c
-
-
-def run_import(d: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ctxd.clients.cli", "import", *args,
-         "--connection-file", str(d.connection_file)],
-        env=d.env, capture_output=True, text=True, timeout=300, encoding="utf-8")
-
-
-def import_json(d: DaemonProcess, *args: str) -> dict[str, Any]:
-    r = run_import(d, *args, "--json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
-
-
-def archive(c: Client, sid: str) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    after = 0
-    while True:
-        page = c.read(sid, after_id=after, limit=5000)
-        out += page["messages"]
-        if page["nextAfterId"] is None:
-            return out
-        after = page["nextAfterId"]
-
-
-def records(path: Path) -> list[dict[str, Any]]:
-    """The file's lines as JSON, by line number (1-based: index 0 is line 1)."""
-    return [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines()]
-
-
-def unix(iso: str) -> float:
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
-
-
-def last_time(path: Path) -> float:
-    return max(unix(r["timestamp"]) for r in records(path) if isinstance(r.get("timestamp"), str))
-
-
-def copy_at_rest(src: Path, dst: Path) -> Path:
-    """A copy whose modification time is the transcript's last record, as the agent left
-    it (a plain copy would look like a transcript being written now)."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, dst)
-    t = last_time(src)
-    os.utime(dst, (t, t))
-    return dst
-
-
-def sessions_by_path(c: Client) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    cursor = None
-    while True:
-        page = c.list_sessions(limit=200, cursor=cursor)
-        for s in page["sessions"]:
-            path = (s.get("metadata") or {}).get("sourcePath")
-            if path and not (s.get("metadata") or {}).get("sidechain"):
-                out[path] = s
-        cursor = page["nextCursor"]
-        if cursor is None:
-            return out
-
-
-def shape(msgs: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    """What two imports of one transcript must agree on."""
-    return [(m["role"], m.get("content"), json.dumps(m.get("tool_calls")),
-             m.get("tool_call_id"), m["createdAt"]) for m in msgs]
 
 
 # finding transcripts
@@ -488,95 +424,3 @@ def test_follow_keeps_one_file_name_in_two_folders_apart(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
-
-
-# what the command prints
-
-
-def test_output_is_a_summary_with_details_under_verbose(daemon: DaemonProcess, client: Client,
-                                                        tmp_path: Path) -> None:
-    folder = tmp_path / "out"
-    for src in sorted(CC.glob("*.jsonl")):
-        copy_at_rest(src, folder / f"copy-{src.name}")
-    r = run_import(daemon, "claude-code", str(folder))
-    assert r.returncode == 0, r.stderr
-    lines = r.stdout.splitlines()
-    m = re.fullmatch(r"imported (\d+) messages into (\d+) sessions \((\d+) new\) from (\d+) "
-                     r"files; (\d+) lines read, (\d+) skipped(, \d+ messages? repaired)?",
-                     lines[0])
-    assert m, lines
-    by_path = sessions_by_path(client)
-    mine = [s for p, s in by_path.items() if Path(p).parent == folder.resolve()]
-    assert int(m.group(4)) == len(mine) == len(list(CC.glob("*.jsonl")))
-    stored = sum(len(archive(client, s["sessionId"])) for s in client.list_sessions(
-        limit=200)["sessions"] if str(Path(s["metadata"].get("sourcePath", "/")).parent)
-        == str(folder.resolve()))
-    assert int(m.group(1)) == stored
-    assert int(m.group(5)) == sum(len(p.read_text().splitlines()) for p in folder.iterdir())
-    # no line-by-line diagnostics, nothing "still being written" for finished transcripts
-    assert not [ln for ln in lines if ".jsonl:" in ln]
-    assert "still being written" not in r.stdout and len(lines) <= 2
-    # under --verbose, the details (a re-import reads nothing new: a grown copy does)
-    grown = folder / "copy-reliability-hello-world-script.jsonl"
-    extra = dict(next(x for x in records(grown) if x.get("type") == "user"), uuid="v1",
-                 type="some-new-record")
-    with open(grown, "a", encoding="utf-8") as f:
-        f.write(json.dumps(extra) + "\n")
-    r = run_import(daemon, "claude-code", str(folder), "--verbose")
-    assert f"{grown}:{len(grown.read_text().splitlines())}: unknown line type " \
-           "'some-new-record'" in r.stdout
-
-
-def test_old_transcripts_are_never_still_being_written(daemon: DaemonProcess, client: Client,
-                                                       tmp_path: Path) -> None:
-    # which real rollouts end on a tool call waiting for its output
-    fresh = tmp_path / "fresh"
-    for src in CODEX.glob("*.jsonl"):
-        fresh.mkdir(exist_ok=True)
-        shutil.copyfile(src, fresh / f"fresh-{src.name}")
-    now = import_json(daemon, "codex", str(fresh))
-    assert now["deferred"] >= 1  # written a moment ago: its writer may still be on it
-    old = tmp_path / "old"
-    for src in CODEX.glob("*.jsonl"):
-        copy_at_rest(src, old / f"old-{src.name}")
-    rest = import_json(daemon, "codex", str(old))
-    assert rest["deferred"] == 0
-    assert rest["messages"] == now["messages"] + now["deferred"]
-    r = run_import(daemon, "codex", str(old))  # nothing new, and nothing unfinished
-    assert r.returncode == 0 and "still being written" not in r.stdout
-
-
-def test_progress_is_one_line_rewritten_on_a_terminal(daemon: DaemonProcess,
-                                                      tmp_path: Path) -> None:
-    folder = tmp_path / "tty"
-    for src in sorted(CC.glob("reliability-*.jsonl")):
-        copy_at_rest(src, folder / src.name)
-    master, slave = pty.openpty()
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ctxd.clients.cli", "import", "claude-code", str(folder),
-             "--connection-file", str(daemon.connection_file)],
-            env=daemon.env, stdout=subprocess.PIPE, stderr=slave, text=True)
-        os.close(slave)
-        seen = b""
-        while True:
-            ready, _, _ = select.select([master], [], [], 60)
-            assert ready, "no output on the terminal"
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # the other end closed
-                break
-            if not chunk:
-                break
-            seen += chunk
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        os.close(master)
-    assert proc.returncode == 0
-    shown = seen.decode()
-    n = len(list(folder.glob("*.jsonl")))
-    # one line, rewritten: carriage returns and no newline, one update per file, cleared
-    assert "\n" not in shown
-    assert [f"importing {i}/{n}" in shown for i in range(1, n + 1)] == [True] * n
-    assert shown.endswith("\r\x1b[K")
-    assert out.startswith("imported ") and "\r" not in out
