@@ -102,6 +102,18 @@ def test_old_transcripts_are_never_still_being_written(daemon: DaemonProcess, cl
     assert r.returncode == 0 and "still being written" not in r.stdout
 
 
+@pytest.mark.parametrize("fmt", ["claude-code", "codex"])
+def test_every_record_of_the_real_transcripts_is_known(daemon: DaemonProcess, tmp_path: Path,
+                                                       fmt: str) -> None:
+    # the agents' own bookkeeping records are skipped as such, not reported as unknown
+    src = CC if fmt == "claude-code" else CODEX
+    for f in src.glob("*.jsonl"):
+        copy_at_rest(f, tmp_path / f"known-{f.name}")
+    report = import_json(daemon, fmt, str(tmp_path))
+    assert report["files"] == len(list(src.glob("*.jsonl")))
+    assert report["unmappable"] == {} and sum(report["skipped"].values()) > 0
+
+
 def test_progress_is_one_line_rewritten_on_a_terminal(daemon: DaemonProcess,
                                                       tmp_path: Path) -> None:
     folder = tmp_path / "tty"

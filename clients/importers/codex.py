@@ -220,6 +220,9 @@ class CodexMapper:
             if isinstance(query, str) and query:
                 return [Emit(self._msg("assistant", f"[web search] {query}", ts))]
             raise Skip("web_search_call")
+        if ptype == "ghost_snapshot":
+            # Codex's record of the working tree for undo: no conversation
+            raise Skip("response_item:ghost_snapshot")
         raise Skip(f"response_item:{ptype}", "skipped; a newer Codex may write it",
                    unmappable=True)
 
