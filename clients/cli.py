@@ -179,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     mcp_serve.register(sub, _common, _connect, _connection_file)
 
+    from ctxd.clients.cli_commands import hook, install
+
+    hook.register(sub, _common, _connection_file)
+    install.register(sub, _common)
+
     from ctxd.clients import ui
 
     ui.register(sub, _common)
