@@ -68,6 +68,9 @@ def _queue(places: Places, event: HookEvent, err: TextIO, why: str) -> None:
         return
     if where is None:
         print(f"ctxd hook: {why}; the queue is full, the next import catches up", file=err)
+    else:
+        # exit 0 keeps this out of the agent's way; it shows in the agent's debug output
+        print(f"ctxd hook: {why}; queued for the next call", file=err)
 
 
 def replay(client: Any, places: Places, err: TextIO) -> int:
