@@ -133,6 +133,8 @@ def test_codex_install_keeps_comments_and_uninstall_restores_bytes(tmp_path: Pat
     assert data["mcp_servers"]["ctxd"]["args"] == ["mcp"]
     assert data["mcp_servers"]["docs"]["command"] == "docs-server"
     assert data["projects"]["/work/demo"]["trust_level"] == "trusted"
+    (post,) = data["hooks"]["PostToolUse"]
+    assert post["matcher"] == "*" and post["hooks"][0]["command"].endswith("hook codex")
     again = _run("install", "codex", cwd=project, home=home)
     assert again.returncode == 0 and "unchanged" in again.stdout
     assert config.read_text() == text
@@ -143,19 +145,32 @@ def test_codex_install_keeps_comments_and_uninstall_restores_bytes(tmp_path: Pat
 
 def test_codex_leaves_a_notify_of_the_users_own(tmp_path: Path) -> None:
     home, project = _dirs(tmp_path)
-    config = project / ".codex" / "config.toml"
+    config = home / ".codex" / "config.toml"
     config.parent.mkdir()
     mine = 'notify = ["notify-send", "codex"]\n'
     config.write_text(mine)
-    done = _run("install", "codex", "--scope", "project", cwd=project, home=home)
+    done = _run("install", "codex", cwd=project, home=home)
     assert done.returncode == 0, done.stderr
     assert "`notify` is set already" in done.stdout
     data = tomllib.loads(config.read_text())
     assert data["notify"] == ["notify-send", "codex"]
     assert data["mcp_servers"]["ctxd"]["args"] == ["mcp"]
-    gone = _run("install", "codex", "--scope", "project", "--uninstall", cwd=project, home=home)
+    assert "hook codex" in data["hooks"]["Stop"][0]["hooks"][0]["command"]
+    gone = _run("install", "codex", "--uninstall", cwd=project, home=home)
     assert gone.returncode == 0
     assert config.read_text() == mine
+
+
+def test_codex_project_scope_has_hooks_and_no_notify(tmp_path: Path) -> None:
+    home, project = _dirs(tmp_path)
+    done = _run("install", "codex", "--scope", "project", cwd=project, home=home)
+    assert done.returncode == 0, done.stderr
+    assert "reads `notify` from the user's config only" in done.stdout
+    data = tomllib.loads((project / ".codex" / "config.toml").read_text())
+    assert "notify" not in data
+    assert set(data["hooks"]) == {"SessionStart", "UserPromptSubmit", "PostToolUse", "Stop",
+                                  "PreCompact", "SessionEnd"}
+    assert not (home / ".codex" / "config.toml").exists()
 
 
 def test_codex_on_no_config_creates_one_and_uninstall_removes_it(tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ import re
 import tomllib
 from pathlib import Path
 
-from ctxd.clients.agent_install.files import Change, ctxd_argv, read_text
+from ctxd.clients.agent_install.claude_code import EVENTS, HOOK_TIMEOUT_SECONDS
+from ctxd.clients.agent_install.files import Change, ctxd_argv, read_text, shell_line
 
 _BEGIN = "# >>> ctxd (written by `ctxd install codex`; `ctxd install codex --uninstall` removes it)"
 _BEGIN_NL = "# >>> ctxd+newline (written by `ctxd install codex`; `--uninstall` removes it)"
@@ -52,7 +53,8 @@ def _strip_ours(text: str) -> str:
     return _BLOCK.sub("", text)
 
 
-def config_change(path: Path, extra: list[str], uninstall: bool) -> Change:
+def config_change(path: Path, extra: list[str], uninstall: bool,
+                  scope: str = "user") -> Change:
     before = read_text(path)
     text = before or ""
     _parse(path, text)
@@ -67,29 +69,32 @@ def config_change(path: Path, extra: list[str], uninstall: bool) -> Change:
         return change  # installed already
     data = _parse(path, text)
     head = ""
-    if "notify" in data:
+    if scope == "project":
+        change.notes.append(f"{path}: Codex reads `notify` from the user's config only; "
+                            "the hooks capture this project's sessions")
+    elif "notify" in data:
         change.notes.append(f"{path}: `notify` is set already ({data['notify']!r}); left "
                             "as it is, so turns are not captured live. Put `ctxd hook "
                             "codex` in your notify program to capture them.")
     else:
         notify = ctxd_argv(["hook", "codex", *extra])
         head = f"{_BEGIN}\nnotify = {_toml_array(notify)}\n{_END}\n"
-    tail = ""
+    body = ""
     servers = data.get("mcp_servers")
     if isinstance(servers, dict) and "ctxd" in servers:
         change.notes.append(f"{path}: [mcp_servers.ctxd] is there already; left as it is")
     else:
         mcp = ctxd_argv(["mcp", *extra])
         body = (f"[mcp_servers.ctxd]\ncommand = {json.dumps(mcp[0])}\n"
-                f"args = {_toml_array(mcp[1:])}\n{_END}\n")
-        if text and not text.endswith("\n"):
-            tail = f"\n{_BEGIN_NL}\n{body}"
-        else:
-            tail = f"\n{_BEGIN}\n{body}" if text else f"{_BEGIN}\n{body}"
+                f"args = {_toml_array(mcp[1:])}\n")
+    body += _hook_tables(shell_line(ctxd_argv(["hook", "codex", *extra]))) + f"{_END}\n"
+    if text and not text.endswith("\n"):
+        tail = f"\n{_BEGIN_NL}\n{body}"
+    else:
+        tail = f"\n{_BEGIN}\n{body}" if text else f"{_BEGIN}\n{body}"
     after = head + text + tail
-    if after != text:
-        _parse(path, after)
-        change.after = after
+    _parse(path, after)  # a config whose own tables clash with ours is refused, unchanged
+    change.after = after
     return change
 
 
@@ -100,4 +105,17 @@ def _created_by_us(path: Path) -> bool:
 
 
 def plan(scope: str, project: Path, extra: list[str], uninstall: bool) -> list[Change]:
-    return [config_change(config_path(scope, project), extra, uninstall)]
+    return [config_change(config_path(scope, project), extra, uninstall, scope)]
+
+
+def _hook_tables(command: str) -> str:
+    """Codex's hooks (the same events and input as Claude Code's); Codex runs a hook
+    only once the user trusted it (`/hooks` in Codex), and says so at its start."""
+    out = []
+    for event, matcher in EVENTS.items():
+        out.append(f"[[hooks.{event}]]\n")
+        if matcher is not None:
+            out.append(f"matcher = {json.dumps(matcher)}\n")
+        out.append(f"[[hooks.{event}.hooks]]\ntype = \"command\"\n"
+                   f"command = {json.dumps(command)}\ntimeout = {HOOK_TIMEOUT_SECONDS}\n")
+    return "".join(out)

@@ -10,9 +10,14 @@ The daemon is started by `ctxd mcp`, which the agent launches at its start when
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
+import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -36,6 +41,8 @@ CALL_TIMEOUT = 20.0
 NOTE_EVENTS = ("SessionStart", "UserPromptSubmit")
 # replayed per call at most, so one call after a long outage stays bounded
 REPLAY_MAX = 200
+# how long a call waits for another one importing the same transcript
+LOCK_WAIT = 15.0
 
 
 @dataclass
@@ -50,6 +57,37 @@ class Places:
     @property
     def notes(self) -> Path:
         return self.data_dir / "hook-state"
+
+
+class Busy(Exception):
+    """Another hook call held the transcript's lock for longer than LOCK_WAIT."""
+
+
+@contextlib.contextmanager
+def transcript_lock(places: Places, transcript: str | None) -> Iterator[None]:
+    """One import of a transcript at a time: an agent runs hooks concurrently (parallel
+    tool calls, Codex's notify beside its Stop hook), and two imports from the same
+    resume point could cut the new lines into different batches and store them twice."""
+    if not transcript:
+        yield
+        return
+    folder = places.notes / "locks"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    name = hashlib.sha256(transcript.encode()).hexdigest()[:32] + ".lock"
+    fd = os.open(folder / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise Busy(f"another hook call is importing {transcript}") from None
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _connect(places: Places) -> Any:
@@ -82,9 +120,10 @@ def replay(client: Any, places: Places, err: TextIO) -> int:
             continue
         try:
             event = HookEvent.from_entry(entry)
-            sid, _ = import_transcript(client, event)
-            if event.event == "PreCompact":
-                record_compaction(client, sid, event, late_from=entry.get("queuedAt"))
+            with transcript_lock(places, event.transcript):
+                sid, _ = import_transcript(client, event)
+                if event.event == "PreCompact":
+                    record_compaction(client, sid, event, late_from=entry.get("queuedAt"))
         except ValueError as exc:
             print(f"ctxd hook: dropped a queue entry {path.name}: {exc}", file=err)
         except CtxdError as exc:
@@ -106,9 +145,10 @@ def handle(event: HookEvent, places: Places, err: TextIO = sys.stderr) -> dict[s
         return None
     try:
         replay(client, places, err)
-        sid, _ = import_transcript(client, event)
-        if event.event == "PreCompact":
-            record_compaction(client, sid, event)
+        with transcript_lock(places, event.transcript):
+            sid, _ = import_transcript(client, event)
+            if event.event == "PreCompact":
+                record_compaction(client, sid, event)
         if event.event not in NOTE_EVENTS:
             return None
         note = context_note(sid, pins_of(client, sid))
@@ -120,6 +160,11 @@ def handle(event: HookEvent, places: Places, err: TextIO = sys.stderr) -> dict[s
                                        "additionalContext": note}}
     except (ConnectionError, TimeoutError) as exc:
         _queue(places, event, err, f"lost the daemon ({str(exc)[:200]})")
+        return None
+    except Busy as exc:
+        # the other call imports the same lines; only a compaction mark must not be lost
+        if event.event == "PreCompact":
+            _queue(places, event, err, str(exc))
         return None
     except CtxdError as exc:
         print(f"ctxd hook: the daemon refused: {exc.message}", file=err)

@@ -155,6 +155,10 @@ class ScriptedModel:
                 args = {"query": self.search_query, "scope": "all"}
             item = {"type": "function_call", "id": f"fc_{cid}", "call_id": cid,
                     "name": name, "arguments": json.dumps(args), "status": "completed"}
+            # an MCP server's tools come as a namespace: the call names both
+            space = self.namespace_of(body, name)
+            if space:
+                item["namespace"] = space
         else:
             text = FINAL_TEXT if step == "final" else "ok"
             item = {"type": "message", "id": f"m_{rid}", "role": "assistant",
@@ -185,7 +189,20 @@ class ScriptedModel:
                 return n
         return "shell"
 
+    @staticmethod
+    def namespace_of(body: dict[str, Any], name: str) -> str | None:
+        for t in body.get("tools") or ():
+            if isinstance(t, dict) and t.get("type") == "namespace":
+                if any(isinstance(x, dict) and x.get("name") == name for x in t.get("tools") or ()):
+                    return str(t.get("name"))
+        return None
+
     def search_tool(self, body: dict[str, Any]) -> str:
+        for t in body.get("tools") or ():
+            if isinstance(t, dict) and t.get("type") == "namespace":
+                for x in t.get("tools") or ():
+                    if isinstance(x, dict) and "search_past_messages" in str(x.get("name")):
+                        return str(x["name"])
         for n in self._tool_names(body):
             if "search_past_messages" in n:
                 return n
