@@ -3,8 +3,7 @@ driven with `codex exec` against a scripted Responses API endpoint on loopback: 
 bring the rollout into ctxd while the session runs, its SessionStart hook hands the note
 on ctxd to the model, the agent's call of ctxd's `search_past_messages` finds an earlier
 session, nothing is stored twice though several hooks (and notify) import the same
-rollout, and uninstalling
-puts config.toml back byte for byte."""
+rollout, and uninstalling puts config.toml back byte for byte."""
 
 from __future__ import annotations
 
