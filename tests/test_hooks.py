@@ -245,3 +245,33 @@ def test_codex_notify_finds_the_rollout_by_thread_id(tmp_path: Path) -> None:
         assert len(_messages(daemon, sid)) == len(first)
     finally:
         daemon.stop()
+
+
+def test_concurrent_hook_calls_store_each_message_once(tmp_path: Path) -> None:
+    daemon = _daemon(tmp_path)
+    try:
+        place = (daemon.data_dir, daemon.connection_file)
+        agent = Agent(tmp_path, DATA / "claude-code" / "privacy-x402.jsonl")
+        agent.write()
+        body = json.dumps({"hook_event_name": "PostToolUse", "session_id": agent.session,
+                           "transcript_path": str(agent.transcript), "cwd": "/work/demo"})
+        args = [CTXD, "hook", "claude-code", "--data-dir", str(place[0]),
+                "--connection-file", str(place[1])]
+        # parallel tool calls: Claude Code starts their PostToolUse hooks at once
+        procs = [subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(5)]
+        for p in procs:
+            out, err = p.communicate(body, timeout=120)
+            assert p.returncode == 0, err
+        archive = _messages(daemon, f"claude-code-{agent.session}")
+        keys = [(m["metadata"]["line"], m["role"], m["content"]) for m in archive]
+        assert keys and len(keys) == len(set(keys))
+        other = tmp_path / "copy" / f"{uuid.uuid4()}.jsonl"
+        other.parent.mkdir()
+        shutil.copy(agent.transcript, other)
+        subprocess.run([CTXD, "import", "claude-code", str(other), "--connection-file",
+                        str(daemon.connection_file)], check=True, capture_output=True,
+                       timeout=120)
+        assert len(_messages(daemon, f"claude-code-{other.stem}")) == len(archive)
+    finally:
+        daemon.stop()
