@@ -195,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_given = sys.argv[1:] if argv is None else argv
+    if args_given[:1] == ["hook"]:
+        # an agent runs this on every turn and waits for it: no parser of every command
+        from ctxd.clients.cli_commands.hook import main as hook_main
+
+        return hook_main(args_given[1:], _connection_file)
     parser = build_parser()
     args = parser.parse_args(argv)
     from ctxd.daemon.config import StartupError

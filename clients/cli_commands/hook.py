@@ -19,13 +19,14 @@ from ctxd.protocol.connection import default_data_dir
 
 def cmd_hook(args: argparse.Namespace, connection_file: Callable[[argparse.Namespace], Path]
              ) -> int:
-    from ctxd.clients.hooks import codex as codex_side
     from ctxd.clients.hooks.run import Places, claude_event, handle, read_stdin_event
 
     places = Places(data_dir=Path(args.data_dir or default_data_dir()),
                     connection_file=connection_file(args))
     try:
         if args.agent == "codex" and args.payload is not None:
+            from ctxd.clients.hooks import codex as codex_side
+
             data = json.loads(args.payload)
             if not isinstance(data, dict):
                 raise ValueError("the notify payload is not a JSON object")
@@ -43,6 +44,25 @@ def cmd_hook(args: argparse.Namespace, connection_file: Callable[[argparse.Names
     if out is not None:
         print(json.dumps(out, ensure_ascii=False))
     return 0
+
+
+def main(argv: list[str], connection_file: Callable[[argparse.Namespace], Path]) -> int:
+    """`ctxd hook …` without building the whole `ctxd` parser (and importing every
+    command): the same options as registered below."""
+    parser = argparse.ArgumentParser(prog="ctxd")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub, _common_options, connection_file)
+    args = parser.parse_args(["hook", *argv])
+    for name in ("data_dir", "connection_file", "config"):
+        if not hasattr(args, name):
+            setattr(args, name, None)
+    return int(args.func(args) or 0)
+
+
+def _common_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument("--connection-file", type=Path, default=None)
+    p.add_argument("--config", type=Path, default=None)
 
 
 def register(sub: Any, common: Callable[[argparse.ArgumentParser], None],

@@ -90,6 +90,22 @@ def transcript_lock(places: Places, transcript: str | None) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
+def daemon_absent(places: Places) -> str | None:
+    """Why no daemon can answer, found without loading the client (a missing connection
+    file, or one whose daemon is gone): the common case of a down daemon costs little."""
+    from ctxd.protocol.connection import daemon_gone, read_connection_file
+
+    try:
+        info = read_connection_file(places.connection_file)
+    except FileNotFoundError:
+        return f"no connection file {places.connection_file}"
+    except (OSError, ValueError) as exc:
+        return f"cannot read {places.connection_file}: {exc}"
+    if daemon_gone(info):
+        return f"the daemon of {places.connection_file} is not running"
+    return None
+
+
 def _connect(places: Places) -> Any:
     from ctxd.clients.client import Client
 
@@ -136,6 +152,10 @@ def replay(client: Any, places: Places, err: TextIO) -> int:
 
 def handle(event: HookEvent, places: Places, err: TextIO = sys.stderr) -> dict[str, Any] | None:
     """Run one hook event; the JSON to print for the agent, if any."""
+    absent = daemon_absent(places)
+    if absent is not None:
+        _queue(places, event, err, f"no daemon ({absent})")
+        return None
     from ctxd.clients.client import DaemonNotRunning
 
     try:
