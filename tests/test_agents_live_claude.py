@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from ctxd.clients.client import connect
+from ctxd.protocol.errors import CtxdError
 from tests.agents_cli import agent_env, claude_binary
 from tests.harness.scripted_model import BASH_COMMAND, FINAL_TEXT, ScriptedModel
 from tests.helpers import DaemonProcess
@@ -32,6 +34,20 @@ def _ctxd(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedPro
 def _archive(daemon: DaemonProcess, sid: str) -> list[dict[str, Any]]:
     with connect(connection_file=daemon.connection_file, wire="jsonrpc") as c:
         return c.read(sid, limit=500)["messages"]
+
+
+def _wait_for(daemon: DaemonProcess, sid: str, ready: Any,
+              within: float = 60.0) -> list[dict[str, Any]]:
+    """The session's archive once `ready(archive)` holds (or as it is after `within`)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            archive = _archive(daemon, sid)
+        except CtxdError:
+            archive = []
+        if ready(archive) or time.monotonic() > deadline:
+            return archive
+        time.sleep(0.05)
 
 
 def test_claude_code_session_lands_live_with_pins_and_search(tmp_path: Path) -> None:
@@ -63,11 +79,16 @@ def test_claude_code_session_lands_live_with_pins_and_search(tmp_path: Path) -> 
         assert json.loads((project / ".mcp.json").read_text())["mcpServers"]["ctxd"]
 
         seen: dict[str, list[dict[str, Any]]] = {}
+        # what must be in ctxd before each answer: the prompt before the second request,
+        # the shell call and its output before the third (the capture hooks run in the
+        # background, so the check waits for them, while the agent waits for the answer)
+        expected = {"bash": lambda a: True,
+                    "search": lambda a: any(m["role"] == "user" for m in a),
+                    "final": lambda a: any(m["role"] == "tool" for m in a)}
 
         def check(step: str, body: dict[str, Any]) -> None:
-            # the agent waits for this answer: what ctxd holds now was sent during the run
-            seen[step] = _archive(daemon, sid)
             seen[step + ":request"] = [body]
+            seen[step] = _wait_for(daemon, sid, expected[step])
 
         with ScriptedModel("quokka harbour", check) as model:
             env["ANTHROPIC_BASE_URL"] = model.base_url
@@ -105,7 +126,7 @@ def test_claude_code_session_lands_live_with_pins_and_search(tmp_path: Path) -> 
         assert "runs on port 7731" in found and earlier in found
 
         # and the whole session, to the final answer, once the agent stopped
-        archive = _archive(daemon, sid)
+        archive = _wait_for(daemon, sid, lambda a: a and a[-1]["content"] == FINAL_TEXT)
         assert archive[-1]["role"] == "assistant" and archive[-1]["content"] == FINAL_TEXT
         assert sum(1 for m in archive if m["role"] == "tool") == 2
         # running the hooks again stores nothing twice

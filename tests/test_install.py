@@ -69,6 +69,9 @@ def test_claude_code_project_install_keeps_theirs_and_uninstall_restores(tmp_pat
     post = data["hooks"]["PostToolUse"]
     assert post[0]["hooks"][0]["command"] == "audit-edit"  # theirs, first, untouched
     assert post[1]["matcher"] == "*" and "hook claude-code" in post[1]["hooks"][0]["command"]
+    # capture only: Claude Code runs it in the background; SessionStart answers, so it waits
+    assert post[1]["hooks"][0]["async"] is True
+    assert "async" not in data["hooks"]["SessionStart"][0]["hooks"][0]
     for event in ("SessionStart", "UserPromptSubmit", "Stop", "PreCompact", "SessionEnd"):
         (group,) = data["hooks"][event]
         assert group["hooks"][0]["command"].endswith(

@@ -34,6 +34,11 @@ EVENTS: dict[str, str | None] = {
     "SessionEnd": None,
 }
 HOOK_TIMEOUT_SECONDS = 30
+# hooks whose work the agent need not wait for: they only bring the transcript in, so
+# Claude Code runs them in the background ("async") and goes on at once. SessionStart
+# and UserPromptSubmit answer with context and PreCompact must mark the cut before the
+# compaction: those the agent waits for.
+BACKGROUND = frozenset({"PostToolUse", "Stop", "SessionEnd"})
 SERVER_NAME = "ctxd"
 _OUR_HOOK = re.compile(r"(^|[/\s'\"])(ctxd|ctxd\.clients\.cli)['\"]?\s.*\bhook claude-code\b")
 
@@ -130,8 +135,11 @@ def settings_change(path: Path, command: str, uninstall: bool) -> Change:
         entry: dict[str, Any] = {}
         if matcher is not None:
             entry["matcher"] = matcher
-        entry["hooks"] = [{"type": "command", "command": command,
-                           "timeout": HOOK_TIMEOUT_SECONDS}]
+        hook: dict[str, Any] = {"type": "command", "command": command,
+                                "timeout": HOOK_TIMEOUT_SECONDS}
+        if event in BACKGROUND:
+            hook["async"] = True
+        entry["hooks"] = [hook]
         groups.append(entry)
     after = _dump(data)
     return Change(path, before, after if data != _load(path, before) else before)
