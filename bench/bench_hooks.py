@@ -9,8 +9,9 @@ written since the last call; the same event again with nothing new) and the daem
 replays the queue. Each row is the median and worst of `--calls` calls, wall time from
 spawning the process to its exit, which is what the agent waits for. The import is
 incremental, so a call's cost follows what was written since the last one, not the
-transcript's length. Python's start and the imports are a fixed part: `python -X
-importtime` shows it; the row "interpreter only" is a `python -c pass` for scale.
+transcript's length. Python's start and the imports are most of a call: the row
+"interpreter only" is a `python -c pass` for scale, and the last row is the hook's own
+work in one process.
 """
 
 from __future__ import annotations
@@ -103,6 +104,21 @@ def main() -> None:
             same = [_call(args, {**base, "hook_event_name": "Stop"})
                     for _ in range(a.calls)]
             rows.append(_row("daemon up: Stop, nothing new", same))
+            # the same work inside one process: what is left without Python's start and
+            # the imports (connect, replay check, resume point, import, close)
+            from ctxd.clients.hooks.capture import HookEvent
+            from ctxd.clients.hooks.run import Places, handle
+
+            places = Places(daemon.data_dir, daemon.connection_file)
+            work = []
+            for _ in range(a.calls):
+                grow()
+                t = time.perf_counter()
+                handle(HookEvent("claude-code", "PostToolUse", str(transcript), session),
+                       places)
+                work.append(time.perf_counter() - t)
+            rows.append(_row(f"in-process `handle()`: PostToolUse, {step} new lines (no "
+                             "process start, no imports)", work))
         finally:
             daemon.stop()
     load = os.getloadavg()
