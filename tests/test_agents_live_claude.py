@@ -1,8 +1,8 @@
 """The real Claude Code CLI (pinned in tests/agents/package.json) set up by `ctxd install
 claude-code`, driven with `claude -p` against a scripted model on loopback: its session
 lands in ctxd while it runs, the pins reach the model at session start, the agent's call
-of `search_past_messages` finds an earlier session, and uninstalling puts the config
-back byte for byte."""
+of `search_past_messages` finds an earlier session, its own `/compact` is marked in the
+archive where the context was cut, and uninstalling puts the config back byte for byte."""
 
 from __future__ import annotations
 
@@ -141,6 +141,24 @@ def test_claude_code_session_lands_live_with_pins_and_search(tmp_path: Path) -> 
                                env=env, capture_output=True, text=True, timeout=60)
         assert rerun.returncode == 0, rerun.stderr
         assert len(_archive(daemon, sid)) == count
+
+        # the agent's own compaction (/compact) is marked where the context was cut,
+        # before the summary Claude Code wrote for the compacted context
+        with ScriptedModel("unused") as model:
+            env["ANTHROPIC_BASE_URL"] = model.base_url
+            compact = subprocess.run(
+                [str(claude), "-p", "/compact keep the shell output", "--resume", session,
+                 "--model", "claude-sonnet-4-5"], cwd=project, env=env, capture_output=True,
+                text=True, timeout=300, stdin=subprocess.DEVNULL)
+        assert compact.returncode == 0, compact.stderr[-2000:]
+        archive = _wait_for(daemon, sid, lambda a: any(
+            (m.get("metadata") or {}).get("compactSummary") for m in a))
+        marks = [i for i, m in enumerate(archive)
+                 if "agentCompaction" in (m.get("metadata") or {})]
+        assert len(marks) == 1 and marks[0] == count
+        assert archive[count]["metadata"]["agentCompaction"] == {
+            "agent": "claude-code", "trigger": "manual", "instructions": "keep the shell output"}
+        assert archive[count + 1]["metadata"].get("compactSummary") is True
 
         done = _ctxd("install", "claude-code", "--scope", "project", "--uninstall", *where,
                      cwd=project, env=env)
