@@ -275,3 +275,25 @@ def test_concurrent_hook_calls_store_each_message_once(tmp_path: Path) -> None:
         assert len(_messages(daemon, f"claude-code-{other.stem}")) == len(archive)
     finally:
         daemon.stop()
+
+
+def test_a_foreign_or_broken_queue_entry_is_dropped_not_replayed_forever(tmp_path: Path) -> None:
+    daemon = _daemon(tmp_path)
+    try:
+        queue = daemon.data_dir / "hook-queue"
+        queue.mkdir(mode=0o700)
+        for name, body in (("00000000000000000001-1.json", "{not json"),
+                           ("00000000000000000002-1.json", json.dumps(
+                               {"agent": "nobody", "event": "Stop"})),
+                           ("00000000000000000003-1.json", json.dumps([1]))):
+            (queue / name).write_text(body)
+            (queue / name).chmod(0o600)
+        agent = Agent(tmp_path, DATA / "claude-code" / "reliability-hello-world-script.jsonl")
+        agent.write()
+        done = agent.hook((daemon.data_dir, daemon.connection_file), "Stop")
+        assert done.returncode == 0, done.stderr
+        assert "unknown agent 'nobody'" in done.stderr
+        assert list(queue.iterdir()) == []
+        assert _messages(daemon, f"claude-code-{agent.session}")
+    finally:
+        daemon.stop()

@@ -48,6 +48,8 @@ class HookEvent:
         known = {k: entry[k] for k in cls.__dataclass_fields__ if isinstance(entry.get(k), str)}
         if "agent" not in known or "event" not in known:
             raise ValueError("a queue entry without agent or event")
+        if known["agent"] not in FORMATS:
+            raise ValueError(f"a queue entry for an unknown agent {known['agent']!r}")
         return cls(**known)
 
 
