@@ -3,7 +3,8 @@ driven with `codex exec` against a scripted Responses API endpoint on loopback: 
 bring the rollout into ctxd while the session runs, its SessionStart hook hands the note
 on ctxd to the model, the agent's call of ctxd's `search_past_messages` finds an earlier
 session, nothing is stored twice though several hooks (and notify) import the same
-rollout, and uninstalling puts config.toml back byte for byte."""
+rollout, a pin set in ctxd reaches the agent when the session resumes, and uninstalling
+puts config.toml back byte for byte."""
 
 from __future__ import annotations
 
@@ -20,6 +21,17 @@ from tests.helpers import DaemonProcess
 
 EARLIER = "The staging cluster is called quokka-harbour and runs on port 7731."
 PROMPT = "Say hi in the shell, then look up the staging cluster."
+PIN = "Never push to the release branch without a signed tag (rule 4417)."
+
+
+def _users_config(base_url: str) -> str:
+    """The user's own config: a model provider on loopback; MCP servers get time to start
+    before the first request (a real user's start while they type)."""
+    return (f'model = "scripted-model"\nmodel_provider = "scripted"\n'
+            f"mcp_optional_startup_grace_ms = 60000\n\n"
+            f"[model_providers.scripted]\nname = \"scripted\"\n"
+            f'base_url = "{base_url}/v1"\nwire_api = "responses"\n'
+            f'env_key = "SCRIPTED_API_KEY"\n')
 
 
 def _ctxd(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -55,13 +67,7 @@ def test_codex_session_lands_live_with_note_and_search(tmp_path: Path) -> None:
 
         with ScriptedModel("quokka harbour", check) as model:
             config = home / ".codex" / "config.toml"
-            # the user's own config: a model provider on loopback; MCP servers get time to
-            # start before the first request (a real one starts them while the user types)
-            users = (f'model = "scripted-model"\nmodel_provider = "scripted"\n'
-                     f"mcp_optional_startup_grace_ms = 60000\n\n"
-                     f"[model_providers.scripted]\nname = \"scripted\"\n"
-                     f'base_url = "{model.base_url}/v1"\nwire_api = "responses"\n'
-                     f'env_key = "SCRIPTED_API_KEY"\n')
+            users = _users_config(model.base_url)
             config.write_text(users)
             env = agent_env(home, SCRIPTED_API_KEY="not-a-key",
                             CTXD_RUNTIME_DIR=str(daemon.runtime_dir))
@@ -107,6 +113,23 @@ def test_codex_session_lands_live_with_note_and_search(tmp_path: Path) -> None:
         assert archive[-1]["role"] == "assistant" and archive[-1]["content"] == FINAL_TEXT
         keys = [(m["metadata"].get("line"), m["role"], m["content"]) for m in archive]
         assert len(keys) == len(set(keys))
+
+        # a rule pinned in ctxd reaches the agent when its session resumes (SessionStart)
+        with connect(connection_file=daemon.connection_file) as c:
+            c.add_pin(sid, PIN)
+        resumed: list[dict[str, Any]] = []
+        with ScriptedModel("unused", lambda step, body: resumed.append(body)) as model:
+            # the endpoint moved: the user edits their own line, ctxd's blocks stay
+            old, users = users, _users_config(model.base_url)
+            config.write_text(config.read_text().replace(old, users))
+            run = subprocess.run(
+                [str(codex), "exec", "--skip-git-repo-check",
+                 "--dangerously-bypass-approvals-and-sandbox",
+                 "--dangerously-bypass-hook-trust", "resume", "--last", "Anything else?"],
+                cwd=project, env=env, capture_output=True, text=True, timeout=300,
+                stdin=subprocess.DEVNULL)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert resumed and PIN in json.dumps(resumed[0])
 
         done = _ctxd("install", "codex", "--uninstall", *where, cwd=project, env=env)
         assert done.returncode == 0, done.stderr
