@@ -116,6 +116,9 @@ def _hook_tables(command: str) -> str:
         out.append(f"[[hooks.{event}]]\n")
         if matcher is not None:
             out.append(f"matcher = {json.dumps(matcher)}\n")
+        # Codex allows a SessionEnd hook 3 s at most (and warns at every start if asked
+        # for more); what it leaves unimported, the next hook or import brings in
+        timeout = 3 if event == "SessionEnd" else HOOK_TIMEOUT_SECONDS
         out.append(f"[[hooks.{event}.hooks]]\ntype = \"command\"\n"
-                   f"command = {json.dumps(command)}\ntimeout = {HOOK_TIMEOUT_SECONDS}\n")
+                   f"command = {json.dumps(command)}\ntimeout = {timeout}\n")
     return "".join(out)
