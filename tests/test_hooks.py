@@ -297,3 +297,27 @@ def test_a_foreign_or_broken_queue_entry_is_dropped_not_replayed_forever(tmp_pat
         assert _messages(daemon, f"claude-code-{agent.session}")
     finally:
         daemon.stop()
+
+
+def test_a_fresh_context_while_the_daemon_is_down_gets_the_last_pins(tmp_path: Path) -> None:
+    daemon = _daemon(tmp_path)
+    place = (daemon.data_dir, daemon.connection_file)
+    agent = Agent(tmp_path, DATA / "claude-code" / "reliability-hello-world-script.jsonl")
+    agent.write()
+    try:
+        with connect(connection_file=daemon.connection_file) as c:
+            c.create_session(f"claude-code-{agent.session}")
+            c.add_pin(f"claude-code-{agent.session}", "Keep every migration reversible.")
+        start = agent.hook(place, "SessionStart", source="startup")
+        assert "Keep every migration reversible." in start.stdout
+    finally:
+        daemon.stop()
+    # the agent compacts its own context while ctxd is down (restarting, upgrading)
+    again = agent.hook(place, "SessionStart", source="compact")
+    assert again.returncode == 0, again.stderr
+    note = json.loads(again.stdout)["hookSpecificOutput"]["additionalContext"]
+    assert "- Keep every migration reversible." in note
+    assert "could not be reached" in note
+    # a session never seen gets nothing: there is nothing true to say about it
+    other = Agent(tmp_path / "other", DATA / "claude-code" / "viewer-init.jsonl")
+    assert other.hook(place, "SessionStart", source="startup").stdout == ""

@@ -159,6 +159,15 @@ class NoteState:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump({"note": digest}, f)
+            # the text too: a fresh context while the daemon is down still gets the rules
+            json.dump({"note": digest, "text": note}, f)
         os.replace(tmp, path)
         return True
+
+    def last(self, key: str) -> str | None:
+        """The note this agent session was last given, if any."""
+        try:
+            text = json.loads(self._path(key).read_text()).get("text")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return text if isinstance(text, str) else None

@@ -30,6 +30,7 @@ from ctxd.clients.hooks.capture import (
     import_transcript,
     pins_of,
     record_compaction,
+    session_id_for,
 )
 from ctxd.protocol.errors import CtxdError
 
@@ -155,14 +156,14 @@ def handle(event: HookEvent, places: Places, err: TextIO = sys.stderr) -> dict[s
     absent = daemon_absent(places)
     if absent is not None:
         _queue(places, event, err, f"no daemon ({absent})")
-        return None
+        return _remembered_note(event, places)
     from ctxd.clients.client import DaemonNotRunning
 
     try:
         client = _connect(places)
     except (DaemonNotRunning, ConnectionError, TimeoutError, OSError) as exc:
         _queue(places, event, err, f"no daemon ({str(exc)[:200]})")
-        return None
+        return _remembered_note(event, places)
     try:
         replay(client, places, err)
         with transcript_lock(places, event.transcript):
@@ -172,15 +173,14 @@ def handle(event: HookEvent, places: Places, err: TextIO = sys.stderr) -> dict[s
         if event.event not in NOTE_EVENTS:
             return None
         note = context_note(sid, pins_of(client, sid))
-        key = f"{event.agent}:{event.agent_session or sid}"
-        fresh = NoteState(places.notes).changed(key, note)
+        fresh = NoteState(places.notes).changed(_note_key(event), note)
         if event.event == "UserPromptSubmit" and not fresh:
             return None
         return {"hookSpecificOutput": {"hookEventName": event.event,
                                        "additionalContext": note}}
     except (ConnectionError, TimeoutError) as exc:
         _queue(places, event, err, f"lost the daemon ({str(exc)[:200]})")
-        return None
+        return _remembered_note(event, places)
     except Busy as exc:
         # the other call imports the same lines; only a compaction mark must not be lost
         if event.event == "PreCompact":
@@ -191,6 +191,24 @@ def handle(event: HookEvent, places: Places, err: TextIO = sys.stderr) -> dict[s
         return None
     finally:
         client.close()
+
+
+def _note_key(event: HookEvent) -> str:
+    return f"{event.agent}:{event.agent_session or session_id_for(event)}"
+
+
+def _remembered_note(event: HookEvent, places: Places) -> dict[str, Any] | None:
+    """A fresh context (SessionStart: startup, resume, or after the agent's own
+    compaction) while the daemon is down gets the note it was last given: the pins as
+    they were then, said to be so."""
+    if event.event != "SessionStart":
+        return None
+    note = NoteState(places.notes).last(_note_key(event))
+    if note is None:
+        return None
+    note += ("\n(ctxd could not be reached just now: these are the pins as they were at "
+             "the last hook call of this session.)")
+    return {"hookSpecificOutput": {"hookEventName": event.event, "additionalContext": note}}
 
 
 def read_stdin_event(stream: Any, limit: int = 1 << 20) -> dict[str, Any]:
