@@ -32,7 +32,7 @@ def agent_env(home: Path, **extra: str) -> dict[str, str]:
     """The environment of an agent run: a temp HOME (so the real home config is never
     read or written), no inherited agent credentials, no telemetry, no auto-update."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_"))}
+           if not k.startswith(("ANTHROPIC_", "CLAUDE", "OPENAI_", "CODEX_"))}
     env.update(
         HOME=str(home),
         XDG_CONFIG_HOME=str(home / ".config"),

@@ -26,9 +26,8 @@ USER_SETTINGS = '{\n    "enableAllProjectMcpServers": true\n}\n'  # the user's o
 
 
 def _ctxd(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    exe = Path(sys.executable).parent / "ctxd"
-    return subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "ctxd.clients.cli", *args], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=120)
 
 
 def _archive(daemon: DaemonProcess, sid: str) -> list[dict[str, Any]]:
@@ -136,8 +135,8 @@ def test_claude_code_session_lands_live_with_pins_and_search(tmp_path: Path) -> 
         transcript = next((home / ".claude" / "projects").rglob(f"{session}.jsonl"))
         event = json.dumps({"hook_event_name": "Stop", "session_id": session,
                             "transcript_path": str(transcript), "cwd": str(project)})
-        exe = Path(sys.executable).parent / "ctxd"
-        rerun = subprocess.run([str(exe), "hook", "claude-code", *where], input=event,
+        rerun = subprocess.run([sys.executable, "-m", "ctxd.clients.cli", "hook",
+                                "claude-code", *where], input=event,
                                env=env, capture_output=True, text=True, timeout=60)
         assert rerun.returncode == 0, rerun.stderr
         assert len(_archive(daemon, sid)) == count

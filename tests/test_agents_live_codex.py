@@ -35,9 +35,8 @@ def _users_config(base_url: str) -> str:
 
 
 def _ctxd(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    exe = Path(sys.executable).parent / "ctxd"
-    return subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "ctxd.clients.cli", *args], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=120)
 
 
 def _codex_sessions(daemon: DaemonProcess) -> dict[str, list[dict[str, Any]]]:

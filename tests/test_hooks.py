@@ -17,7 +17,8 @@ from ctxd.clients.client import connect
 from tests.helpers import DaemonProcess
 
 DATA = Path(__file__).resolve().parent.parent / "bench" / "data" / "transcripts"
-CTXD = str(Path(sys.executable).parent / "ctxd")
+# as the console script runs it, with this very interpreter
+CTXD = [sys.executable, "-m", "ctxd.clients.cli"]
 
 
 class Agent:
@@ -44,7 +45,7 @@ class Agent:
         body = {"hook_event_name": event, "session_id": self.session,
                 "transcript_path": str(self.transcript), "cwd": "/work/demo", **fields}
         return subprocess.run(
-            [CTXD, "hook", "claude-code", "--data-dir", str(data_dir),
+            [*CTXD, "hook", "claude-code", "--data-dir", str(data_dir),
              "--connection-file", str(connection_file)],
             input=json.dumps(body), capture_output=True, text=True, timeout=120)
 
@@ -91,7 +92,7 @@ def test_hook_imports_as_the_transcript_grows_and_never_twice(tmp_path: Path) ->
         other = tmp_path / "copy" / f"{uuid.uuid4()}.jsonl"
         other.parent.mkdir()
         shutil.copy(agent.transcript, other)
-        imported = subprocess.run([CTXD, "import", "claude-code", str(other), "--connection-file",
+        imported = subprocess.run([*CTXD, "import", "claude-code", str(other), "--connection-file",
                                    str(daemon.connection_file)], capture_output=True,
                                   text=True, timeout=120)
         assert imported.returncode == 0, imported.stderr
@@ -205,7 +206,7 @@ def test_session_start_gives_pins_and_a_prompt_only_when_they_change(tmp_path: P
 def test_bad_input_is_a_clear_error_and_changes_nothing(tmp_path: Path) -> None:
     daemon = _daemon(tmp_path)
     try:
-        args = [CTXD, "hook", "claude-code", "--data-dir", str(daemon.data_dir),
+        args = [*CTXD, "hook", "claude-code", "--data-dir", str(daemon.data_dir),
                 "--connection-file", str(daemon.connection_file)]
         for body in ("not json", "[1, 2]", json.dumps({"session_id": "x"})):
             done = subprocess.run(args, input=body, capture_output=True, text=True, timeout=60)
@@ -233,7 +234,7 @@ def test_codex_notify_finds_the_rollout_by_thread_id(tmp_path: Path) -> None:
                    "cwd": "/work/demo", "input-messages": ["hi"],
                    "last-assistant-message": "done"}
         env = {**os.environ, "CODEX_HOME": str(home)}
-        args = [CTXD, "hook", "codex", "--data-dir", str(daemon.data_dir),
+        args = [*CTXD, "hook", "codex", "--data-dir", str(daemon.data_dir),
                 "--connection-file", str(daemon.connection_file), json.dumps(payload)]
         done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
@@ -255,7 +256,7 @@ def test_concurrent_hook_calls_store_each_message_once(tmp_path: Path) -> None:
         agent.write()
         body = json.dumps({"hook_event_name": "PostToolUse", "session_id": agent.session,
                            "transcript_path": str(agent.transcript), "cwd": "/work/demo"})
-        args = [CTXD, "hook", "claude-code", "--data-dir", str(place[0]),
+        args = [*CTXD, "hook", "claude-code", "--data-dir", str(place[0]),
                 "--connection-file", str(place[1])]
         # parallel tool calls: Claude Code starts their PostToolUse hooks at once
         procs = [subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -269,7 +270,7 @@ def test_concurrent_hook_calls_store_each_message_once(tmp_path: Path) -> None:
         other = tmp_path / "copy" / f"{uuid.uuid4()}.jsonl"
         other.parent.mkdir()
         shutil.copy(agent.transcript, other)
-        subprocess.run([CTXD, "import", "claude-code", str(other), "--connection-file",
+        subprocess.run([*CTXD, "import", "claude-code", str(other), "--connection-file",
                         str(daemon.connection_file)], check=True, capture_output=True,
                        timeout=120)
         assert len(_messages(daemon, f"claude-code-{other.stem}")) == len(archive)

@@ -11,7 +11,8 @@ import sys
 import tomllib
 from pathlib import Path
 
-CTXD = str(Path(sys.executable).parent / "ctxd")
+# as the console script runs it, with this very interpreter
+CTXD = [sys.executable, "-m", "ctxd.clients.cli"]
 
 USER_SETTINGS = """{
     "model": "opus",
@@ -32,11 +33,17 @@ trust_level = "trusted"
 command = "docs-server\""""
 
 
+def _after_mcp(args: list[str]) -> list[str]:
+    """The options after `mcp` (before it: `-m ctxd.clients.cli` when ctxd was run so)."""
+    assert "mcp" in args
+    return args[args.index("mcp") + 1:]
+
+
 def _run(*args: str, cwd: Path, home: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CLAUDE_", "CODEX_"))}
     env.update(HOME=str(home), CLAUDE_CONFIG_DIR=str(home / ".claude"),
                CODEX_HOME=str(home / ".codex"))
-    return subprocess.run([CTXD, *args], cwd=cwd, env=env, capture_output=True, text=True,
+    return subprocess.run([*CTXD, *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=60)
 
 
@@ -78,7 +85,7 @@ def test_claude_code_project_install_keeps_theirs_and_uninstall_restores(tmp_pat
             f"hook claude-code --data-dir {tmp_path / 'data'}")
     servers = json.loads((project / ".mcp.json").read_text())["mcpServers"]
     assert servers["docs"]["command"] == "docs-server"
-    assert servers["ctxd"]["args"] == ["mcp", *where]
+    assert _after_mcp(servers["ctxd"]["args"]) == where
     assert (settings.parent / "settings.json.ctxd-backup").read_text() == USER_SETTINGS
 
     installed = settings.read_text()
@@ -101,7 +108,7 @@ def test_claude_code_user_scope_creates_and_removes_its_files(tmp_path: Path) ->
     state = home / ".claude" / ".claude.json"  # CLAUDE_CONFIG_DIR holds the user's MCP
     assert set(json.loads(settings.read_text())["hooks"]) == {
         "SessionStart", "UserPromptSubmit", "PostToolUse", "Stop", "PreCompact", "SessionEnd"}
-    assert json.loads(state.read_text())["mcpServers"]["ctxd"]["args"] == ["mcp"]
+    assert _after_mcp(json.loads(state.read_text())["mcpServers"]["ctxd"]["args"]) == []
     assert not (project / ".claude").exists()
     gone = _run("install", "claude-code", "--scope", "user", "--uninstall", cwd=project,
                 home=home)
@@ -132,8 +139,8 @@ def test_codex_install_keeps_comments_and_uninstall_restores_bytes(tmp_path: Pat
     assert "# my Codex settings" in text and '# the fast one' in text
     data = tomllib.loads(text)
     assert data["model"] == "o4-mini"
-    assert data["notify"][1:] == ["hook", "codex"]
-    assert data["mcp_servers"]["ctxd"]["args"] == ["mcp"]
+    assert data["notify"][-2:] == ["hook", "codex"]
+    assert _after_mcp(data["mcp_servers"]["ctxd"]["args"]) == []
     assert data["mcp_servers"]["docs"]["command"] == "docs-server"
     assert data["projects"]["/work/demo"]["trust_level"] == "trusted"
     (post,) = data["hooks"]["PostToolUse"]
@@ -157,7 +164,7 @@ def test_codex_leaves_a_notify_of_the_users_own(tmp_path: Path) -> None:
     assert "`notify` is set already" in done.stdout
     data = tomllib.loads(config.read_text())
     assert data["notify"] == ["notify-send", "codex"]
-    assert data["mcp_servers"]["ctxd"]["args"] == ["mcp"]
+    assert _after_mcp(data["mcp_servers"]["ctxd"]["args"]) == []
     assert "hook codex" in data["hooks"]["Stop"][0]["hooks"][0]["command"]
     gone = _run("install", "codex", "--uninstall", cwd=project, home=home)
     assert gone.returncode == 0
@@ -183,6 +190,6 @@ def test_codex_on_no_config_creates_one_and_uninstall_removes_it(tmp_path: Path)
     config = home / ".codex" / "config.toml"
     assert not config.exists()
     assert _run("install", "codex", cwd=project, home=home).returncode == 0
-    assert tomllib.loads(config.read_text())["notify"][1:] == ["hook", "codex"]
+    assert tomllib.loads(config.read_text())["notify"][-2:] == ["hook", "codex"]
     assert _run("install", "codex", "--uninstall", cwd=project, home=home).returncode == 0
     assert not config.exists()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import difflib
 import os
 import shlex
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,13 +15,11 @@ BACKUP_SUFFIX = ".ctxd-backup"
 
 def ctxd_argv(extra: list[str]) -> list[str]:
     """How the agent starts ctxd: the absolute path of the `ctxd` being run (the agent's
-    PATH may not have it), else this Python with the CLI module."""
+    PATH may not have it, or another one), else this very Python with the CLI module
+    (`python -m ctxd.clients.cli install …`)."""
     exe = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
-    if exe is not None and exe.name == "ctxd" and exe.exists():
-        return [str(exe.resolve().parent / exe.name), *extra]
-    found = shutil.which("ctxd")
-    if found:
-        return [found, *extra]
+    if exe is not None and exe.name == "ctxd" and exe.is_file():
+        return [str(exe.absolute()), *extra]
     return [sys.executable, "-m", "ctxd.clients.cli", *extra]
 
 
