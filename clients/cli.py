@@ -179,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     mcp_serve.register(sub, _common, _connect, _connection_file)
 
+    from ctxd.clients.cli_commands import hook, install
+
+    hook.register(sub, _common, _connection_file)
+    install.register(sub, _common)
+
     from ctxd.clients import ui
 
     ui.register(sub, _common)
@@ -190,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_given = sys.argv[1:] if argv is None else argv
+    if args_given[:1] == ["hook"]:
+        # an agent runs this on every turn and waits for it: no parser of every command
+        from ctxd.clients.cli_commands.hook import main as hook_main
+
+        return hook_main(args_given[1:], _connection_file)
     parser = build_parser()
     args = parser.parse_args(argv)
     from ctxd.daemon.config import StartupError
