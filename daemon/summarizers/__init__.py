@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from ctxd.daemon.config import Config
@@ -34,12 +35,14 @@ class FallbackSummarizer:
         self.primary = primary
         self.fallback = fallback
         self.name = f"{primary.name} (fallback {fallback.name})"
+        # the size limit reaches each summarizer as it can take it (see summarize)
+        self.honours_size_limit = True
         # (time.time(), message) of the primary's last failure, for `ctxd status`
         self.last_failure: tuple[float, str] | None = None
 
     async def summarize(self, request: SummaryRequest) -> Summary:
         try:
-            return await self.primary.summarize(request)
+            return await self.primary.summarize(as_taken(self.primary, request))
         except Exception as exc:  # any failure of the primary, not only SummarizerError
             reason = str(exc) or type(exc).__name__
             if not isinstance(exc, SummarizerError):
@@ -47,9 +50,25 @@ class FallbackSummarizer:
             self.last_failure = (time.time(), reason)
             log.warning("summarizer %s failed, using %s: %s",
                         self.primary.name, self.fallback.name, reason)
-        summary = await self.fallback.summarize(request)
+        summary = await self.fallback.summarize(as_taken(self.fallback, request))
         summary.summarizer = f"{self.fallback.name} (fallback: {reason[:300]})"
         return summary
+
+
+# a summarizer that does not honour `size_limit_tokens` gets it as its budget, but never
+# below this: a model asked for a handful of tokens answers nothing useful
+MODEL_FLOOR = 200
+
+
+def as_taken(summarizer: Summarizer, request: SummaryRequest) -> SummaryRequest:
+    """`request` as `summarizer` can take it: a size limit below the budget becomes a
+    smaller budget (never below MODEL_FLOOR) for one that does not honour it."""
+    limit = request.size_limit_tokens
+    if limit is None or getattr(summarizer, "honours_size_limit", False):
+        return request
+    budget = request.budget_tokens
+    return replace(request, budget_tokens=min(budget, max(limit, MODEL_FLOOR)),
+                   size_limit_tokens=None)
 
 
 def summarizer_status(summarizer: Summarizer) -> dict[str, Any]:
