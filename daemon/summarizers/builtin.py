@@ -488,4 +488,3 @@ class BuiltinSummarizer:
             text += f": {listed}"
         return _trim(text, self.max_item_chars)
 
-
