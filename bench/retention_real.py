@@ -31,6 +31,8 @@ Measured per transcript and in total:
     python bench/retention_real.py                 # writes bench/results/retention_real.md
     python bench/retention_real.py --quick         # two transcripts
     /work/wt/OTHER/.venv/bin/python bench/retention_real.py --out /tmp/x.md
+    python bench/retention_real.py --data bench/data/heldout \
+        --out bench/results/retention_real_heldout.md   # transcripts never tuned on
 
 `ctxd` is imported from whatever environment runs the script (so another checkout's
 venv measures that checkout); `bench` and the transcripts come from this folder.
@@ -341,8 +343,10 @@ def main() -> None:
     started = time.perf_counter()
     replays, skipped = asyncio.run(measure(paths, lambda s: print(s, flush=True)))
     ctxd_dir = Path(ctxd.__file__).resolve().parent
+    # transcripts of another folder (bench/data/heldout: never used to tune the summarizer)
+    held = "" if args.data.resolve() == DATA.resolve() else f" ({args.data.name})"
     head = (
-        f"# Retention on real conversations\n\n"
+        f"# Retention on real conversations{held}\n\n"
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; ctxd from {ctxd_dir} at "
         f"{revision(ctxd_dir)}; bench at {revision(HERE)}; {machine()}; "
         f"{time.perf_counter() - started:.0f} s in all.\n"
