@@ -174,11 +174,13 @@ def _search(
 
 # What each kind may claim of an overfull summary, least important first: the kinds of
 # the drafts (`_SHARES`) and hedged conclusions, which are kept with their hedge rather
-# than lost with the plain requests and tentative decisions they were filed with.
+# than lost with the plain requests and tentative decisions they were filed with. Shares
+# weigh kinds of one tier against each other: hedged conclusions share theirs with the
+# artifacts, which need fewer lines (the newest few are what the next turns use).
 _CLASS_SHARES: dict[str, float] = {**_SHARES, "hedged": 0.45}
 _CLASS_ORDER = [*_SHARES][:-3] + ["hedged"] + [*_SHARES][-3:]
 
-# tiers: what goes first when the summary must shrink (0), then (1), last (2)
+# tiers: what goes first when the summary must shrink (0), then (1) and (2), last (3)
 _ROUTINE_SECTIONS = frozenset({"tool_activity", "files"})
 # requests of one shape ("Step 12: check module m12.py") repeated this often are routine
 _ROUTINE_REPEATS = 3
@@ -225,8 +227,9 @@ def _drop_plan(
     """The order items go in when the summary is over budget; a prefix is applied.
 
     Tiers first: routine lines (tool activity, files merely mentioned, plain requests,
-    a repeated series of requests) go before everything else; the user's rules in
-    force, live corrections, the agent's own artifacts and hedged conclusions go last.
+    a repeated series of requests) go before everything else; then the other excerpts;
+    then the agent's own artifacts and its hedged conclusions; the user's rules in force
+    and live corrections go last of all.
     Within a tier each kind of item may claim its share of what is left
     (`_CLASS_SHARES`): the kind furthest over its share loses its oldest item next, and
     what a kind does not use goes to the others. So a long session keeps its recent
@@ -248,12 +251,12 @@ def _drop_plan(
             return 0
         if e.section == "goals" and _class(e) == "goals":
             return 0
-        # the agent's own changes and the ids its tools returned, and the conclusions
-        # not yet confirmed, stand beside the rules: nothing else in the context says
-        # what was done and what is still a guess
         if _hard(e) or (e.was and e.status == "current"):
             # the user's rules in force and live corrections go last of all
             return 3
+        # the agent's own changes and the ids its tools returned, and the conclusions
+        # not yet confirmed, come right before the rules: nothing else in the context
+        # says what was done and what is still a guess
         if e.section == "artifacts" or _class(e) == "hedged":
             return 2
         return 1
