@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 # Order matters: it is the order the model reads them in.
@@ -284,3 +284,19 @@ class Summarizer(Protocol):
     async def summarize(self, request: SummaryRequest) -> Summary:
         """Return the new summary: the previous one extended with the leaving messages."""
         ...
+
+
+# a summarizer that does not honour `size_limit_tokens` gets it as its budget, but never
+# below this: a model asked for a handful of tokens answers nothing useful
+MODEL_FLOOR = 200
+
+
+def as_taken(summarizer: Summarizer, request: SummaryRequest) -> SummaryRequest:
+    """`request` as `summarizer` can take it: a size limit below the budget becomes a
+    smaller budget (never below MODEL_FLOOR) for one that does not honour it."""
+    limit = request.size_limit_tokens
+    if limit is None or getattr(summarizer, "honours_size_limit", False):
+        return request
+    budget = request.budget_tokens
+    return replace(request, budget_tokens=min(budget, max(limit, MODEL_FLOOR)),
+                   size_limit_tokens=None)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 from typing import Any
 
 from ctxd.daemon.config import Config
 from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
 from ctxd.daemon.summarizers.openai import OpenAISummarizer, SummarizerError
-from ctxd.daemon.summary import Summarizer, Summary, SummaryRequest
+from ctxd.daemon.summary import Summarizer, Summary, SummaryRequest, as_taken
 
 __all__ = [
     "BuiltinSummarizer",
@@ -53,22 +52,6 @@ class FallbackSummarizer:
         summary = await self.fallback.summarize(as_taken(self.fallback, request))
         summary.summarizer = f"{self.fallback.name} (fallback: {reason[:300]})"
         return summary
-
-
-# a summarizer that does not honour `size_limit_tokens` gets it as its budget, but never
-# below this: a model asked for a handful of tokens answers nothing useful
-MODEL_FLOOR = 200
-
-
-def as_taken(summarizer: Summarizer, request: SummaryRequest) -> SummaryRequest:
-    """`request` as `summarizer` can take it: a size limit below the budget becomes a
-    smaller budget (never below MODEL_FLOOR) for one that does not honour it."""
-    limit = request.size_limit_tokens
-    if limit is None or getattr(summarizer, "honours_size_limit", False):
-        return request
-    budget = request.budget_tokens
-    return replace(request, budget_tokens=min(budget, max(limit, MODEL_FLOOR)),
-                   size_limit_tokens=None)
 
 
 def summarizer_status(summarizer: Summarizer) -> dict[str, Any]:
