@@ -31,6 +31,8 @@ Measured per transcript and in total:
     python bench/retention_real.py                 # writes bench/results/retention_real.md
     python bench/retention_real.py --quick         # two transcripts
     /work/wt/OTHER/.venv/bin/python bench/retention_real.py --out /tmp/x.md
+    python bench/retention_real.py --data bench/data/heldout --tiny \
+        --out bench/results/retention_real_heldout.md   # transcripts never tuned on
 
 `ctxd` is imported from whatever environment runs the script (so another checkout's
 venv measures that checkout); `bench` and the transcripts come from this folder.
@@ -87,13 +89,19 @@ WANT = {"rule": (1, 3), "file": (1, 2), "id": (1, 2, 3)}
 SUMMARY_START = "Context carried over from earlier"
 
 
-def policies() -> dict[str, CompactionPolicy]:
+def policies(tiny: bool = False) -> dict[str, CompactionPolicy]:
+    """The default policy and a small one; with `tiny`, a third that compacts a short
+    transcript often enough for rules to be 5 compactions old (max 16 / keep 6)."""
     default = CompactionPolicy()
     small = dataclasses.replace(default, max_active_messages=40, keep_messages=12)
-    return {
+    out = {
         f"default (max {default.max_active_messages} / keep {default.keep_messages})": default,
         "small (max 40 / keep 12)": small,
     }
+    if tiny:
+        out["tiny (max 16 / keep 6)"] = dataclasses.replace(
+            default, max_active_messages=16, keep_messages=6)
+    return out
 
 
 @dataclass
@@ -292,8 +300,8 @@ def machine() -> str:
             f"{os.cpu_count()} CPUs")
 
 
-async def measure(paths: list[Path], say: Callable[[str], None]) -> tuple[list[Replay],
-                                                                          list[str]]:
+async def measure(paths: list[Path], say: Callable[[str], None], tiny: bool = False
+                  ) -> tuple[list[Replay], list[str]]:
     root = Path(tempfile.mkdtemp(prefix="ctxd-retention-real-"))
     out: list[Replay] = []
     skipped: list[str] = []
@@ -308,7 +316,7 @@ async def measure(paths: list[Path], say: Callable[[str], None]) -> tuple[list[R
             if len(t.messages) < 4:
                 skipped.append(f"{t.name}: only {len(t.messages)} messages imported")
                 continue
-            for p, (name, policy) in enumerate(policies().items()):
+            for p, (name, policy) in enumerate(policies(tiny).items()):
                 try:
                     r = await replay(t, name, policy, root / f"replay-{n}-{p}")
                 except Exception as exc:  # reported; the other transcripts still run
@@ -331,6 +339,8 @@ def main() -> None:
     ap.add_argument("--only", action="append", default=[],
                     help="transcripts whose name contains this (repeatable)")
     ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--tiny", action="store_true",
+                    help="a third policy, max 16 / keep 6, for short transcripts")
     ap.add_argument("--out", type=Path, help="write the report here (default: "
                     "bench/results/retention_real.md, not with --quick or --only)")
     args = ap.parse_args()
@@ -339,10 +349,13 @@ def main() -> None:
     if wanted:
         paths = [p for p in paths if any(w in f"{p.parent.name}/{p.stem}" for w in wanted)]
     started = time.perf_counter()
-    replays, skipped = asyncio.run(measure(paths, lambda s: print(s, flush=True)))
+    replays, skipped = asyncio.run(
+        measure(paths, lambda s: print(s, flush=True), args.tiny))
     ctxd_dir = Path(ctxd.__file__).resolve().parent
+    # transcripts of another folder (bench/data/heldout: never used to tune the summarizer)
+    held = "" if args.data.resolve() == DATA.resolve() else f" ({args.data.name})"
     head = (
-        f"# Retention on real conversations\n\n"
+        f"# Retention on real conversations{held}\n\n"
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; ctxd from {ctxd_dir} at "
         f"{revision(ctxd_dir)}; bench at {revision(HERE)}; {machine()}; "
         f"{time.perf_counter() - started:.0f} s in all.\n"

@@ -141,8 +141,11 @@ class Item:
     final_age: int = 0
 
 
+# "read-only" names a kind of access and "I never said that" tells what happened: no
+# force in either (the same reading as the summarizer's, daemon/summarizers/cues.py)
 DEONTIC = re.compile(
-    r"\b(?:must|never|always|only|do not|don't|dont|make sure|should not|shouldn't)\b"
+    r"\b(?:must|always|(?<!-)only(?!-)|do not|don't|dont|make sure|should not|shouldn't"
+    r"|never(?!\s+(?:said|told|asked|meant|wanted|did|had|was|were|knew|saw|got|thought)\b))\b"
     r"|必须|必須|不要|禁止|务必|務必|只能|不得",
     re.IGNORECASE,
 )

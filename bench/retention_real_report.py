@@ -215,7 +215,8 @@ def render(replays: list[Replay], skipped: list[str]) -> str:
         _rules_row, replays, _rules_by_cue)
     out += [
         "A rule is a sentence of a user message with deontic force (must, never, always, "
-        "only, do not / don't, make sure, should not; 必须, 不要, 禁止, 务必, 只能, 不得) or a "
+        "only, do not / don't, make sure, should not; 必须, 不要, 禁止, 务必, 只能, 不得; not "
+        "\"read-only\" nor \"I never said\") or a "
         "line of an AGENTS.md / CLAUDE.md preamble sent as a user message; present = found "
         "in the model input (system messages, pins + summary, tail) after whitespace "
         "normalisation and case folding. Each distinct rule counts once, at its last "

@@ -134,10 +134,14 @@ def render_summary_message(pins: Sequence[str], summary: Summary) -> str | None:
     if pins:
         parts.append("Pinned (always applies):\n" + "\n".join(f"- {p}" for p in pins))
     if not summary.is_empty():
-        parts.append(
-            "Summary of earlier messages (#N at the end of a line: the N-th message of this "
-            "conversation; [msg N]: an archive id; search_past_messages recalls the full "
-            "text):\n"
-            + summary.render()
+        # a small summary (a few short rules, a short context compacted by hand) gets a
+        # short legend: the long one alone would cost more than the messages it replaces
+        legend = (
+            "Summary of earlier messages (#N: N-th message):\n"
+            if summary.is_small()
+            else "Summary of earlier messages (#N at the end of a line: the N-th message of "
+            "this conversation; [msg N]: an archive id; search_past_messages recalls the "
+            "full text):\n"
         )
+        parts.append(legend + summary.render())
     return "\n\n".join(parts)

@@ -18,7 +18,7 @@ from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.messages import for_model, strip_archive_fields
 from ctxd.daemon.stores.base import ArchiveStore
-from ctxd.daemon.summary import Summarizer, Summary, SummaryItem, SummaryRequest
+from ctxd.daemon.summary import Summarizer, Summary, SummaryItem, SummaryRequest, as_taken
 from ctxd.daemon.tokens import TokenCounter
 
 # messages read per page when a compaction reads the archive from the start
@@ -26,10 +26,6 @@ ARCHIVE_PAGE = 2000
 
 # ordinals counted per compaction for sources cited before ordinals were kept
 _BACKFILL = 32
-
-# a summarizer that does not honour `size_limit_tokens` gets it as its budget, but never
-# below this: a model asked for a handful of tokens answers nothing useful
-_MODEL_FLOOR = 200
 
 
 def rederives(
@@ -144,7 +140,6 @@ async def summarize(
     # batches: one hop to its worker thread instead of one per 200 messages)
     chunk = max(1, getattr(summarizer, "chunk_messages", 0) or policy.rebuild_chunk_messages)
     budget = policy.summary_budget_tokens
-    honours = bool(getattr(summarizer, "honours_size_limit", False))
     summary = previous
     allowed = previous.all_sources()
     for start in range(0, len(leaving), chunk):
@@ -153,19 +148,18 @@ async def summarize(
         # the chunks before the last one are steps: only the result is bounded
         last = start + chunk >= len(leaving)
         limit = size_limit if last and size_limit is not None and size_limit < budget else None
-        request = SummaryRequest(
+        # a summarizer that cannot honour the limit gets it as a smaller budget
+        request = as_taken(summarizer, SummaryRequest(
             session_id=session_id,
             previous=summary,
             messages=[{**for_model(strip_archive_fields(m)), "id": m["id"]} for m in part],
             pins=pins,
             instructions=instructions,
-            budget_tokens=(
-                budget if limit is None or honours else min(budget, max(limit, _MODEL_FLOOR))
-            ),
+            budget_tokens=budget,
             count_tokens=tokens.count_text,
             ordinals=ordinals,
-            size_limit_tokens=limit if honours else None,
-        )
+            size_limit_tokens=limit,
+        ))
         summary = await run_summarizer(summarizer, request)
         problems = check_summary(summary, allowed)
         if problems:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 # Order matters: it is the order the model reads them in.
@@ -99,6 +99,49 @@ class SummaryItem:
 
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
 
+# a summary whose items hold at most this many characters (about 8 each for marks and
+# pointers) is small: see Summary.is_small
+SMALL_SUMMARY_CHARS = 720
+_CJK_STOPS = ("。", "！", "？", "；")
+
+
+def _plain(item: SummaryItem) -> bool:
+    return item.status == "current" and not item.unconfirmed and not item.was
+
+
+def _joined_lines(items: list[SummaryItem], ordinals: dict[int, int]) -> list[str]:
+    """The lines of a small summary's section: neighbouring plain items (no mark, no old
+    value) share one line and one pointer, `#first-last`, the range of the messages
+    they were last stated in; each keeps its own words, its sources stay in explain."""
+    out: list[str] = []
+    run: list[SummaryItem] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            out.append(run[0].line(ordinals))
+        elif run:
+            at = [ordinals.get(i.sources[-1]) for i in run if i.sources]
+            known = [n for n in at if n is not None]
+            ref = ""
+            if known:
+                lo, hi = min(known), max(known)
+                ref = f" #{lo}" if lo == hi else f" #{lo}-{hi}"
+            text = run[0].text
+            for item in run[1:]:
+                # Chinese runs on after its own full stop; a space would cost a token
+                text += item.text if text.endswith(_CJK_STOPS) else " " + item.text
+            out.append(f"- {text}{ref}")
+        run.clear()
+
+    for item in items:
+        if _plain(item) and item.sources and item.sources[-1] in ordinals:
+            run.append(item)
+        else:
+            flush()
+            out.append(item.line(ordinals))
+    flush()
+    return out
+
 
 def _pointer(sources: list[int], ordinals: dict[int, int]) -> str:
     """`#N`: where the item was last stated, as the message's ordinal in its session
@@ -140,9 +183,18 @@ class Summary:
     def is_empty(self) -> bool:
         return self.item_count() == 0
 
+    def is_small(self) -> bool:
+        """A handful of short lines: the summary of a short context (a few rules, a few
+        requests), where the header and a pointer per line would cost more than the
+        messages it replaces. Such a summary is written compactly."""
+        return bool(self.ordinals) and sum(
+            len(i.text) + 8 for _, i in self.items()
+        ) <= SMALL_SUMMARY_CHARS
+
     def render(self) -> str:
         """Plain text the model reads inside the context's summary system message."""
         lines: list[str] = []
+        small = self.is_small()
         for name, title in SECTIONS.items():
             items = self.sections.get(name) or []
             if not items:
@@ -152,7 +204,10 @@ class Summary:
             # no pointer (context/explain has its sources), so pointers stay a small share.
             # Without ordinals (a summary from before them) every line keeps its id.
             bare = bool(self.ordinals) and name in UNPOINTED
-            lines.extend(item.line(self.ordinals, pointer=not bare) for item in items)
+            if small and not bare:
+                lines.extend(_joined_lines(items, self.ordinals))
+            else:
+                lines.extend(item.line(self.ordinals, pointer=not bare) for item in items)
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -229,3 +284,19 @@ class Summarizer(Protocol):
     async def summarize(self, request: SummaryRequest) -> Summary:
         """Return the new summary: the previous one extended with the leaving messages."""
         ...
+
+
+# a summarizer that does not honour `size_limit_tokens` gets it as its budget, but never
+# below this: a model asked for a handful of tokens answers nothing useful
+MODEL_FLOOR = 200
+
+
+def as_taken(summarizer: Summarizer, request: SummaryRequest) -> SummaryRequest:
+    """`request` as `summarizer` can take it: a size limit below the budget becomes a
+    smaller budget (never below MODEL_FLOOR) for one that does not honour it."""
+    limit = request.size_limit_tokens
+    if limit is None or getattr(summarizer, "honours_size_limit", False):
+        return request
+    budget = request.budget_tokens
+    return replace(request, budget_tokens=min(budget, max(limit, MODEL_FLOOR)),
+                   size_limit_tokens=None)

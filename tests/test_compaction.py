@@ -304,7 +304,7 @@ def test_pins_render_first_and_survive_rebuild(engine: Engine) -> None:
     ctx = engine.context_messages(sid)
     assert ctx[0]["content"] == "sys"
     assert "Pinned" in ctx[1]["content"]
-    assert ctx[1]["content"].index("release branch") < ctx[1]["content"].index("Summary")
+    assert ctx[1]["content"].index("release branch") < ctx[1]["content"].index("Summary of")
     rebuilt = asyncio.run(engine.rebuild(sid))
     assert rebuilt["compactionId"]
     assert "release branch" in engine.context_messages(sid)[1]["content"]

@@ -171,6 +171,51 @@ def test_the_marker_is_carried_until_the_archive_confirms_it() -> None:
     assert not confirmed.sections["decisions"][0].unconfirmed
 
 
+def test_a_users_statement_and_its_hedge_are_one_guess_apart_from_the_request() -> None:
+    summary = run([
+        user(1, "The gateway memory growth is caused by the job queue. "
+                "I haven't confirmed that. Look at the parser handler again."),
+        user(2, "搜索的内存增长是任务队列导致的。不过这只是推测。请整理一下解析器模块。"),
+    ])
+    assert [(i.text, i.unconfirmed) for i in summary.sections["open_items"]] == [
+        ("The gateway memory growth is caused by the job queue. I haven't confirmed that.",
+         True),
+        ("搜索的内存增长是任务队列导致的。 不过这只是推测。", True),
+    ]
+    # the requests stay goals of their own, with no hedge that is not theirs
+    goals = [(i.text, i.unconfirmed) for i in summary.sections["goals"]]
+    assert goals == [("Look at the parser handler again.", False),
+                     ("请整理一下解析器模块。", False)]
+
+
+def test_hedged_conclusions_outlast_routine_lines_and_old_artifacts_under_the_budget(
+) -> None:
+    """Guesses are kept, with their hedge, before files merely mentioned, tool activity
+    and the oldest artifacts; the rules in force are kept before all of them."""
+    messages = [user(1, "Never push to main.")]
+    mid = 2
+    for n in range(30):
+        messages.append(assistant(mid, None, call(f"c{n}", "write_file",
+                                                  path=f"src/pkg/module_{n}.py")))
+        messages.append(result(mid + 1, f"c{n}", "ok"))
+        messages.append(assistant(mid + 2, f"The slowdown {n} is probably due to cache {n}."))
+        mid += 3
+    whole = run(messages)
+    tight = run(messages, budget=whole_size(whole) * 2 // 3)
+    guesses = [i.text for i in tight.sections["open_items"]]
+    assert all(i.unconfirmed for i in tight.sections["open_items"])
+    assert "Never push to main." in [i.text for i in tight.sections["constraints"]]
+    artifacts = tight.sections.get("artifacts", [])
+    # more of the 30 guesses than of the 30 files written survive, the newest of each
+    assert len(guesses) > len(artifacts)
+    assert guesses[-1] == "The slowdown 29 is probably due to cache 29."
+    assert "tool_activity" not in tight.sections or len(tight.sections["tool_activity"]) <= 1
+
+
+def whole_size(summary: Summary) -> int:
+    return len(summary.render()) // 3
+
+
 # ------------------------------------------------------------------- artifacts
 
 

@@ -281,6 +281,35 @@ def test_agents_md_bullets_are_constraints_verbatim() -> None:
     ]
 
 
+def test_a_preamble_rule_that_introduces_a_list_keeps_its_items() -> None:
+    codex = (
+        "# AGENTS.md instructions for /repo\n\n"
+        "## Failure handling\n"
+        "- If **all** providers fail, **do not finalize**. Return a minimal plan that "
+        "includes:\n\n"
+        "  - The attempted providers and errors\n"
+        "  - A safe, read-only analysis and suggested next checks.\n"
+        "**Safety Gate checklist:**\n"
+        "1. **Execution scope** is read-only or hermetic.\n"
+        "- 提交前必须完成以下检查：\n"
+        "  - 运行单元测试\n"
+        "  - 检查格式\n"
+        "\n"
+        "  An indented remark, outside the list.\n"
+        "- Never push to main.\n"
+    )
+    summary = run(users(codex))
+    assert texts(summary, "constraints") == [
+        "If **all** providers fail, **do not finalize**. Return a minimal plan that "
+        "includes: The attempted providers and errors; A safe, read-only analysis and "
+        "suggested next checks.",
+        "提交前必须完成以下检查： 运行单元测试; 检查格式",
+        "Never push to main.",
+    ]
+    # a checklist under a lead-in with no force of its own is not a rule
+    assert not any("hermetic" in t for _, i in summary.items() for t in [i.text])
+
+
 # -------------------------------------------------------- boilerplate left out
 
 

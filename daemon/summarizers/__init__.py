@@ -9,7 +9,7 @@ from typing import Any
 from ctxd.daemon.config import Config
 from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
 from ctxd.daemon.summarizers.openai import OpenAISummarizer, SummarizerError
-from ctxd.daemon.summary import Summarizer, Summary, SummaryRequest
+from ctxd.daemon.summary import Summarizer, Summary, SummaryRequest, as_taken
 
 __all__ = [
     "BuiltinSummarizer",
@@ -34,12 +34,14 @@ class FallbackSummarizer:
         self.primary = primary
         self.fallback = fallback
         self.name = f"{primary.name} (fallback {fallback.name})"
+        # the size limit reaches each summarizer as it can take it (see summarize)
+        self.honours_size_limit = True
         # (time.time(), message) of the primary's last failure, for `ctxd status`
         self.last_failure: tuple[float, str] | None = None
 
     async def summarize(self, request: SummaryRequest) -> Summary:
         try:
-            return await self.primary.summarize(request)
+            return await self.primary.summarize(as_taken(self.primary, request))
         except Exception as exc:  # any failure of the primary, not only SummarizerError
             reason = str(exc) or type(exc).__name__
             if not isinstance(exc, SummarizerError):
@@ -47,7 +49,7 @@ class FallbackSummarizer:
             self.last_failure = (time.time(), reason)
             log.warning("summarizer %s failed, using %s: %s",
                         self.primary.name, self.fallback.name, reason)
-        summary = await self.fallback.summarize(request)
+        summary = await self.fallback.summarize(as_taken(self.fallback, request))
         summary.summarizer = f"{self.fallback.name} (fallback: {reason[:300]})"
         return summary
 

@@ -108,16 +108,51 @@ def _rule_text(line: str) -> str:
     return m.group(1) if m else line.strip()
 
 
+# a rule that introduces a list takes at most this many of its items
+_LIST_ITEMS = 8
+_EMPHASIS_END = re.compile(r"[*_\s]+$")
+
+
+def _introduces_list(text: str) -> bool:
+    return _EMPHASIS_END.sub("", text).endswith((":", "："))
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
 def _rule_lines(block: str) -> list[str]:
     """The lines of a rules block that state a rule: bullets and numbered items, and
-    plain lines of prose outside headings and tags."""
+    plain lines of prose outside headings and tags. A rule that ends in a colon ("…do
+    not finalize. Return a minimal plan that includes:") takes the items nested under
+    it, which are what it asks for, on its own line."""
     out: list[str] = []
-    for line in block.splitlines():
+    lines = block.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
         s = line.strip()
         if not s or s.startswith(("#", "<", "```", "|")):
             continue
         m = _RULE_LINE.match(line)
-        out.append(m.group(1) if m else s)
+        text = m.group(1) if m else s
+        if _introduces_list(text) and _is_deontic(text):
+            items: list[str] = []
+            j = i
+            while j < len(lines) and len(items) < _LIST_ITEMS:
+                if not lines[j].strip():  # a loose list: blank lines between its items
+                    j += 1
+                    continue
+                nested = _RULE_LINE.match(lines[j])
+                if not nested or _indent(lines[j]) <= _indent(line):
+                    break
+                items.append(nested.group(1).rstrip(";；"))
+                j += 1
+                i = j
+            if items:
+                text = f"{text} {'; '.join(items)}"
+        out.append(text)
     return out
 
 
@@ -166,3 +201,4 @@ def clean(text: str) -> Cleaned:
             text = "\n".join(rest)
     text = _LEFTOVER_TAG.sub("", text)
     return Cleaned(text.strip(), rules, boilerplate=not text.strip() and not rules)
+

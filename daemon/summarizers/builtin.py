@@ -223,7 +223,10 @@ class BuiltinSummarizer:
         last: _Entry | None = None
         # "Do NOT:" or "必须：" before a list: each item of the list is one of its rules
         lead: str | None = None
-        for unit in units(text):
+        # the unit index of the sentence last added to `goal`: a hedge right after a
+        # statement ("X is caused by Y. I haven't confirmed that.") binds to it alone
+        goal_unit = -2
+        for index, unit in enumerate(units(text)):
             if unit.pasted:
                 # pasted output is evidence: its error line is kept below, nothing of it
                 # is a rule, a request or a decision
@@ -247,6 +250,15 @@ class BuiltinSummarizer:
             if hedged and qualifies_previous(sentence, hedged):
                 if last is not None:
                     last.unconfirmed = True
+                elif goal and goal_unit == index - 1 and not is_request(goal[-1]):
+                    # a statement, not a request: it and its hedge are a guess of their
+                    # own, kept apart from the requests around them
+                    last = draft.add(
+                        "open_items",
+                        trim_keeping_hedge(f"{goal.pop()} {sentence}", self.max_item_chars),
+                        [mid],
+                        unconfirmed=True,
+                    )
                 else:
                     goal_hedged = goal_hedged or bool(goal)
                     goal.append(sentence)
@@ -292,6 +304,7 @@ class BuiltinSummarizer:
                 draft.add("errors", _trim(sentence, self.max_item_chars), [mid])
             goal_hedged = goal_hedged or hedged
             goal.append(sentence)
+            goal_unit = index
         pasted = _error_excerpt(text) if may_fail else None
         if pasted:
             draft.add("errors", _trim(pasted, self.max_item_chars), [mid])
@@ -474,5 +487,4 @@ class BuiltinSummarizer:
         if listed:
             text += f": {listed}"
         return _trim(text, self.max_item_chars)
-
 

@@ -7,7 +7,7 @@ import re
 import string
 from collections import deque
 
-from ctxd.daemon.summarizers.cues import _CONSTRAINT, _key_terms, _trim
+from ctxd.daemon.summarizers.cues import _CJK_RUN, _CONSTRAINT, _key_terms, _trim
 from ctxd.daemon.summarizers.draft import _SHARES, _Draft, _Entry, _share_class
 from ctxd.daemon.summarizers.facts import trim_keeping_hedge
 from ctxd.daemon.summary import SECTIONS, UNPOINTED, Summary, SummaryItem, SummaryRequest
@@ -174,11 +174,13 @@ def _search(
 
 # What each kind may claim of an overfull summary, least important first: the kinds of
 # the drafts (`_SHARES`) and hedged conclusions, which are kept with their hedge rather
-# than lost with the plain requests and tentative decisions they were filed with.
-_CLASS_SHARES: dict[str, float] = {**_SHARES, "hedged": 0.20}
+# than lost with the plain requests and tentative decisions they were filed with. Shares
+# weigh kinds of one tier against each other: hedged conclusions share theirs with the
+# artifacts, which need fewer lines (the newest few are what the next turns use).
+_CLASS_SHARES: dict[str, float] = {**_SHARES, "hedged": 0.45}
 _CLASS_ORDER = [*_SHARES][:-3] + ["hedged"] + [*_SHARES][-3:]
 
-# tiers: what goes first when the summary must shrink (0), then (1), last (2)
+# tiers: what goes first when the summary must shrink (0), then (1) and (2), last (3)
 _ROUTINE_SECTIONS = frozenset({"tool_activity", "files"})
 # requests of one shape ("Step 12: check module m12.py") repeated this often are routine
 _ROUTINE_REPEATS = 3
@@ -186,7 +188,9 @@ _DIGITS = re.compile(r"\d+")
 
 
 def _class(e: _Entry) -> str:
-    if e.unconfirmed and e.status == "current" and e.section in ("goals", "decisions"):
+    if e.unconfirmed and e.status == "current" and e.section in (
+        "goals", "decisions", "open_items"
+    ):
         return "hedged"
     return _share_class(e)
 
@@ -223,8 +227,9 @@ def _drop_plan(
     """The order items go in when the summary is over budget; a prefix is applied.
 
     Tiers first: routine lines (tool activity, files merely mentioned, plain requests,
-    a repeated series of requests) go before everything else; the user's rules in
-    force, live corrections, the agent's own artifacts and hedged conclusions go last.
+    a repeated series of requests) go before everything else; then the other excerpts;
+    then the agent's own artifacts and its hedged conclusions; the user's rules in force
+    and live corrections go last of all.
     Within a tier each kind of item may claim its share of what is left
     (`_CLASS_SHARES`): the kind furthest over its share loses its oldest item next, and
     what a kind does not use goes to the others. So a long session keeps its recent
@@ -246,15 +251,13 @@ def _drop_plan(
             return 0
         if e.section == "goals" and _class(e) == "goals":
             return 0
+        if _hard(e) or (e.was and e.status == "current"):
+            # the user's rules in force and live corrections go last of all
+            return 3
         # the agent's own changes and the ids its tools returned, and the conclusions
-        # not yet confirmed, stand beside the rules: nothing else in the context says
-        # what was done and what is still a guess
-        if (
-            _hard(e)
-            or (e.was and e.status == "current")
-            or e.section == "artifacts"
-            or _class(e) == "hedged"
-        ):
+        # not yet confirmed, come right before the rules: nothing else in the context
+        # says what was done and what is still a guess
+        if e.section == "artifacts" or _class(e) == "hedged":
             return 2
         return 1
 
@@ -268,13 +271,14 @@ def _drop_plan(
     # A long rule loses its tail before any rule of its tier is lost, and a long hedged
     # statement its middle (the hedge stays) before any of them is lost.
     trims: dict[int, dict[str, deque[tuple[_Entry, str]]]] = {
-        level: {"constraints": deque(), "hedged": deque()} for level in (0, 1, 2)
+        level: {"constraints": deque(), "hedged": deque()} for level in (0, 1, 2, 3)
     }
     for e in sorted((e for es in entries.values() for e in es), key=_Entry.recency):
         cls = _class(e)
         if cls == "constraints" or (cls == "hedged" and e.section != "constraints"):
-            short = (_trim(e.text, truncated_chars) if cls == "constraints"
-                     else trim_keeping_hedge(e.text, truncated_chars))
+            chars = _trim_chars(e.text, truncated_chars)
+            short = (_trim(e.text, chars) if cls == "constraints"
+                     else trim_keeping_hedge(e.text, chars))
             if short != e.text:
                 trims[tier(e)][cls].append((e, short))
 
@@ -317,13 +321,23 @@ def _drop_plan(
     # the newest item of each section goes after every other item, but before the
     # items the instructions ask for: those are kept first
     for keep_focus in (False, True):
-        for level in (0, 1, 2):
+        for level in (0, 1, 2, 3):
             drain(
                 [e for e in every if favoured(e) == keep_focus and tier(e) == level],
                 trims[level] if not keep_focus else {},
             )
         ops.extend(("drop", e, "") for e in floors if favoured(e) == keep_focus)
     return ops
+
+
+def _trim_chars(text: str, chars: int) -> int:
+    """The length a long item is shortened to: about the same number of tokens whatever
+    the script, so Chinese (a token a character, against four or five for English) is
+    cut to fewer characters."""
+    cjk = sum(len(r) for r in _CJK_RUN.findall(text))
+    if cjk * 3 < len(text):
+        return chars
+    return max(24, chars * 2 // 5)
 
 
 def _item(e: _Entry, text: str) -> SummaryItem:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from ctxd.daemon.summarizers.contract import _same_statement, contract_problems
@@ -147,8 +148,11 @@ def merge(
     anchor: Summary,
     reference: Summary,
     span: list[int],
+    size_limit: int | None = None,
 ) -> Summary:
-    """`extracted` with the model's items merged in, within the request's budget.
+    """`extracted` with the model's items merged in, within the request's budget and
+    within `size_limit` (when given) but for the user's rules in force, which are kept
+    whole past it as the extractor keeps them.
 
     `reference` is the extractor's reading of the span with room for everything: what
     a model item is held to (superseded values, hedges).
@@ -182,7 +186,9 @@ def merge(
         supersessions=dict(extracted.supersessions),
         ordinals=dict(request.ordinals),
     )
-    _fit(merged, request)
+    _fit(merged, request.budget_tokens, request.count_tokens)
+    if size_limit is not None and size_limit < request.budget_tokens:
+        _fit(merged, size_limit, request.count_tokens, keep_rules=True)
     cited = merged.all_sources()
     merged.ordinals = {k: v for k, v in request.ordinals.items() if k in cited}
     return merged
@@ -205,10 +211,12 @@ def _newest(item: SummaryItem) -> int:
     return max(item.sources, default=0)
 
 
-def _fit(summary: Summary, request: SummaryRequest) -> None:
-    """Drop items until the summary renders within the budget (see the module's doc)."""
-    budget = request.budget_tokens
-    count = request.count_tokens
+def _fit(
+    summary: Summary, budget: int, count: Callable[[str], int], keep_rules: bool = False
+) -> None:
+    """Drop items until the summary renders within `budget` (see the module's doc);
+    with `keep_rules`, the current constraints are never dropped (a size limit below
+    the budget: the rules in force are kept whole past it)."""
 
     def size() -> int:
         return count(summary.render())
@@ -242,9 +250,10 @@ def _fit(summary: Summary, request: SummaryRequest) -> None:
         [("artifacts", i) for i in summary.sections.get("artifacts", [])],
         [("constraints", i) for i in summary.sections.get("constraints", [])
          if i.status != "current"],
-        [("constraints", i) for i in summary.sections.get("constraints", [])
-         if i.status == "current"],
     ]
+    if not keep_rules:
+        tiers.append([("constraints", i) for i in summary.sections.get("constraints", [])
+                      if i.status == "current"])
     for tier in tiers:
         for name, item in sorted(tier, key=lambda p: _newest(p[1])):
             if size() <= budget:

@@ -133,6 +133,13 @@ class OpenAISummarizer:
         self._full_schema = summary_schema()
         self._model_schema = summary_schema(MODEL_SECTIONS, full_items=False)
 
+    @property
+    def honours_size_limit(self) -> bool:
+        """Beside the extractor, the merged summary is fitted to `size_limit_tokens` as
+        the built-in one is: the user's rules in force whole past it, the rest within
+        it. A model alone gets the limit as a smaller budget instead."""
+        return self.config.with_extractor
+
     # ------------------------------------------------------------ public API
 
     async def summarize(self, request: SummaryRequest) -> Summary:
@@ -185,7 +192,9 @@ class OpenAISummarizer:
                     self.context_window,
                 )
             numbered = part if (part > 1 or pending) else None
-            summary = await self._summarize_chunk(request, summary, chunk, numbered)
+            summary = await self._summarize_chunk(
+                request, summary, chunk, numbered, last=not pending
+            )
         return summary
 
     # ------------------------------------------------------------- chunking
@@ -196,6 +205,10 @@ class OpenAISummarizer:
         # the model's share is half the budget.
         budget = request.budget_tokens
         if self.config.with_extractor:
+            # the size limit bounds the merged summary: the model is asked for its half
+            limit = request.size_limit_tokens
+            if limit is not None:
+                budget = min(budget, limit)
             budget //= 2
         return max(50, min(budget, int(self.config.max_output_tokens * 0.7)))
 
@@ -271,10 +284,13 @@ class OpenAISummarizer:
         anchor: Summary,
         chunk: list[tuple[int | None, str]],
         part: int | None,
+        last: bool = True,
     ) -> Summary:
         ids = [mid for mid, _ in chunk if mid is not None]
         if self.config.with_extractor:
-            return await self._summarize_beside_extractor(request, anchor, chunk, ids, part)
+            return await self._summarize_beside_extractor(
+                request, anchor, chunk, ids, part, last
+            )
         allowed = anchor.all_sources() | set(ids)
         messages = self._prompt(request, anchor, [text for _, text in chunk], part)
         verdict = _Verdict()
@@ -331,8 +347,11 @@ class OpenAISummarizer:
         chunk: list[tuple[int | None, str]],
         ids: list[int],
         part: int | None,
+        last: bool = True,
     ) -> Summary:
-        """The extractor's summary of the chunk with the model's items merged in."""
+        """The extractor's summary of the chunk with the model's items merged in; the
+        last chunk's within the request's size limit too."""
+        limit = request.size_limit_tokens if last else None
         messages = self._prompt(request, anchor, [text for _, text in chunk], part)
         content, finish_reason = await self._complete(
             messages, self._model_schema, self._max_tokens(request)
@@ -359,12 +378,13 @@ class OpenAISummarizer:
                 budget_tokens=request.budget_tokens,
                 count_tokens=request.count_tokens,
                 ordinals=dict(request.ordinals),
+                size_limit_tokens=limit,
             )
         )
         ref = reference(request, anchor, ids)
         evidence = "\n".join(text for _, text in chunk) + "\n" + anchor.render()
         found = model_items(obj, ids, anchor, evidence)
-        merged = merge(extracted, found, request, anchor, ref, ids)
+        merged = merge(extracted, found, request, anchor, ref, ids, limit)
         summary = self._finish(request, anchor, merged.sections, ids, ref)
         summary.supersessions = {**extracted.supersessions, **summary.supersessions}
         counts = origin_counts(summary)
