@@ -21,21 +21,15 @@ from helpers import DaemonProcess
 from test_protocol_table import GOOD
 
 from ctxd.clients.client import AsyncClient, Client
-from ctxd.daemon import context_edit, recall
-from ctxd.daemon.dispatch import Dispatcher
+from ctxd.daemon import dispatch  # noqa: F401  (every handler registered)
 from ctxd.daemon.engine import Engine
 from ctxd.protocol import schema, types
 from ctxd.protocol.errors import InvalidMessage, InvalidParams, NotFound
-from ctxd.protocol.methods import METHODS, NOTIFICATIONS, validate_params
+from ctxd.protocol.handlers import HANDLERS
+from ctxd.protocol.methods import METHODS, NOTIFICATIONS, RESULTS, validate_params
 from ctxd.protocol.schema import PARAMS
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
-OWNERS: dict[str, Any] = {
-    "engine": Engine,
-    "context_edit": context_edit,
-    "recall": recall,
-    "dispatcher": Dispatcher,
-}
 
 
 def _snake(name: str) -> str:
@@ -44,18 +38,20 @@ def _snake(name: str) -> str:
 
 @pytest.mark.parametrize("name", list(METHODS))
 def test_every_method_has_a_handler_taking_its_params(name: str) -> None:
-    method = METHODS[name]
-    owner, _, func = method.handler.partition(".")
-    fn = getattr(OWNERS[owner], func, None)
-    assert callable(fn), f"{name}: handler {method.handler} does not exist"
-    accepted = inspect.signature(fn).parameters
-    if owner == "dispatcher":
+    handler = HANDLERS[name]
+    assert handler.method is METHODS[name]
+    accepted = inspect.signature(handler.function).parameters
+    if handler.connection:
+        assert handler.owner == "Dispatcher", name
         assert list(accepted)[1:3] == ["conn", "p"], f"{name}: a dispatcher handler takes (conn, p)"
+        # the Struct it is given is the one its annotation names
+        assert accepted["p"].annotation == METHODS[name].params.__name__, name
         return
-    lead = ["self"] if owner == "engine" else ["engine"]
+    assert handler.owner in (None, *(c.__name__ for c in Engine.__mro__)), name
+    lead = ["self"] if handler.owner is not None else ["engine"]
     assert list(accepted)[: len(lead)] == lead, name
-    for param in method.param_names:
-        assert _snake(param) in accepted, f"{name}: {method.handler} lacks {_snake(param)}"
+    for field in METHODS[name].fields:
+        assert field.attr in accepted, f"{name}: {handler.function.__qualname__} lacks {field.attr}"
 
 
 @pytest.mark.parametrize("name", list(METHODS))
@@ -136,20 +132,20 @@ def test_run_finish_with_a_refused_message_leaves_the_run_open(daemon: DaemonPro
 
 def test_every_method_and_notification_is_typed() -> None:
     assert set(PARAMS) == set(METHODS)
-    assert set(types.RESULTS) == set(METHODS), "a method without a typed result"
+    assert set(RESULTS) == set(METHODS), "a method without a typed result"
     assert set(types.NOTIFICATIONS) == set(NOTIFICATIONS)
     for name, method in METHODS.items():
-        fields = PARAMS[name].__struct_fields__
-        assert fields == method.param_names, name
+        assert PARAMS[name] is method.params
+        assert PARAMS[name].__struct_encode_fields__ == method.param_names, name
 
 
 @pytest.mark.parametrize("name", list(METHODS))
 def test_params_struct_accepts_what_the_table_accepts(name: str) -> None:
     good = GOOD[name]
-    assert validate_params(name, good).keys() == set(METHODS[name].param_names)
+    # the daemon's checks and a plain decode of the JSON into the Struct agree
     decoded = msgspec.json.decode(msgspec.json.encode(good), type=PARAMS[name])
-    assert msgspec.structs.asdict(decoded).keys() == set(METHODS[name].param_names)
-    for p in METHODS[name].params:
+    assert validate_params(name, good) == decoded
+    for p in METHODS[name].fields:
         if p.type == "string" and p.max is not None:
             bad = {**good, p.name: "x" * (int(p.max) + 1)}
             with pytest.raises(InvalidParams):
@@ -181,7 +177,7 @@ def test_real_replies_and_notifications_have_the_declared_types(daemon: DaemonPr
     seen: dict[str, Any] = {}
 
     def call(method: str, result: Any) -> Any:
-        seen[method] = msgspec.convert(result, types.RESULTS[method])
+        seen[method] = msgspec.convert(result, RESULTS[method])
         return result
 
     with daemon.client("zmq") as c:
