@@ -20,6 +20,7 @@ import pytest
 from helpers import DaemonProcess
 from test_protocol_table import GOOD
 
+from ctxd.clients import gen_methods
 from ctxd.clients.client import AsyncClient, Client
 from ctxd.daemon import dispatch  # noqa: F401  (every handler registered)
 from ctxd.daemon.engine import Engine
@@ -68,6 +69,23 @@ def test_every_method_has_a_client_method_taking_its_params(name: str) -> None:
             assert _snake(param) in accepted or extra, (
                 f"{name}: {cls.__name__}.{method.client}() cannot send {param}"
             )
+
+
+def test_client_calls_are_generated_from_the_table(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert gen_methods.main(["--check"]) == 0, "run python -m ctxd.clients.gen_methods"
+    out = tmp_path / "client_methods.py"
+    assert gen_methods.main(["--output", str(out)]) == 0
+    out.write_text(out.read_text().replace("sessionId=session_id", "session_id=session_id"))
+    assert gen_methods.main(["--check", "--output", str(out)]) == 1
+    assert "stale" in capsys.readouterr().err
+    # the LSP and MCP servers and the CLI send through these calls, not raw names
+    clients = Path(gen_methods.__file__).resolve().parent
+    for path in [*clients.glob("lsp/*.py"), clients / "mcp_server.py",
+                 clients / "cli.py", *clients.glob("cli_commands/*.py"),
+                 *clients.glob("commands*.py")]:
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"\.call\(\s*\"", text), f"{path.name} sends a raw method name"
 
 
 def test_every_method_has_a_docs_entry() -> None:
