@@ -4,7 +4,7 @@
     python -m ctxd.protocol.gen_docs --check    # exit 1 when the file is stale
     python -m ctxd.protocol.gen_docs --stdout   # print instead of writing
 
-The document is a pure function of `methods.py`, `types.py`, `errors.py` and
+The document is a pure function of the table (`table_*.py`), `types.py`, `errors.py` and
 `connection.py`, so the check catches a table change committed without its documentation.
 """
 
@@ -276,7 +276,7 @@ def render() -> str:
     out: list[str] = [
         "# ctxd protocol",
         "",
-        "<!-- Generated from protocol/methods.py by `python -m ctxd.protocol.gen_docs`;"
+        "<!-- Generated from protocol/table_*.py by `python -m ctxd.protocol.gen_docs`;"
         " edit the table there, not this file. -->",
         "",
         _OVERVIEW.rstrip("\n"),
