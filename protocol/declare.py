@@ -10,6 +10,7 @@ assembles them into the one table every wire and client reads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -152,7 +153,8 @@ class Method:
     client: str = ""
     # When set, the handler's return value is the result's member of this name.
     wrap: str | None = None
-    fields: tuple[Field, ...] = ()
+    # the params Struct's fields as docs and error texts read them (derived, not declared)
+    fields: tuple[Field, ...] = dataclass_field(default=(), init=False)
 
     def __post_init__(self) -> None:
         if not self.client.isidentifier():

@@ -1,10 +1,11 @@
 """Params converted into each method's Struct, with the error texts clients read.
 
-A well-formed request takes one `msgspec.convert` into the method's params Struct (the
-bounds, choices and unknown-field check are the Struct's own). Whatever that refuses, and
-the few values it cannot judge alone (null meaning absent, integral floats for integers,
-lone surrogates, non-finite numbers), go through `_explain`, which names the parameter the
-way clients have always been told (`data.param`, did-you-mean, the bound broken).
+A well-formed request takes one pass over its values (null means absent; text must be
+valid Unicode) and one `msgspec.convert` into the method's params Struct, whose types
+hold the bounds, the choices and the refusal of unknown fields. Whatever that refuses,
+and what it cannot judge alone (integral floats for integers, lone surrogates, non-finite
+numbers), goes through `_explain`, which names the parameter the way clients have always
+been told (`data.param`, did-you-mean, the bound broken).
 """
 
 from __future__ import annotations
@@ -165,6 +166,7 @@ def make_validator(methods: dict[str, Method]) -> Callable[[str, Any], Params]:
     """The `validate_params` of one table."""
     convert = msgspec.convert
     error = msgspec.ValidationError
+    known = {name: frozenset(m.param_names) for name, m in methods.items()}
 
     def validate_params(method: str, params: Any) -> Params:
         """Check `params` against `method`'s table and return its params Struct.
@@ -189,16 +191,27 @@ def make_validator(methods: dict[str, Method]) -> Callable[[str, Any], Params]:
                 )
             elif not isinstance(params, dict):
                 raise InvalidParams(f"{method}: params must be an object, got {_type_name(params)}")
+        given = params
         for value in params.values():
-            # values the Struct cannot judge alone take the slow path
+            # what the Struct cannot judge alone: checked here, or left to the slow path
             kind = type(value)
-            if value is None or kind is float or kind is tuple or (
-                kind is str and not value.isascii()
-            ):
+            if kind is str:
+                if not value.isascii():
+                    try:  # a lone surrogate (JSON "\ud800") is not text SQLite can store
+                        value.encode("utf-8")
+                    except UnicodeEncodeError:
+                        return _explain(m, params)
+            elif value is None:
+                if given is params:  # null counts as absent: the field's default
+                    given = {k: v for k, v in params.items() if v is not None}
+            elif (kind is float and not math.isfinite(value)) or kind is tuple:
                 return _explain(m, params)
+        if given is not params and not known[method].issuperset(params):
+            return _explain(m, params)  # an unknown param sent as null is still unknown
         try:
-            return convert(params, m.params)  # type: ignore[no-any-return]
+            return convert(given, m.params)  # type: ignore[no-any-return]
         except error:
+            # an integral float for an integer is accepted there; the rest is explained
             return _explain(m, params)
 
     return validate_params

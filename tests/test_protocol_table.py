@@ -300,6 +300,24 @@ def test_tuple_array_accepted() -> None:
     assert out.messages == [{"role": "user"}]
 
 
+def test_what_the_struct_cannot_judge_alone() -> None:
+    # checked before the conversion: null is absent, text is valid Unicode
+    out = validate_params("session/create", {"title": "标题", "sessionId": None})
+    assert out.title == "标题" and out.session_id is None
+    err = invalid("session/create", {"title": "ok\ud800"})
+    assert "lone surrogate" in err.message and err.data["param"] == "title"
+    err = invalid("archive/search", {"query": "x", "since": float("nan")})
+    assert "'since' must be a finite number" in err.message
+    # the same errors, word for word, as before the params were Structs
+    assert invalid("archive/read", {"sessionId": "s", "limit": 0}).message == (
+        "archive/read: parameter 'limit' must be between 1 and 5000, got 0")
+    assert invalid("session/get", {}).message == (
+        "session/get: missing required parameter 'sessionId' (a string)")
+    assert invalid("run/finish", {"runId": "r", "outcome": "ok"}).message == (
+        "run/finish: parameter 'outcome' must be one of 'completed', 'failed', "
+        "'cancelled', got 'ok'")
+
+
 # validate_params: refusing
 
 
@@ -404,6 +422,9 @@ def test_unknown_param_refused() -> None:
     assert err.data["param"] == "sesionId"
     err = invalid("tools/list", {"verbose": True})
     assert "'verbose'" in err.message
+    # sent as null it is still a param the method does not have
+    err = invalid("context/status", {"sessionId": "s", "pinId": None})
+    assert err.data["param"] == "pinId" and "unknown parameter" in err.message
 
 
 @given(st.dictionaries(st.text(max_size=12), st.none() | st.booleans() | st.integers()))
