@@ -40,6 +40,7 @@ import json
 import os
 import random
 import shutil
+import site as site_module
 import statistics
 import subprocess
 import sys
@@ -132,9 +133,11 @@ def materialize(rev: str, root: Path) -> Path:
     site = Path(subprocess.run([str(python), "-c",
                                 "import sysconfig; print(sysconfig.get_path('purelib'))"],
                                check=True, capture_output=True, text=True).stdout.strip())
-    # the dependencies are this interpreter's: appended to sys.path after the side's own
-    # site-packages, so its `ctxd` is the one imported
-    (site / "_regression_deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    # the dependencies are this interpreter's (a virtualenv's and, when it sees them, the
+    # system's): appended to sys.path after the side's own site-packages, so its `ctxd`
+    # is the one imported
+    deps = dict.fromkeys([sysconfig.get_path("purelib"), *site_module.getsitepackages()])
+    (site / "_regression_deps.pth").write_text("\n".join(deps) + "\n")
     install_tree(src, site)
     return python
 

@@ -26,10 +26,10 @@ from ctxd.clients.client_common import (
     Wire,
     _Callbacks,
     _check_wire,
-    _Methods,
     find_daemon,
     log,
 )
+from ctxd.clients.client_methods import _Methods
 from ctxd.protocol import auth
 from ctxd.protocol.codec import DEFAULT_MAX_FRAME
 from ctxd.protocol.errors import InternalError, error_from_dict
@@ -207,7 +207,7 @@ class AsyncClient(_Methods[Awaitable[Any]], _Callbacks):
         while True:
             await asyncio.sleep(period)
             try:
-                await self.call("heartbeat", {}, timeout=period)
+                await self.heartbeat(timeout=period)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a lost daemon is reported by the calls that fail
@@ -385,7 +385,7 @@ class AsyncClient(_Methods[Awaitable[Any]], _Callbacks):
         On ZeroMQ this also subscribes the SUB socket and returns only once that
         subscription is in effect at the daemon (see `_zmq`).
         """
-        result = await self.call("session/subscribe", {"sessionId": session_id})
+        result = await super().subscribe(session_id)
         transport = self._transport
         if isinstance(transport, ZmqTransport):
             await transport.subscribe(session_id, SUBSCRIBE_SETTLE_TIMEOUT)
@@ -397,7 +397,7 @@ class AsyncClient(_Methods[Awaitable[Any]], _Callbacks):
         if isinstance(transport, ZmqTransport):
             await transport.unsubscribe(session_id)
         self._subscribed.discard(session_id)
-        return await self.call("session/unsubscribe", {"sessionId": session_id})
+        return await super().unsubscribe(session_id)
 
     @property
     def subscriptions(self) -> frozenset[str]:

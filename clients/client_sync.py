@@ -27,10 +27,10 @@ from ctxd.clients.client_common import (
     Wire,
     _Callbacks,
     _check_wire,
-    _Methods,
     find_daemon,
     log,
 )
+from ctxd.clients.client_methods import _Methods
 from ctxd.protocol.codec import DEFAULT_MAX_FRAME
 
 

@@ -22,7 +22,7 @@ def _alive(pid: Any) -> bool:
 def cmd_stop(ctx: Context) -> int:
     pid = ctx.info.get("pid")
     try:
-        ctx.client.call("shutdown", {}, timeout=SHUTDOWN_REPLY_SECONDS)
+        ctx.client.shutdown(timeout=SHUTDOWN_REPLY_SECONDS)
     except (ConnectionError, TimeoutError):
         pass  # a daemon closing its sockets may lose the reply: its pid tells
     ctx.client.close()
@@ -46,7 +46,7 @@ def cmd_stop(ctx: Context) -> int:
 
 def cmd_explain(ctx: Context) -> int:
     sid = ctx.args.session
-    result = ctx.client.call("context/explain", {"sessionId": sid})
+    result = ctx.client.explain(sid)
     out = ctx.out
     if out.json_mode:
         out.document(result)

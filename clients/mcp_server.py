@@ -27,6 +27,7 @@ from pydantic import Field
 
 from ctxd import __version__
 from ctxd.clients.client import Client
+from ctxd.clients.client_methods import _Methods
 from ctxd.protocol.errors import CtxdError
 
 SERVER_NAME = "ctxd"
@@ -65,8 +66,9 @@ SEARCH_DESCRIPTION = (
 )
 
 
-class DaemonLink:
-    """One blocking ctxd client, reconnected (and the daemon restarted) when lost."""
+class DaemonLink(_Methods[Any]):
+    """One blocking ctxd client, reconnected (and the daemon restarted) when lost; the
+    protocol table's calls (`client_methods.py`) go through `call`."""
 
     def __init__(self, connect: Callable[[], Client]) -> None:
         self._connect = connect
@@ -79,21 +81,42 @@ class DaemonLink:
                 self._client = self._connect()
             return self._client
 
-    def call(self, method: str, params: dict[str, Any]) -> Any:
+    def call(self, method: str, params: dict[str, Any] | None = None, *,
+             timeout: float | None = None) -> Any:
         try:
-            return self.client().call(method, params)
+            return self.client().call(method, params, timeout=timeout)
         except ConnectionError:
             with self._lock:
                 old, self._client = self._client, None
             if old is not None:
                 old.close()
-            return self.client().call(method, params)
+            return self.client().call(method, params, timeout=timeout)
 
     def close(self) -> None:
         with self._lock:
             if self._client is not None:
                 self._client.close()
                 self._client = None
+
+
+class ToolCalls(_Methods[Any]):
+    """The protocol table's calls as a tool makes them: the daemon's errors become the
+    tool's, which the model reads."""
+
+    def __init__(self, link: DaemonLink) -> None:
+        self._link = link
+
+    def call(self, method: str, params: dict[str, Any] | None = None, *,
+             timeout: float | None = None) -> Any:
+        # the MCP SDK is an optional dependency, imported where the server is built
+        from mcp.server.mcpserver.exceptions import ToolError
+
+        try:
+            return self._link.call(method, params, timeout=timeout)
+        except CtxdError as exc:
+            raise ToolError(exc.message) from None
+        except ConnectionError as exc:
+            raise ToolError(f"the ctxd daemon cannot be reached: {exc}") from None
 
 
 @dataclass
@@ -111,7 +134,7 @@ class SessionChoice:
         if sid is None:
             title = f"mcp: {self.cwd}" if self.cwd else "mcp"
             meta = {"source": "mcp", **({"cwd": self.cwd} if self.cwd else {})}
-            sid = link.call("session/create", {"title": title, "metadata": meta})["sessionId"]
+            sid = link.create_session(title=title, metadata=meta)["sessionId"]
             how = "created: no session existed"
         self.session_id, self.how = sid, how
         return sid
@@ -126,7 +149,7 @@ def _pick_session(link: DaemonLink, cwd: str | None) -> tuple[str | None, str]:
     seen = 0
     here = os.path.realpath(cwd) if cwd else None
     while seen < SCANNED_SESSIONS:
-        page = link.call("session/list", {"limit": 1000, "cursor": cursor})
+        page = link.list_sessions(limit=1000, cursor=cursor)
         for s in page["sessions"]:
             seen += 1
             newest = newest or s["sessionId"]
@@ -207,13 +230,7 @@ def build_server(link: DaemonLink, choice: SessionChoice) -> Any:
     def session(given: str | None = None) -> str:
         return given or choice.resolve(link)
 
-    def call(method: str, params: dict[str, Any]) -> Any:
-        try:
-            return link.call(method, params)
-        except CtxdError as exc:
-            raise ToolError(exc.message) from None
-        except ConnectionError as exc:
-            raise ToolError(f"the ctxd daemon cannot be reached: {exc}") from None
+    daemon = ToolCalls(link)
 
     class CtxdMCPServer(MCPServer):
         async def list_resources(self) -> list[Any]:
@@ -221,7 +238,7 @@ def build_server(link: DaemonLink, choice: SessionChoice) -> Any:
             import anyio
 
             page = await anyio.to_thread.run_sync(
-                lambda: link.call("session/list", {"limit": LISTED_SESSIONS}))
+                lambda: link.list_sessions(limit=LISTED_SESSIONS))
             return [*await super().list_resources(), *(
                 Resource(
                     uri=f"ctxd://session/{s['sessionId']}/context",
@@ -237,8 +254,8 @@ def build_server(link: DaemonLink, choice: SessionChoice) -> Any:
 
     def context_text(sid: str) -> str:
         try:
-            got = link.call("context/get", {"sessionId": sid, "includeMetadata": True,
-                                            "budgetTokens": CONTEXT_BUDGET_TOKENS})
+            got = link.context_get(sid, include_metadata=True,
+                                   budget_tokens=CONTEXT_BUDGET_TOKENS)
         except CtxdError as exc:
             raise ResourceError(exc.message) from None
         parts = [f"# Context of session {sid}",
@@ -273,8 +290,7 @@ def build_server(link: DaemonLink, choice: SessionChoice) -> Any:
         args: dict[str, Any] = {"query": query, "scope": scope, "limit": limit}
         if role is not None:
             args["role"] = role
-        out = call("tools/call", {"sessionId": sid, "name": "search_past_messages",
-                                  "arguments": args})
+        out = daemon.call_tool(sid, "search_past_messages", args)
         text = out["content"]
         if out["data"]["hits"]:
             text += ("\n\nRead a hit in full with read_past_messages(message_id=ID"
@@ -282,7 +298,7 @@ def build_server(link: DaemonLink, choice: SessionChoice) -> Any:
         return str(text)
 
     # the same input schema as the daemon's tools/list entry, word for word
-    daemon_tools = link.call("tools/list", {})["tools"]
+    daemon_tools = link.list_tools()["tools"]
     schema = next(t["function"]["parameters"] for t in daemon_tools
                   if t["function"]["name"] == "search_past_messages")
     tool = server._tool_manager.get_tool("search_past_messages")
@@ -318,16 +334,14 @@ def build_server(link: DaemonLink, choice: SessionChoice) -> Any:
         if ordinal is not None:
             message_id = ordinal_to_id(sid, ordinal)
         assert message_id is not None
-        page = call("archive/read", {"sessionId": sid, "afterId": message_id - 1,
-                                     "limit": after + 1})
+        page = daemon.read(sid, after_id=message_id - 1, limit=after + 1)
         msgs = _numbered(page)
         if not msgs or msgs[0]["id"] != message_id:
             raise ToolError(
                 f"message {message_id} is not in session {sid}; if the search hit named "
                 "another session, pass it as session_id")
         if before:
-            older = _numbered(call("archive/read", {"sessionId": sid, "beforeId": message_id,
-                                                    "limit": before}))
+            older = _numbered(daemon.read(sid, before_id=message_id, limit=before))
             msgs = older + msgs
         limit = max_chars
         body = "\n\n".join(render_message(m, limit) for m in msgs)
@@ -346,13 +360,13 @@ def build_server(link: DaemonLink, choice: SessionChoice) -> Any:
     def ordinal_to_id(sid: str, ordinal: int) -> int:
         """The archive id of the session's ordinal-th message: from the summary's own
         map when it cites it, else counted page by page (bounded)."""
-        for item in call("context/explain", {"sessionId": sid})["items"]:
+        for item in daemon.explain(sid)["items"]:
             for src in item["sources"]:
                 if src.get("ordinal") == ordinal and not src.get("broken"):
                     return int(src["id"])
         after, seen = 0, 0
         for _ in range(ORDINAL_PAGES):
-            page = call("archive/read", {"sessionId": sid, "afterId": after, "limit": 5000})
+            page = daemon.read(sid, after_id=after, limit=5000)
             msgs = page["messages"]
             if ordinal <= seen + len(msgs):
                 return int(msgs[ordinal - seen - 1]["id"])
@@ -369,9 +383,9 @@ def build_server(link: DaemonLink, choice: SessionChoice) -> Any:
         "away (then search_past_messages can bring details back)."))
     def context_status() -> str:
         sid = session()
-        st = call("context/status", {"sessionId": sid})
-        got = call("session/get", {"sessionId": sid})["session"]
-        pins = call("context/pins/list", {"sessionId": sid})["pins"]
+        st = daemon.context_status(sid)
+        got = daemon.get_session(sid)["session"]
+        pins = daemon.list_pins(sid)["pins"]
         return json.dumps({"sessionId": sid, "title": got.get("title"),
                            "chosen": choice.how or "given with --session",
                            "cwd": (got.get("metadata") or {}).get("cwd"),
@@ -387,7 +401,7 @@ def build_server(link: DaemonLink, choice: SessionChoice) -> Any:
                                    description="The fact, in one or two sentences.")],
     ) -> str:
         sid = session()
-        pin = call("context/pins/add", {"sessionId": sid, "text": text})["pin"]
+        pin = daemon.add_pin(sid, text)["pin"]
         return f"Pinned as {pin['pinId']} in session {sid}."
 
     return server

@@ -14,11 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from ctxd.daemon.context_store import ContextState
 from ctxd.protocol.errors import ApprovalPending
+from ctxd.protocol.handlers import serves
+from ctxd.protocol.methods import CONTEXT_CLEAR, CONTEXT_POP
 
 if TYPE_CHECKING:
     from ctxd.daemon.engine import Engine
 
 
+@serves(CONTEXT_CLEAR)
 def clear(engine: Engine, session_id: str) -> dict[str, Any]:
     """Start a fresh active context: no system messages, summary or tail; pins stay."""
     # read inside the write transaction: on a shared store another daemon may have
@@ -46,6 +49,7 @@ def clear(engine: Engine, session_id: str) -> dict[str, Any]:
     return {"before": before, "status": status}
 
 
+@serves(CONTEXT_POP)
 def pop(engine: Engine, session_id: str, count: int) -> dict[str, Any]:
     """Leave the newest `count` tail messages out of the active context.
 

@@ -13,12 +13,15 @@ import asyncio
 import hmac
 import inspect
 import logging
-import re
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from ctxd import __version__
-from ctxd.daemon import context_edit, projection, recall
+
+# context_edit holds handlers of its own: imported so they register
+from ctxd.daemon import context_edit, projection, recall  # noqa: F401
 from ctxd.daemon.busy import when_free
 from ctxd.daemon.context_reply import ContextReplies
 from ctxd.daemon.engine import Engine
@@ -29,14 +32,44 @@ from ctxd.daemon.servers.base import Connection, EventHub
 from ctxd.daemon.servers.page_keys import PageKeys
 from ctxd.protocol import auth
 from ctxd.protocol.errors import SearchTooBroad, SessionBusy, Unauthorized
+from ctxd.protocol.handlers import HANDLERS, serves
+from ctxd.protocol.handlers import Handler as RegisteredHandler
 from ctxd.protocol.large import JSON_WIRES, MSGPACK_WIRES, encode_sliced
 from ctxd.protocol.methods import (
-    METHODS,
+    APPROVAL_REQUEST,
+    APPROVAL_RESOLVE,
+    ARCHIVE_SEARCH,
+    CONTEXT_COMPACT,
+    CONTEXT_GET,
+    CONTEXT_REBUILD,
+    HEARTBEAT,
+    INITIALIZE,
+    MESSAGES_APPEND,
     NOTIFICATIONS,
     PROTOCOL_VERSION,
+    RUN_FINISH,
+    RUN_START,
     SERVER_NAME,
-    Method,
+    SESSION_SUBSCRIBE,
+    SESSION_UNSUBSCRIBE,
+    SHUTDOWN,
+    TOOLS_LIST,
     validate_params,
+)
+from ctxd.protocol.table_context import ContextCompactParams, ContextGetParams, ContextRebuildParams
+from ctxd.protocol.table_daemon import HeartbeatParams, ShutdownParams
+from ctxd.protocol.table_messages import ArchiveSearchParams, MessagesAppendParams
+from ctxd.protocol.table_runs import (
+    ApprovalRequestParams,
+    ApprovalResolveParams,
+    RunFinishParams,
+    RunStartParams,
+    ToolsListParams,
+)
+from ctxd.protocol.table_sessions import (
+    InitializeParams,
+    SessionSubscribeParams,
+    SessionUnsubscribeParams,
 )
 
 log = logging.getLogger("ctxd.dispatch")
@@ -52,16 +85,12 @@ SHUTDOWN_REPLY_DELAY = 0.1
 DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024
 
 
-def _snake(name: str) -> str:
-    return re.sub(r"[A-Z]", lambda m: "_" + m.group(0).lower(), name)
-
-
 def _large_batch(method: str, p: dict[str, Any]) -> bool:
     """A batch to prepare and commit beside the loop (the same rule for both methods
     that carry one)."""
-    if method not in ("messages/append", "run/finish") or p["messages"] is None:
+    if method not in ("messages/append", "run/finish") or p.messages is None:
         return False
-    return text_size(p["messages"]) >= OFFLOAD_TEXT_CHARS
+    return text_size(p.messages) >= OFFLOAD_TEXT_CHARS
 
 
 # the results that carry messages (`messages`, or `context.messages`), and the wires whose
@@ -115,31 +144,34 @@ class Dispatcher:
         # per connection: the request (a large batch or reply, or one behind it) the next
         # one waits for
         self._in_turn: dict[Connection, asyncio.Future[None]] = {}
-        # bound from the protocol table: each entry names the function that serves it
-        self._handlers: dict[str, Handler] = {
-            name: self._bind(method) for name, method in METHODS.items()
-        }
+        # each method's handler, registered where it is written (protocol/handlers.py)
+        self._handlers: dict[str, Handler] = {h.method.name: self._bind(h) for h in HANDLERS}
 
-    def _bind(self, method: Method) -> Handler:
-        owner, _, func = method.handler.partition(".")
-        if owner == "dispatcher":
-            return getattr(self, func)
-        fn = getattr({"engine": self.engine, "context_edit": context_edit, "recall": recall}[owner],
-                     func)
-        # wire names to keyword names once, here, rather than on every request
-        names = tuple((p, _snake(p)) for p in method.param_names)
+    def _bind(self, handler: RegisteredHandler) -> Handler:
+        fn, method = handler.function, handler.method
+        if handler.owner is not None:
+            # a method of the dispatcher or of the engine: bound to the instance
+            owners = [o for o in (self, self.engine)
+                      if any(c.__name__ == handler.owner for c in type(o).__mro__)]
+            if not owners:
+                raise LookupError(f"{method.name}: no instance of {handler.owner} to serve it")
+            fn = getattr(owners[0], fn.__name__)
+        if handler.connection:
+            return fn  # type: ignore[no-any-return]
+        lead = () if handler.owner is not None else (self.engine,)
         wrap = method.wrap
-        lead = () if owner == "engine" else (self.engine,)
+        # the params Struct's fields are the handler's keyword names
+        as_kwargs = msgspec.structs.asdict
 
-        def handler(conn: Connection, p: dict[str, Any]) -> Any:
-            result = fn(*lead, **{kw: p[wire] for wire, kw in names})
+        def call(conn: Connection, p: Any) -> Any:
+            result = fn(*lead, **as_kwargs(p))
             if wrap is None:
                 return result
             if inspect.isawaitable(result):
                 return _wrap_later(result, wrap)
             return {wrap: result}
 
-        return handler
+        return call
 
     # the RequestHandler interface
 
@@ -243,8 +275,8 @@ class Dispatcher:
             prepared = None
             if large:
                 if method == "messages/append":
-                    self.engine.require_session(p["sessionId"])
-                prepared = await asyncio.to_thread(self.engine.prepare_append, p["messages"])
+                    self.engine.require_session(p.session_id)
+                prepared = await asyncio.to_thread(self.engine.prepare_append, p.messages)
             if before is not None:
                 await before
             if prepared is not None:
@@ -274,15 +306,15 @@ class Dispatcher:
             # a context asked for with the batch is read before the gate opens: no other
             # write comes between
             if method == "messages/append":
-                self._claim(conn, p["runId"])
+                self._claim(conn, p.run_id)
                 result = await self.large.append(
-                    p["sessionId"], p["messages"], prepared,
-                    run_id=p["runId"], client_batch_id=p["clientBatchId"],
+                    p.session_id, p.messages, prepared,
+                    run_id=p.run_id, client_batch_id=p.client_batch_id,
                 )
                 out = self._appended(p, result, gated=True)
             else:
                 finished = await self.large.finish_run(
-                    p["runId"], p["outcome"], p["messages"], prepared, p["clientBatchId"]
+                    p.run_id, p.outcome, p.messages, prepared, p.client_batch_id
                 )
                 out = self._run_finished(conn, p, finished, gated=True)
             return await out if inspect.isawaitable(out) else out  # type: ignore[no-any-return]
@@ -343,31 +375,33 @@ class Dispatcher:
 
     # handlers with more than one line
 
-    def initialize(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+    @serves(INITIALIZE, connection=True)
+    def initialize(self, conn: Connection, p: InitializeParams) -> dict[str, Any]:
         page_key = None
-        if not conn.authenticated and (p["pageLogin"] is not None or p["pageKey"] is not None):
-            page_key = self.page_keys.log_in(conn, p["pageLogin"], p["pageKey"])
+        if not conn.authenticated and (p.page_login is not None or p.page_key is not None):
+            page_key = self.page_keys.log_in(conn, p.page_login, p.page_key)
             conn.authenticated = True
         if not conn.authenticated:
-            if p["proof"] is not None:
-                if not auth.check_client_proof(self.token, p["nonce"], p["proof"]):
+            if p.proof is not None:
+                if not auth.check_client_proof(self.token, p.nonce, p.proof):
                     raise Unauthorized(
                         "wrong proof of the token; compute it from the token in the daemon's "
                         "connection file and the nonce sent with it"
                     )
-            elif not self.check_token(p["token"]):
+            elif not self.check_token(p.token):
                 raise Unauthorized("wrong token; read it from the daemon's connection file")
             conn.authenticated = True
-        conn.client_name = p["clientName"]
+        conn.client_name = p.client_name
         result = self._server_info()
-        if p["nonce"] is not None:
+        if p.nonce is not None:
             # mutual authentication: the client checks this before sending anything else
-            result["nonceMac"] = auth.daemon_proof(self.token, p["nonce"])
+            result["nonceMac"] = auth.daemon_proof(self.token, p.nonce)
         if page_key is not None:
             result["pageKey"] = page_key
         return result
 
-    def heartbeat(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+    @serves(HEARTBEAT, connection=True)
+    def heartbeat(self, conn: Connection, p: HeartbeatParams) -> dict[str, Any]:
         # any request renews the lease of a ZeroMQ client's runs: nothing else to do
         return {"leaseSeconds": self.run_lease}
 
@@ -389,31 +423,36 @@ class Dispatcher:
             },
         }
 
-    def list_tools(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+    @serves(TOOLS_LIST, connection=True)
+    def list_tools(self, conn: Connection, p: ToolsListParams) -> dict[str, Any]:
         return {"tools": [recall.SEARCH_TOOL_SCHEMA]}
 
-    def shutdown(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+    @serves(SHUTDOWN, connection=True)
+    def shutdown(self, conn: Connection, p: ShutdownParams) -> dict[str, Any]:
         if self.on_shutdown is not None:
             # a moment for this reply to leave: a ZeroMQ socket closed at once drops it
             asyncio.get_running_loop().call_later(SHUTDOWN_REPLY_DELAY, self.on_shutdown)
         return {}
 
-    def subscribe(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
-        self.engine.get_session(p["sessionId"])  # raises for an unknown session
-        conn.subscriptions.add(p["sessionId"])
+    @serves(SESSION_SUBSCRIBE, connection=True)
+    def subscribe(self, conn: Connection, p: SessionSubscribeParams) -> dict[str, Any]:
+        self.engine.get_session(p.session_id)  # raises for an unknown session
+        conn.subscriptions.add(p.session_id)
         return {}
 
-    def unsubscribe(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
-        conn.subscriptions.discard(p["sessionId"])
+    @serves(SESSION_UNSUBSCRIBE, connection=True)
+    def unsubscribe(self, conn: Connection, p: SessionUnsubscribeParams) -> dict[str, Any]:
+        conn.subscriptions.discard(p.session_id)
         return {}
 
-    def append(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
-        self._claim(conn, p["runId"])
+    @serves(MESSAGES_APPEND, connection=True)
+    def append(self, conn: Connection, p: MessagesAppendParams) -> dict[str, Any]:
+        self._claim(conn, p.run_id)
         result = self.engine.append(
-            p["sessionId"],
-            p["messages"],
-            run_id=p["runId"],
-            client_batch_id=p["clientBatchId"],
+            p.session_id,
+            p.messages,
+            run_id=p.run_id,
+            client_batch_id=p.client_batch_id,
         )
         return self._appended(p, result)
 
@@ -422,9 +461,9 @@ class Dispatcher:
         the append, bounded as `context/get` is. `gated`: the write gate is held (a large
         batch), so the context is read beside the loop (an awaitable of the result);
         else it is read at once, before any other write."""
-        sid = p["sessionId"]
-        self.scheduler.after_append(sid, p["runId"], result["status"])
-        if p["returnContext"]:
+        sid = p.session_id
+        self.scheduler.after_append(sid, p.run_id, result["status"])
+        if p.return_context:
             return self._with_context(result, sid, result, gated, status=result["status"])
         return result
 
@@ -445,21 +484,23 @@ class Dispatcher:
 
         return later()
 
-    async def search(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+    @serves(ARCHIVE_SEARCH, connection=True)
+    async def search(self, conn: Connection, p: ArchiveSearchParams) -> dict[str, Any]:
         return await self.engine.search_async(
-            p["query"],
-            session_id=p["sessionId"],
-            role=p["role"],
-            limit=p["limit"],
-            offset=p["offset"],
-            newest_first=p["newestFirst"],
-            advanced=p["advanced"],
-            since=p["since"],
-            until=p["until"],
+            p.query,
+            session_id=p.session_id,
+            role=p.role,
+            limit=p.limit,
+            offset=p.offset,
+            newest_first=p.newest_first,
+            advanced=p.advanced,
+            since=p.since,
+            until=p.until,
         )
 
-    async def context_get(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
-        sid, query = p["sessionId"], p["query"]
+    @serves(CONTEXT_GET, connection=True)
+    async def context_get(self, conn: Connection, p: ContextGetParams) -> dict[str, Any]:
+        sid, query = p.session_id, p.query
         hits = None
         if query:
             try:
@@ -472,19 +513,22 @@ class Dispatcher:
             except SearchTooBroad:
                 hits = []  # no recall message rather than no context
         return await self.replies.get(
-            sid, p["budgetTokens"], query, bool(p["includeMetadata"]), recall_hits=hits
+            sid, p.budget_tokens, query, bool(p.include_metadata), recall_hits=hits
         )
 
-    async def compact(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+    @serves(CONTEXT_COMPACT, connection=True)
+    async def compact(self, conn: Connection, p: ContextCompactParams) -> dict[str, Any]:
         return await self.engine.compact(
-            p["sessionId"], force=bool(p["force"]), instructions=p["instructions"]
+            p.session_id, force=bool(p.force), instructions=p.instructions
         )
 
-    async def rebuild(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
-        return await self.engine.rebuild(p["sessionId"], dry_run=bool(p["dryRun"]))
+    @serves(CONTEXT_REBUILD, connection=True)
+    async def rebuild(self, conn: Connection, p: ContextRebuildParams) -> dict[str, Any]:
+        return await self.engine.rebuild(p.session_id, dry_run=bool(p.dry_run))
 
-    def run_start(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
-        run = self.scheduler.start_run(p["sessionId"], self._held)
+    @serves(RUN_START, connection=True)
+    def run_start(self, conn: Connection, p: RunStartParams) -> dict[str, Any]:
+        run = self.scheduler.start_run(p.session_id, self._held)
         # interrupted when the connection closes; on ZeroMQ, which never says so, when the
         # client stays silent past its lease (see ZmqServer)
         conn.open_runs.add(run["runId"])
@@ -493,9 +537,10 @@ class Dispatcher:
     def _held(self, run_id: str) -> bool:
         return any(run_id in c.open_runs for c in self._live)
 
-    def run_finish(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+    @serves(RUN_FINISH, connection=True)
+    def run_finish(self, conn: Connection, p: RunFinishParams) -> dict[str, Any]:
         result = self.engine.finish_run(
-            p["runId"], p["outcome"], messages=p["messages"], client_batch_id=p["clientBatchId"]
+            p.run_id, p.outcome, messages=p.messages, client_batch_id=p.client_batch_id
         )
         return self._run_finished(conn, p, result)
 
@@ -504,29 +549,31 @@ class Dispatcher:
     ) -> Any:
         """The finish's result; with `returnContext`, with the context (see
         `_appended`)."""
-        if p["returnContext"]:
+        if p.return_context:
             result = self._with_context(result, result["run"]["sessionId"],
                                         result.get("append") or {}, gated)
             if inspect.isawaitable(result):
                 return self._finished_later(conn, p, result)
-        conn.open_runs.discard(p["runId"])
+        conn.open_runs.discard(p.run_id)
         return self.scheduler.after_run_finished(result)
 
     async def _finished_later(self, conn: Connection, p: dict[str, Any], result: Any
                               ) -> dict[str, Any]:
         done = await result
-        conn.open_runs.discard(p["runId"])
+        conn.open_runs.discard(p.run_id)
         return self.scheduler.after_run_finished(done)
 
-    def approval_resolve(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
-        approval = self.engine.resolve_approval(p["approvalId"], p["decision"], p["reason"])
+    @serves(APPROVAL_RESOLVE, connection=True)
+    def approval_resolve(self, conn: Connection, p: ApprovalResolveParams) -> dict[str, Any]:
+        approval = self.engine.resolve_approval(p.approval_id, p.decision, p.reason)
         self.scheduler.after_approval_resolved(approval)
         return approval
 
-    def approval_request(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
-        self._claim(conn, p["runId"])
+    @serves(APPROVAL_REQUEST, connection=True)
+    def approval_request(self, conn: Connection, p: ApprovalRequestParams) -> dict[str, Any]:
+        self._claim(conn, p.run_id)
         approval = self.engine.request_approval(
-            p["sessionId"], p["runId"], p["toolCallId"], p["toolName"], p["arguments"]
+            p.session_id, p.run_id, p.tool_call_id, p.tool_name, p.arguments
         )
         return {"approvalId": approval["approvalId"], "approval": approval}
 
@@ -534,3 +581,8 @@ class Dispatcher:
 def _last_failure(summarizer: object) -> dict[str, Any] | None:
     failure = getattr(summarizer, "last_failure", None)
     return {"at": failure[0], "message": failure[1][:500]} if failure else None
+
+
+# every method has its handler once every handler module is imported, or the daemon
+# does not start (protocol/handlers.py)
+HANDLERS.check_complete()

@@ -24,10 +24,7 @@ from ctxd.daemon.config import Config
 from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.context_view import ContextView
 from ctxd.daemon.engine_reads import ContextReads
-from ctxd.daemon.engine_runs import (
-    RunsAndApprovals,
-    _event_approval,  # noqa: F401 (pg/events.py imports it here)
-)
+from ctxd.daemon.engine_runs import RunsAndApprovals
 from ctxd.daemon.ids import new_id
 from ctxd.daemon.messages import PreparedBatch, check_time, prepare_batch
 from ctxd.daemon.pairing import check_tool_pairs
@@ -38,6 +35,14 @@ from ctxd.daemon.summarizers import make_summarizer, summarizer_status
 from ctxd.daemon.summary import Summarizer
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import Conflict, InvalidParams, NotFound, SessionNotFound
+from ctxd.protocol.handlers import serves
+from ctxd.protocol.methods import (
+    CONTEXT_COMPACTIONS,
+    CONTEXT_STATUS,
+    SESSION_CREATE,
+    SESSION_GET,
+    SESSION_LIST,
+)
 
 log = logging.getLogger("ctxd.engine")
 
@@ -132,6 +137,7 @@ class Engine(ContextReads, RunsAndApprovals):
 
     # sessions
 
+    @serves(SESSION_CREATE)
     def create_session(
         self,
         session_id: str | None = None,
@@ -159,10 +165,12 @@ class Engine(ContextReads, RunsAndApprovals):
             self.run_book.created(sid)
         return self.get_session(sid)["session"]
 
+    @serves(SESSION_GET)
     def get_session(self, session_id: str) -> dict[str, Any]:
         session = self.require_session(session_id)
         return {"session": session, "status": self.status(session_id)}
 
+    @serves(SESSION_LIST)
     def list_sessions(
         self, limit: int = 50, cursor: str | None = None, title: str | None = None
     ) -> dict[str, Any]:
@@ -374,6 +382,7 @@ class Engine(ContextReads, RunsAndApprovals):
             n = self._archive_counts[session_id] = self.archive.message_count(session_id)
         return n
 
+    @serves(CONTEXT_STATUS)
     def status(
         self, session_id: str, *, open_run_id: str | None = _ASK, pending: int | None = None
     ) -> dict[str, Any]:
@@ -445,6 +454,7 @@ class Engine(ContextReads, RunsAndApprovals):
         self.check_session(session_id)
         return self.archive_sizes.rows(session_id, limit)
 
+    @serves(CONTEXT_COMPACTIONS)
     async def compaction_history_async(
         self, session_id: str, limit: int = 50
     ) -> list[dict[str, Any]]:

@@ -21,6 +21,13 @@ from ctxd.daemon.stores.base import ArchiveStore, Store
 from ctxd.daemon.summary import Summary
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import InvalidParams, NotFound
+from ctxd.protocol.handlers import serves
+from ctxd.protocol.methods import (
+    ARCHIVE_READ,
+    CONTEXT_PINS_ADD,
+    CONTEXT_PINS_LIST,
+    CONTEXT_PINS_REMOVE,
+)
 
 
 class ContextReads:
@@ -115,6 +122,7 @@ class ContextReads:
 
     # the archive
 
+    @serves(ARCHIVE_READ)
     def read_archive(
         self,
         session_id: str,
@@ -202,10 +210,12 @@ class ContextReads:
 
     # pins
 
+    @serves(CONTEXT_PINS_LIST)
     def pins(self, session_id: str) -> list[dict[str, Any]]:
         self.check_session(session_id)
         return self.view.pins(session_id)
 
+    @serves(CONTEXT_PINS_ADD)
     def add_pin(self, session_id: str, text: str) -> dict[str, Any]:
         self.check_session(session_id)
         if not isinstance(text, str) or not text.strip():
@@ -225,6 +235,7 @@ class ContextReads:
             self.view.pins_changed(session_id)
         return pin
 
+    @serves(CONTEXT_PINS_REMOVE)
     def remove_pin(self, session_id: str, pin_id: str) -> dict[str, Any]:
         self.check_session(session_id)
         try:

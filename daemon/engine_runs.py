@@ -6,18 +6,16 @@ below.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
+from ctxd.daemon.approval_events import event_approval as _event_approval
 from ctxd.daemon.ids import new_id
 from ctxd.daemon.run_book import RunBook
 from ctxd.daemon.runs import RUN_OUTCOMES
 from ctxd.daemon.stores.base import ArchiveStore, RunStore, Store
 from ctxd.protocol.errors import Conflict, InvalidParams, NotFound, RunActive
-
-# Events go to every subscriber, and a subscriber that stops reading holds them in the
-# daemon until its queue limit: keep them small. approval/list has the full arguments.
-EVENT_ARGUMENTS_CHARS = 2048
+from ctxd.protocol.handlers import serves
+from ctxd.protocol.methods import APPROVAL_LIST
 
 
 class RunsAndApprovals:
@@ -173,6 +171,7 @@ class RunsAndApprovals:
         )
         return approval
 
+    @serves(APPROVAL_LIST)
     def list_approvals(self, session_id: str, status: str | None = None) -> list[dict[str, Any]]:
         self.check_session(session_id)
         return self.runs.list_approvals(session_id, status)
@@ -187,13 +186,3 @@ class RunsAndApprovals:
             run = self.runs.get(rid)
             if run and run["status"] == "open":
                 self.finish_run(rid, "interrupted")
-
-
-def _event_approval(approval: dict[str, Any]) -> dict[str, Any]:
-    args = approval.get("arguments")
-    if args is None:
-        return approval
-    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    if len(text) <= EVENT_ARGUMENTS_CHARS:
-        return approval
-    return {**approval, "arguments": text[:EVENT_ARGUMENTS_CHARS] + "…", "argumentsTruncated": True}

@@ -12,7 +12,8 @@ from ctxd.daemon.engine import Engine
 from ctxd.daemon.fts import MAX_QUERY_TERMS, check_terms
 from ctxd.daemon.messages import content_text
 from ctxd.protocol.errors import InvalidParams, NotFound
-from ctxd.protocol.methods import QUERY_MAX
+from ctxd.protocol.handlers import serves
+from ctxd.protocol.methods import CONTEXT_EXPLAIN, QUERY_MAX, TOOLS_CALL
 
 SEARCH_TOOL_NAME = "search_past_messages"
 
@@ -111,6 +112,7 @@ def call_tool(engine: Engine, session_id: str, name: str, arguments: Any) -> dic
     return _tool_result(engine.search_result(**kw), kw["query"], session_id)
 
 
+@serves(TOOLS_CALL)
 async def call_tool_async(
     engine: Engine, session_id: str, name: str, arguments: Any
 ) -> dict[str, Any]:
@@ -150,6 +152,7 @@ def _tool_result(found: dict[str, Any], query: str, session_id: str) -> dict[str
     return {"content": text, "data": {"hits": hits, "matched": found["matched"]}}
 
 
+@serves(CONTEXT_EXPLAIN)
 def explain(engine: Engine, session_id: str) -> dict[str, Any]:
     """Each summary item with its sources resolved from the archive; broken ones flagged."""
     st = engine.context_state(session_id)

@@ -1,6 +1,7 @@
-"""The pieces the protocol table is written with: parameters, methods, notifications.
+"""The pieces the protocol table is written with: params, methods, notifications.
 
-`Param`, `Method` and `Notification` declare one request, parameter or event each; the
+`Params` (a msgspec Struct per method), `Method` and `Notification` declare one
+request's params, one request and one event; the
 bounds below (lengths, counts) and what each error code means are part of the contract
 too. The entries themselves are in the `table_*` modules, and `ctxd.protocol.methods`
 assembles them into the one table every wire and client reads.
@@ -9,16 +10,16 @@ assembles them into the one table every wire and client reads.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from dataclasses import field as dataclass_field
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import msgspec
 
 from ctxd.protocol.errors import ErrorCode
 
 PROTOCOL_VERSION = "1.0"
 SERVER_NAME = "ctxd"
-
-# Value types a parameter may declare. "integer" and "number" refuse booleans: in Python
-# `True` is an `int`, and a client sending `true` for a limit has a bug worth reporting.
-TYPES = ("string", "integer", "number", "boolean", "object", "array", "any")
 
 # Bounds shared by many parameters. Lengths count characters (not bytes); arrays count items.
 ID_MAX = 200
@@ -41,15 +42,28 @@ OFFSET_MAX = 10_000
 APPEND_MAX_MESSAGES = 10_000
 
 
-@dataclass(frozen=True, slots=True)
-class Param:
-    """One named parameter of a request.
+class Params(msgspec.Struct, rename="camel", kw_only=True, forbid_unknown_fields=True):
+    """The params of one request: snake_case fields, camelCase on the wire.
 
-    `min`/`max` bound the value of an integer or number, the length of a string and the
-    item count of an array. `default` is what the handler sees when the parameter is absent.
+    Each field's type carries its bounds (`msgspec.Meta`: `min_length`/`max_length` for
+    strings and arrays, `ge`/`le` for numbers), its choices (`Literal`) and its doc
+    (`description`). A required field has no default; an optional one is `X | None` with
+    the default the handler sees when the client leaves it out or sends null.
     """
 
+
+# the params' JSON Schema says what the items of `messages` are; the daemon checks them
+# itself (INVALID_MESSAGE with `data.index`), so the Struct keeps them as plain JSON
+MESSAGE_ITEMS: dict[str, Any] = {"items": {"$ref": "#/$defs/ChatMessage"}}
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One parameter as the docs, the error texts and the tests read it, derived from a
+    params Struct (never declared by hand)."""
+
     name: str
+    attr: str
     type: str
     required: bool
     doc: str
@@ -58,59 +72,105 @@ class Param:
     min: float | None = None
     max: float | None = None
 
-    def __post_init__(self) -> None:
-        # Caught at import time so a bad table entry never reaches a running daemon.
-        if self.type not in TYPES:
-            raise ValueError(f"param {self.name!r}: unknown type {self.type!r}")
-        if self.required and self.default is not None:
-            raise ValueError(f"param {self.name!r}: a required param cannot have a default")
-        if isinstance(self.default, dict | list):
-            raise ValueError(f"param {self.name!r}: mutable defaults would be shared")
+
+# the names of a parameter's value types, as the docs and the error texts say them
+TYPES = ("string", "integer", "number", "boolean", "object", "array", "any")
+
+_TYPE_NAMES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
 
-# Where a method's handler lives (see `Method.handler`).
-HANDLER_OWNERS = ("engine", "context_edit", "recall", "dispatcher")
+def _field(info: msgspec.structs.FieldInfo) -> Field:
+    t: Any = info.type
+    meta: dict[str, Any] = {}
+    optional = False
+    while True:
+        if get_origin(t) is Annotated:
+            for m in t.__metadata__:
+                if isinstance(m, msgspec.Meta):
+                    for key in ("min_length", "max_length", "ge", "le", "description"):
+                        if getattr(m, key) is not None:
+                            meta[key] = getattr(m, key)
+            t = get_args(t)[0]
+        elif get_origin(t) in (Union, UnionType):
+            rest = [a for a in get_args(t) if a is not type(None)]
+            optional = True
+            t = rest[0]
+        else:
+            break
+    choices = None
+    if get_origin(t) is Literal:
+        choices = get_args(t)
+        kind = _TYPE_NAMES[type(choices[0])]
+    elif t in _TYPE_NAMES:
+        kind = _TYPE_NAMES[t]
+    elif get_origin(t) is dict:
+        kind = "object"
+    elif get_origin(t) is list:
+        kind = "array"
+    else:
+        kind = "any"
+    required = info.required
+    if required and optional:
+        raise ValueError(f"param {info.encode_name!r}: a required param cannot be nullable")
+    default = None if info.default is msgspec.NODEFAULT else info.default
+    return Field(
+        info.encode_name,
+        info.name,
+        kind,
+        required,
+        meta.get("description", ""),
+        default,
+        choices,
+        meta.get("min_length", meta.get("ge")),
+        meta.get("max_length", meta.get("le")),
+    )
+
+
+def fields_of(params: type[Params]) -> tuple[Field, ...]:
+    """The parameters a params Struct declares, in order."""
+    return tuple(_field(f) for f in msgspec.structs.fields(params))
 
 
 @dataclass(frozen=True, slots=True)
 class Method:
-    """One request. `result` is a short description of the result object's keys.
+    """One request: its params Struct, its result Struct and what the docs say of it.
 
+    `result` is a short description of the result object's keys, `returns` its type.
     `errors` lists the codes specific to this method; any request may also fail with
     `COMMON_ERRORS`. `needs_session` is true when the method takes a required `sessionId`
     naming an existing session (answered with SESSION_NOT_FOUND when it does not exist).
+    The handler registers itself against this object (`ctxd.protocol.handlers.serves`).
     """
 
     name: str
-    params: tuple[Param, ...]
+    params: type[Params]
     result: str
     doc: str
     errors: tuple[ErrorCode, ...]
     needs_session: bool
-    # The function serving it, "<owner>.<function>": `engine.*` is called with the params
-    # as keyword arguments (camelCase names in snake_case), `context_edit.*` and `recall.*`
-    # with the engine first, `dispatcher.*` (what needs the connection) with (conn, params).
-    handler: str = ""
+    returns: type[msgspec.Struct]
     # The method of the Python clients (`clients/client.py`) that sends it.
     client: str = ""
     # When set, the handler's return value is the result's member of this name.
     wrap: str | None = None
+    # the params Struct's fields as docs and error texts read them (derived, not declared)
+    fields: tuple[Field, ...] = dataclass_field(default=(), init=False)
 
     def __post_init__(self) -> None:
-        owner, _, func = self.handler.partition(".")
-        if owner not in HANDLER_OWNERS or not func:
-            raise ValueError(f"method {self.name!r}: handler {self.handler!r} names no owner")
         if not self.client.isidentifier():
             raise ValueError(f"method {self.name!r}: no client method named")
+        if not issubclass(self.params, Params):
+            raise ValueError(f"method {self.name!r}: params must be a Params Struct")
+        object.__setattr__(self, "fields", fields_of(self.params))
 
     @property
     def param_names(self) -> tuple[str, ...]:
-        return tuple(p.name for p in self.params)
+        return tuple(f.name for f in self.fields)
 
-    def param(self, name: str) -> Param:
-        for p in self.params:
-            if p.name == name:
-                return p
+    def param(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
         raise KeyError(name)
 
 
@@ -225,22 +285,5 @@ ERROR_DOCS: dict[ErrorCode, tuple[str, str]] = {
 }
 
 
-# Parameter builders: the bounds below are part of the contract.
-
-
-def id_param(name: str, doc: str, required: bool = True) -> Param:
-    return Param(name, "string", required, doc, min=1, max=ID_MAX)
-
-
-def session_param(required: bool = True) -> Param:
-    return id_param("sessionId", "Id of the session.", required)
-
-
-def limit_param(
-    default: int, maximum: int = LIMIT_MAX, doc: str = "Most items to return."
-) -> Param:
-    return Param("limit", "integer", False, doc, default=default, min=1, max=maximum)
-
-
-# The params of a method that names one existing session and nothing else.
-SESSION_ONLY = (session_param(),)
+# JSON values kept as they came (objects, arrays, anything)
+JSON = Any

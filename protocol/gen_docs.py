@@ -4,7 +4,7 @@
     python -m ctxd.protocol.gen_docs --check    # exit 1 when the file is stale
     python -m ctxd.protocol.gen_docs --stdout   # print instead of writing
 
-The document is a pure function of `methods.py`, `types.py`, `errors.py` and
+The document is a pure function of the table (`table_*.py`), `types.py`, `errors.py` and
 `connection.py`, so the check catches a table change committed without its documentation.
 """
 
@@ -23,12 +23,12 @@ from ctxd.protocol.methods import (
     METHODS,
     NOTIFICATIONS,
     PROTOCOL_VERSION,
+    RESULTS,
     SERVER_NAME,
+    Field,
     Method,
-    Param,
 )
 from ctxd.protocol.schema import PARAMS
-from ctxd.protocol.types import RESULTS
 
 # protocol/ sits next to docs/ in the source tree; an installed copy has no docs/ and
 # must be given --output.
@@ -211,7 +211,7 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
-def _constraints(p: Param) -> str:
+def _constraints(p: Field) -> str:
     parts: list[str] = []
     if p.choices is not None:
         parts.append("one of " + ", ".join(_code(c) for c in p.choices))
@@ -236,12 +236,12 @@ def _anchor(name: str) -> str:
 
 def _render_method(m: Method) -> list[str]:
     out = [f"### `{m.name}`", "", m.doc, ""]
-    if m.params:
+    if m.fields:
         out += [
             "| Param | Type | Required | Default | Constraints | Description |",
             "|---|---|---|---|---|---|",
         ]
-        for p in m.params:
+        for p in m.fields:
             default = "" if p.default is None else _code(p.default)
             out.append(
                 f"| `{p.name}` | {p.type} | {'yes' if p.required else 'no'} | {default} "
@@ -276,7 +276,7 @@ def render() -> str:
     out: list[str] = [
         "# ctxd protocol",
         "",
-        "<!-- Generated from protocol/methods.py by `python -m ctxd.protocol.gen_docs`;"
+        "<!-- Generated from protocol/table_*.py by `python -m ctxd.protocol.gen_docs`;"
         " edit the table there, not this file. -->",
         "",
         _OVERVIEW.rstrip("\n"),

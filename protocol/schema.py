@@ -1,12 +1,12 @@
-"""Params Structs derived from the protocol table, and the protocol as one JSON Schema.
+"""The protocol as one JSON Schema.
 
     python -m ctxd.protocol                 # print the JSON Schema
     python -m ctxd.protocol --write         # (re)write docs/protocol.schema.json
     python -m ctxd.protocol --check         # exit 1 when that file is stale
 
-Each method's params are declared once, in `methods.py` (names, types, bounds, choices,
-defaults, docs); `PARAMS` turns each entry into a msgspec Struct with the same
-constraints, so the schema says exactly what `validate_params` accepts. Results and
+Each method's params are declared once, as a msgspec Struct in its `table_*.py` (names,
+types, bounds, choices, defaults, docs), and `validate_params` converts requests into that
+same Struct, so the schema says exactly what the daemon accepts. Results and
 notifications come from `types.py`. The document has every type under `$defs` and, under
 `methods` and `notifications`, which type each method takes and returns.
 """
@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -28,72 +28,24 @@ from ctxd.protocol.methods import (
     METHODS,
     NOTIFICATIONS,
     PROTOCOL_VERSION,
-    Method,
-    Param,
+    RESULTS,
 )
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "protocol.schema.json"
-
-# array params whose items have a declared shape
-_ITEMS: dict[str, Any] = {"messages": types.ChatMessage}
-_SCALARS: dict[str, Any] = {
-    "string": str,
-    "integer": int,
-    "number": float,
-    "boolean": bool,
-    "object": dict[str, Any],
-    "any": Any,
-}
-
 
 def struct_name(method: str, suffix: str) -> str:
     words = [w for part in method.strip("$/").split("/") for w in [part] if w]
     return "".join(w[:1].upper() + w[1:] for w in words) + suffix
 
 
-def _param_type(p: Param) -> Any:
-    if p.choices is not None:
-        base: Any = Literal[p.choices]  # type: ignore[valid-type]
-    elif p.type == "array":
-        base = list[_ITEMS.get(p.name, Any)]  # type: ignore[misc]
-    else:
-        base = _SCALARS[p.type]
-    meta: dict[str, Any] = {"description": p.doc}
-    if p.type in ("string", "array"):
-        if p.min is not None:
-            meta["min_length"] = int(p.min)
-        if p.max is not None:
-            meta["max_length"] = int(p.max)
-    elif p.type in ("integer", "number"):
-        if p.min is not None:
-            meta["ge"] = p.min
-        if p.max is not None:
-            meta["le"] = p.max
-    return Annotated[base, msgspec.Meta(**meta)]
-
-
-def _params_struct(method: Method) -> type[msgspec.Struct]:
-    fields: list[Any] = []
-    for p in method.params:
-        t = _param_type(p)
-        if p.required:
-            fields.append((p.name, t))
-        else:
-            # null counts as absent, so an optional param may be sent as null
-            fields.append((p.name, t | None, p.default))
-    return msgspec.defstruct(
-        struct_name(method.name, "Params"), fields, kw_only=True, forbid_unknown_fields=True
-    )
-
-
-PARAMS: dict[str, type[msgspec.Struct]] = {name: _params_struct(m) for name, m in METHODS.items()}
+PARAMS: dict[str, type[msgspec.Struct]] = {name: m.params for name, m in METHODS.items()}
 
 
 def build_schema() -> dict[str, Any]:
     """The whole protocol as one JSON Schema document (draft 2020-12)."""
     methods = list(METHODS.values())
     roots: list[Any] = [PARAMS[m.name] for m in methods]
-    roots += [types.RESULTS[m.name] for m in methods]
+    roots += [RESULTS[m.name] for m in methods]
     roots += list(types.NOTIFICATIONS.values())
     _, defs = msgspec.json.schema_components(roots, ref_template="#/$defs/{name}")
 
@@ -110,7 +62,7 @@ def build_schema() -> dict[str, Any]:
             m.name: {
                 "description": m.doc,
                 "params": ref(PARAMS[m.name]),
-                "result": ref(types.RESULTS[m.name]),
+                "result": ref(RESULTS[m.name]),
                 "errors": [c.name for c in m.errors],
             }
             for m in methods

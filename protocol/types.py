@@ -1,9 +1,9 @@
 """Typed results, notification payloads and message shapes of the protocol (msgspec).
 
-The protocol table (`methods.py`) declares every method's params; `schema.py` derives a
-params Struct for each from it. This module declares what comes back: one Struct per
-result (`RESULTS`) and per notification (`NOTIFICATIONS`), with the chat message shapes
-they share. Field names are snake_case in Python and camelCase on the wire
+The protocol table (`table_*.py`) declares every method's params Struct and names its
+result Struct (`Method.returns`). This module declares what comes back: one Struct per
+result and per notification (`NOTIFICATIONS`), with the chat message shapes they
+share. Field names are snake_case in Python and camelCase on the wire
 (`rename="camel"`); chat messages keep OpenAI's snake_case keys. `python -m ctxd.protocol`
 prints all of it as one JSON Schema, from which a client in another language can be
 generated; `tests/test_contract.py` checks real daemon replies convert into these types.
@@ -313,39 +313,6 @@ class ToolsCallResult(_Wire):
 
 class HeartbeatResult(_Wire):
     lease_seconds: float
-
-
-RESULTS: dict[str, type[msgspec.Struct]] = {
-    "initialize": InitializeResult,
-    "session/create": Session,
-    "session/list": SessionListResult,
-    "session/get": SessionGetResult,
-    "session/subscribe": Empty,
-    "session/unsubscribe": Empty,
-    "messages/append": AppendResult,
-    "archive/read": ArchiveReadResult,
-    "archive/search": ArchiveSearchResult,
-    "context/get": ContextGetResult,
-    "context/status": Status,
-    "context/compact": CompactResult,
-    "context/rebuild": CompactResult,
-    "context/clear": ClearResult,
-    "context/pop": PopResult,
-    "context/explain": ExplainResult,
-    "context/compactions": CompactionsResult,
-    "context/pins/add": PinResult,
-    "context/pins/list": PinsResult,
-    "context/pins/remove": PinResult,
-    "run/start": RunStartResult,
-    "run/finish": RunFinishResult,
-    "approval/request": ApprovalRequestResult,
-    "approval/resolve": Approval,
-    "approval/list": ApprovalListResult,
-    "tools/list": ToolsListResult,
-    "tools/call": ToolsCallResult,
-    "heartbeat": HeartbeatResult,
-    "shutdown": Empty,
-}
 
 
 # notification payloads

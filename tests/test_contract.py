@@ -20,22 +20,17 @@ import pytest
 from helpers import DaemonProcess
 from test_protocol_table import GOOD
 
+from ctxd.clients import gen_methods
 from ctxd.clients.client import AsyncClient, Client
-from ctxd.daemon import context_edit, recall
-from ctxd.daemon.dispatch import Dispatcher
+from ctxd.daemon import dispatch  # noqa: F401  (every handler registered)
 from ctxd.daemon.engine import Engine
 from ctxd.protocol import schema, types
 from ctxd.protocol.errors import InvalidMessage, InvalidParams, NotFound
-from ctxd.protocol.methods import METHODS, NOTIFICATIONS, validate_params
+from ctxd.protocol.handlers import HANDLERS
+from ctxd.protocol.methods import METHODS, NOTIFICATIONS, RESULTS, validate_params
 from ctxd.protocol.schema import PARAMS
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
-OWNERS: dict[str, Any] = {
-    "engine": Engine,
-    "context_edit": context_edit,
-    "recall": recall,
-    "dispatcher": Dispatcher,
-}
 
 
 def _snake(name: str) -> str:
@@ -44,18 +39,20 @@ def _snake(name: str) -> str:
 
 @pytest.mark.parametrize("name", list(METHODS))
 def test_every_method_has_a_handler_taking_its_params(name: str) -> None:
-    method = METHODS[name]
-    owner, _, func = method.handler.partition(".")
-    fn = getattr(OWNERS[owner], func, None)
-    assert callable(fn), f"{name}: handler {method.handler} does not exist"
-    accepted = inspect.signature(fn).parameters
-    if owner == "dispatcher":
+    handler = HANDLERS[name]
+    assert handler.method is METHODS[name]
+    accepted = inspect.signature(handler.function).parameters
+    if handler.connection:
+        assert handler.owner == "Dispatcher", name
         assert list(accepted)[1:3] == ["conn", "p"], f"{name}: a dispatcher handler takes (conn, p)"
+        # the Struct it is given is the one its annotation names
+        assert accepted["p"].annotation == METHODS[name].params.__name__, name
         return
-    lead = ["self"] if owner == "engine" else ["engine"]
+    assert handler.owner in (None, *(c.__name__ for c in Engine.__mro__)), name
+    lead = ["self"] if handler.owner is not None else ["engine"]
     assert list(accepted)[: len(lead)] == lead, name
-    for param in method.param_names:
-        assert _snake(param) in accepted, f"{name}: {method.handler} lacks {_snake(param)}"
+    for field in METHODS[name].fields:
+        assert field.attr in accepted, f"{name}: {handler.function.__qualname__} lacks {field.attr}"
 
 
 @pytest.mark.parametrize("name", list(METHODS))
@@ -72,6 +69,23 @@ def test_every_method_has_a_client_method_taking_its_params(name: str) -> None:
             assert _snake(param) in accepted or extra, (
                 f"{name}: {cls.__name__}.{method.client}() cannot send {param}"
             )
+
+
+def test_client_calls_are_generated_from_the_table(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert gen_methods.main(["--check"]) == 0, "run python -m ctxd.clients.gen_methods"
+    out = tmp_path / "client_methods.py"
+    assert gen_methods.main(["--output", str(out)]) == 0
+    out.write_text(out.read_text().replace("sessionId=session_id", "session_id=session_id"))
+    assert gen_methods.main(["--check", "--output", str(out)]) == 1
+    assert "stale" in capsys.readouterr().err
+    # the LSP and MCP servers and the CLI send through these calls, not raw names
+    clients = Path(gen_methods.__file__).resolve().parent
+    for path in [*clients.glob("lsp/*.py"), clients / "mcp_server.py",
+                 clients / "cli.py", *clients.glob("cli_commands/*.py"),
+                 *clients.glob("commands*.py")]:
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"\.call\(\s*\"", text), f"{path.name} sends a raw method name"
 
 
 def test_every_method_has_a_docs_entry() -> None:
@@ -136,20 +150,20 @@ def test_run_finish_with_a_refused_message_leaves_the_run_open(daemon: DaemonPro
 
 def test_every_method_and_notification_is_typed() -> None:
     assert set(PARAMS) == set(METHODS)
-    assert set(types.RESULTS) == set(METHODS), "a method without a typed result"
+    assert set(RESULTS) == set(METHODS), "a method without a typed result"
     assert set(types.NOTIFICATIONS) == set(NOTIFICATIONS)
     for name, method in METHODS.items():
-        fields = PARAMS[name].__struct_fields__
-        assert fields == method.param_names, name
+        assert PARAMS[name] is method.params
+        assert PARAMS[name].__struct_encode_fields__ == method.param_names, name
 
 
 @pytest.mark.parametrize("name", list(METHODS))
 def test_params_struct_accepts_what_the_table_accepts(name: str) -> None:
     good = GOOD[name]
-    assert validate_params(name, good).keys() == set(METHODS[name].param_names)
+    # the daemon's checks and a plain decode of the JSON into the Struct agree
     decoded = msgspec.json.decode(msgspec.json.encode(good), type=PARAMS[name])
-    assert msgspec.structs.asdict(decoded).keys() == set(METHODS[name].param_names)
-    for p in METHODS[name].params:
+    assert validate_params(name, good) == decoded
+    for p in METHODS[name].fields:
         if p.type == "string" and p.max is not None:
             bad = {**good, p.name: "x" * (int(p.max) + 1)}
             with pytest.raises(InvalidParams):
@@ -181,7 +195,7 @@ def test_real_replies_and_notifications_have_the_declared_types(daemon: DaemonPr
     seen: dict[str, Any] = {}
 
     def call(method: str, result: Any) -> Any:
-        seen[method] = msgspec.convert(result, types.RESULTS[method])
+        seen[method] = msgspec.convert(result, RESULTS[method])
         return result
 
     with daemon.client("zmq") as c:

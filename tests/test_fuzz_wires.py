@@ -227,7 +227,7 @@ WRONG_TYPE: dict[str, st.SearchStrategy[Any]] = {
     "object": _INTS | _FLOATS | _TEXT | st.booleans() | _LISTS,
     "array": _INTS | _FLOATS | _TEXT | st.booleans() | _DICTS,
 }
-TYPED_PARAMS = [(m, p) for m in FUZZ_METHODS for p in METHODS[m].params if p.type != "any"]
+TYPED_PARAMS = [(m, p) for m in FUZZ_METHODS for p in METHODS[m].fields if p.type != "any"]
 BOUNDED_PARAMS = [
     (m, p) for m, p in TYPED_PARAMS
     if p.choices or (p.type in ("string", "integer") and (p.min or p.max))
@@ -237,7 +237,7 @@ BOUNDED_PARAMS = [
 def valid_params(method: str) -> dict[str, Any]:
     """Params that pass validation (the handler may still refuse them)."""
     out: dict[str, Any] = {}
-    for p in METHODS[method].params:
+    for p in METHODS[method].fields:
         if not p.required:
             continue
         if p.choices:

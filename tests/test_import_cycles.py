@@ -120,3 +120,72 @@ def test_a_cycle_is_found() -> None:
     # the checker itself must be able to fail
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+# The store: the SQLite modules under daemon/, the facade in daemon/stores/ and
+# PostgreSQL in daemon/pg/. It sits below the engine, so it never reaches the engine.
+STORE_MODULES = (
+    "ctxd.daemon.stores",
+    "ctxd.daemon.pg",
+    "ctxd.daemon.archive",
+    "ctxd.daemon.archive_search",
+    "ctxd.daemon.context_store",
+    "ctxd.daemon.runs",
+    "ctxd.daemon.compaction_log",
+    "ctxd.daemon.schema",
+    "ctxd.daemon.search",
+    "ctxd.daemon.fts",
+    "ctxd.daemon.snippets",
+)
+ENGINE_MODULES = ("ctxd.daemon.engine", "ctxd.daemon.engine_reads", "ctxd.daemon.engine_runs")
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> dict[str, str]:
+    """Every module `start` imports, directly or not, with the module that imports it."""
+    seen: dict[str, str] = {}
+    todo = [start]
+    while todo:
+        v = todo.pop()
+        for w in graph[v]:
+            if w not in seen and w != start:
+                seen[w] = v
+                todo.append(w)
+    return seen
+
+
+def _forbidden(graph: dict[str, set[str]], sources: tuple[str, ...],
+               targets: tuple[str, ...]) -> list[str]:
+    found = []
+    for name in sorted(graph):
+        if _under(name, sources):
+            for w, via in sorted(_reach(graph, name).items()):
+                if _under(w, targets):
+                    found.append(f"{name} -> ... {via} -> {w}")
+    return found
+
+
+def test_protocol_imports_no_daemon_and_no_client() -> None:
+    # the contract is what daemon and clients are written against, not the other way
+    modules = _modules()
+    graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+    bad = _forbidden(graph, ("ctxd.protocol",), ("ctxd.daemon", "ctxd.clients"))
+    assert not bad, "protocol/ imports the daemon or a client:\n" + "\n".join(bad)
+
+
+def test_no_store_imports_the_engine() -> None:
+    modules = _modules()
+    graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+    assert any(_under(n, ("ctxd.daemon.pg",)) for n in graph)  # the walk sees the stores
+    bad = _forbidden(graph, STORE_MODULES, ENGINE_MODULES)
+    assert not bad, "a store module reaches the engine:\n" + "\n".join(bad)
+
+
+def test_the_layer_checks_can_fail() -> None:
+    graph = {"ctxd.daemon.pg.x": {"ctxd.daemon.util"}, "ctxd.daemon.util": {"ctxd.daemon.engine"},
+             "ctxd.daemon.engine": set()}
+    assert _forbidden(graph, STORE_MODULES, ENGINE_MODULES) == [
+        "ctxd.daemon.pg.x -> ... ctxd.daemon.util -> ctxd.daemon.engine"]

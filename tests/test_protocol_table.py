@@ -5,6 +5,7 @@ from __future__ import annotations
 import timeit
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -165,6 +166,11 @@ GOOD: dict[str, dict[str, Any]] = {
 }
 
 
+def wire(params: msgspec.Struct) -> dict[str, Any]:
+    """A params Struct as the dict of camelCase names the wire carries."""
+    return msgspec.to_builtins(params)  # type: ignore[no-any-return]
+
+
 def invalid(method: str, params: Any) -> InvalidParams:
     with pytest.raises(InvalidParams) as info:
         validate_params(method, params)
@@ -184,7 +190,7 @@ def test_exact_method_set_and_param_names() -> None:
 
 def test_required_params() -> None:
     for name, required in REQUIRED.items():
-        assert {p.name for p in METHODS[name].params if p.required} == required, name
+        assert {p.name for p in METHODS[name].fields if p.required} == required, name
     # every other method takes sessionId (and for context/pins/* more) as required
     for name, m in METHODS.items():
         if name not in REQUIRED and "sessionId" in m.param_names:
@@ -200,9 +206,9 @@ def test_needs_session_means_a_required_session_id() -> None:
 def test_table_entries_are_well_formed() -> None:
     for m in METHODS.values():
         assert m.doc and m.result
-        assert len(set(m.param_names)) == len(m.params)
+        assert len(set(m.param_names)) == len(m.fields)
         assert all(isinstance(c, ErrorCode) for c in m.errors)
-        for p in m.params:
+        for p in m.fields:
             assert p.type in TYPES
             assert p.doc
             assert p.name[0].islower() and "_" not in p.name  # camelCase
@@ -212,7 +218,7 @@ def test_table_entries_are_well_formed() -> None:
 
 def test_bounds() -> None:
     for m in METHODS.values():
-        for p in m.params:
+        for p in m.fields:
             if p.name == "limit":
                 assert p.min == 1
                 assert p.max == (5000 if m.name == "archive/read" else 1000)
@@ -244,12 +250,12 @@ def test_constants() -> None:
 @pytest.mark.parametrize("method", sorted(GOOD))
 def test_good_params_pass_unchanged(method: str) -> None:
     out = validate_params(method, GOOD[method])
-    assert out == GOOD[method]
-    assert out is not GOOD[method]
+    assert isinstance(out, METHODS[method].params)
+    assert wire(out) == GOOD[method]
 
 
 def test_defaults_are_filled() -> None:
-    out = validate_params("archive/search", {"query": "x"})
+    out = wire(validate_params("archive/search", {"query": "x"}))
     assert out == {
         "query": "x",
         "sessionId": None,
@@ -261,36 +267,56 @@ def test_defaults_are_filled() -> None:
         "since": None,
         "until": None,
     }
-    assert validate_params("archive/read", {"sessionId": "s"}) == {
+    assert wire(validate_params("archive/read", {"sessionId": "s"})) == {
         "sessionId": "s",
         "afterId": 0,
         "limit": 200,
         "beforeId": None,
         "maxBytes": 8 * 1024 * 1024,
     }
-    assert validate_params("context/get", {"sessionId": "s"})["format"] == "openai"
-    assert validate_params("context/compact", {"sessionId": "s"})["force"] is False
-    assert validate_params("session/list", {})["limit"] == 50
+    assert validate_params("context/get", {"sessionId": "s"}).format == "openai"
+    assert validate_params("context/compact", {"sessionId": "s"}).force is False
+    assert validate_params("session/list", {}).limit == 50
 
 
 def test_null_or_missing_params_object() -> None:
-    assert validate_params("tools/list", None) == {}
-    assert validate_params("shutdown", {}) == {}
+    assert wire(validate_params("tools/list", None)) == {}
+    assert wire(validate_params("shutdown", {})) == {}
+    assert wire(validate_params("shutdown", [])) == {}
 
 
 def test_null_optional_means_default() -> None:
     out = validate_params("archive/read", {"sessionId": "s", "limit": None})
-    assert out["limit"] == 200
+    assert out.limit == 200
 
 
 def test_integral_float_becomes_int() -> None:
     out = validate_params("archive/read", {"sessionId": "s", "limit": 7.0})
-    assert out["limit"] == 7 and type(out["limit"]) is int
+    assert out.limit == 7 and type(out.limit) is int
 
 
 def test_tuple_array_accepted() -> None:
     # msgpack can decode arrays as tuples
-    validate_params("messages/append", {"sessionId": "s", "messages": ({"role": "user"},)})
+    out = validate_params("messages/append", {"sessionId": "s", "messages": ({"role": "user"},)})
+    assert out.messages == [{"role": "user"}]
+
+
+def test_what_the_struct_cannot_judge_alone() -> None:
+    # checked before the conversion: null is absent, text is valid Unicode
+    out = validate_params("session/create", {"title": "标题", "sessionId": None})
+    assert out.title == "标题" and out.session_id is None
+    err = invalid("session/create", {"title": "ok\ud800"})
+    assert "lone surrogate" in err.message and err.data["param"] == "title"
+    err = invalid("archive/search", {"query": "x", "since": float("nan")})
+    assert "'since' must be a finite number" in err.message
+    # the same errors, word for word, as before the params were Structs
+    assert invalid("archive/read", {"sessionId": "s", "limit": 0}).message == (
+        "archive/read: parameter 'limit' must be between 1 and 5000, got 0")
+    assert invalid("session/get", {}).message == (
+        "session/get: missing required parameter 'sessionId' (a string)")
+    assert invalid("run/finish", {"runId": "r", "outcome": "ok"}).message == (
+        "run/finish: parameter 'outcome' must be one of 'completed', 'failed', "
+        "'cancelled', got 'ok'")
 
 
 # validate_params: refusing
@@ -399,6 +425,9 @@ def test_unknown_param_refused() -> None:
     assert err.data["param"] == "sesionId"
     err = invalid("tools/list", {"verbose": True})
     assert "'verbose'" in err.message
+    # sent as null it is still a param the method does not have
+    err = invalid("context/status", {"sessionId": "s", "pinId": None})
+    assert err.data["param"] == "pinId" and "unknown parameter" in err.message
 
 
 @given(st.dictionaries(st.text(max_size=12), st.none() | st.booleans() | st.integers()))
@@ -408,7 +437,7 @@ def test_never_raises_anything_but_invalid_params(params: dict[str, Any]) -> Non
             out = validate_params(method, params)
         except InvalidParams:
             continue
-        assert set(out) == set(METHODS[method].param_names)
+        assert set(wire(out)) == set(METHODS[method].param_names)
 
 
 def test_fast_enough() -> None:
@@ -444,7 +473,7 @@ def test_doc_covers_every_method_error_and_notification() -> None:
         assert code in ERROR_DOCS
     for name, m in METHODS.items():
         assert f"### `{name}`" in text
-        for p in m.params:
+        for p in m.fields:
             assert f"| `{p.name}` |" in text
     for name in NOTIFICATIONS:
         assert f"| `{name}` |" in text

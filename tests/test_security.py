@@ -119,7 +119,7 @@ def host_port(endpoint: str) -> tuple[str, int]:
 def valid_params(method: str) -> dict[str, Any]:
     """Params that pass validation, so only authentication can refuse the request."""
     out: dict[str, Any] = {}
-    for p in METHODS[method].params:
+    for p in METHODS[method].fields:
         if not p.required:
             continue
         if p.choices:

@@ -101,4 +101,4 @@ def test_compaction_history_carries_archive_sizes(engine: Engine) -> None:
     finally:
         fresh.close()
     assert rows[1]["beforeMessages"] > rows[1]["afterMessages"]
-    assert validate_params("context/compactions", {"sessionId": sid})["limit"] == 50
+    assert validate_params("context/compactions", {"sessionId": sid}).limit == 50

@@ -114,14 +114,12 @@ def register(ls: CtxdServer, bridge: Bridge,
         force = a.get("force", True)
         if not isinstance(force, bool):
             raise BadArgument("force must be true or false")
-        return await bridge.call("context/compact", {
-            "sessionId": bridge.session_of(a), "force": force, "instructions": instructions},
-            timeout=900.0)
+        return await bridge.daemon.compact(bridge.session_of(a), force=force,
+                                           instructions=instructions)
 
     @command("ctxd.rebuild")
     async def rebuild(a: dict[str, Any]) -> Any:
-        return await bridge.call("context/rebuild", {"sessionId": bridge.session_of(a)},
-                                 timeout=900.0)
+        return await bridge.daemon.rebuild(bridge.session_of(a))
 
     @command("ctxd.pin")
     async def pin(a: dict[str, Any]) -> Any:
@@ -132,13 +130,13 @@ def register(ls: CtxdServer, bridge: Bridge,
             text = _range_text(ls, uri, a.get("range"))
         if not isinstance(text, str) or not text.strip():
             raise BadArgument("nothing to pin: select some text (or pass text)")
-        return await bridge.call("context/pins/add",
-                                 {"sessionId": bridge.session_of(a), "text": text})
+        return await bridge.daemon.add_pin(bridge.session_of(a), text)
 
     @command("ctxd.unpin")
     async def unpin(a: dict[str, Any]) -> Any:
-        return await bridge.call("context/pins/remove",
-                                 {"sessionId": bridge.session_of(a), "pinId": _str(a, "pinId")})
+        pin_id = _str(a, "pinId")
+        assert pin_id is not None
+        return await bridge.daemon.remove_pin(bridge.session_of(a), pin_id)
 
     async def show(key: DocKey) -> dict[str, Any]:
         uri = await ls.materialize(key)

@@ -14,11 +14,12 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from ctxd.clients.client import AsyncClient, DaemonNotRunning, find_daemon
+from ctxd.clients.client_methods import _Methods
 from ctxd.clients.lsp import documents as docs
 from ctxd.clients.lsp.documents import DocKey, Rendered
 from ctxd.protocol.errors import Conflict, CtxdError
@@ -73,6 +74,17 @@ def approval_prompt(approval: dict[str, Any], title: str) -> str:
             f"{approval.get('toolName') or 'a tool'}({text}). Approve?")
 
 
+class DaemonCalls(_Methods[Awaitable[Any]]):
+    """The protocol table's calls (`client_methods.py`), sent through the bridge."""
+
+    def __init__(self, bridge: Bridge) -> None:
+        self._bridge = bridge
+
+    def call(self, method: str, params: dict[str, Any] | None = None, *,
+             timeout: float | None = None) -> Awaitable[Any]:
+        return self._bridge.call(method, params, timeout)
+
+
 class Bridge:
     def __init__(
         self,
@@ -87,6 +99,8 @@ class Bridge:
         self.start_daemon = start_daemon
         self.discover_interval = discover_interval
         self.client: AsyncClient | None = None
+        # the protocol's calls, through `call` (its reconnects and errors)
+        self.daemon = DaemonCalls(self)
         self.current: str | None = None
         self.chosen = False  # the user chose `current`: events no longer move it
         self.titles: dict[str, str] = {}
@@ -214,7 +228,7 @@ class Bridge:
         cursor: str | None = None
         newest: str | None = None
         while True:
-            page = await self.call("session/list", {"limit": DISCOVER_PAGE, "cursor": cursor})
+            page = await self.daemon.list_sessions(limit=DISCOVER_PAGE, cursor=cursor)
             sessions = page.get("sessions") or []
             fresh = False
             for s in sessions:
@@ -224,10 +238,9 @@ class Bridge:
                 if sid in self._subscribed:
                     continue
                 fresh = True
-                await self.call("session/subscribe", {"sessionId": sid})
+                await self.daemon.subscribe(sid)
                 self._subscribed.add(sid)
-                pending = await self.call("approval/list",
-                                          {"sessionId": sid, "status": "pending"})
+                pending = await self.daemon.list_approvals(sid, status="pending")
                 for approval in pending.get("approvals") or []:
                     self._spawn(self._ask(approval))
             cursor = page.get("nextCursor")
@@ -267,7 +280,7 @@ class Bridge:
 
     async def title(self, sid: str) -> str:
         if sid not in self.titles:
-            got = await self.call("session/get", {"sessionId": sid})
+            got = await self.daemon.get_session(sid)
             self.titles[sid] = got["session"].get("title") or sid
         return self.titles[sid]
 
@@ -328,7 +341,7 @@ class Bridge:
     async def push_status(self) -> None:
         if self.current is None:
             return
-        status = await self.call("context/status", {"sessionId": self.current})
+        status = await self.daemon.context_status(self.current)
         self.ui.status({**status, "connected": True,
                         "title": await self.title(self.current)})
 
@@ -363,8 +376,7 @@ class Bridge:
         """Resolve; if another client answered first, tell the user which answer won."""
         self.unanswered.pop(approval_id, None)
         try:
-            result = await self.call("approval/resolve",
-                                     {"approvalId": approval_id, "decision": decision})
+            result = await self.daemon.resolve_approval(approval_id, decision)
         except Conflict:
             won = self._answered_elsewhere.get(approval_id) or await self._approval(approval_id)
             status = won.get("status", "resolved") if won else "resolved"
@@ -377,7 +389,7 @@ class Bridge:
 
     async def _approval(self, approval_id: str) -> dict[str, Any] | None:
         for sid in list(self._subscribed):
-            got = await self.call("approval/list", {"sessionId": sid})
+            got = await self.daemon.list_approvals(sid)
             for a in got.get("approvals") or []:
                 if a.get("approvalId") == approval_id:
                     return a  # type: ignore[no-any-return]
@@ -388,22 +400,20 @@ class Bridge:
     async def render(self, key: DocKey) -> Rendered:
         now = time.time()
         if key.kind == "search":
-            hits = (await self.call("archive/search", {"query": key.query, "limit": 200,
-                                                       "newestFirst": True}))["hits"]
+            hits = (await self.daemon.search(key.query, limit=200, newest_first=True))["hits"]
             for sid in {h["sessionId"] for h in hits}:
                 await self.title(sid)
             rendered = docs.render_search(key, hits, self.titles, now)
         elif key.kind == "transcript":
             title = await self.title(key.session_id)
             after = None if key.start is None else key.start - 1
-            page = await self.call("archive/read", {"sessionId": key.session_id,
-                                                    "afterId": after,
-                                                    "limit": docs.PAGE_SIZE})
+            page = await self.daemon.read(key.session_id, after_id=after,
+                                           limit=docs.PAGE_SIZE)
             rendered = docs.render_transcript(key, title, page)
         else:
             title = await self.title(key.session_id)
-            context = await self.call("context/get", {"sessionId": key.session_id})
-            explain = await self.call("context/explain", {"sessionId": key.session_id})
+            context = await self.daemon.context_get(key.session_id)
+            explain = await self.daemon.explain(key.session_id)
             rendered = docs.render_context(key, title, context, explain, now)
         self.live[key] = rendered
         self.live.move_to_end(key)
@@ -418,7 +428,7 @@ class Bridge:
 
     async def search(self, query: str, limit: int = SYMBOL_LIMIT) -> list[dict[str, Any]]:
         """`archive/search` over all sessions; each hit gets its session's `title`."""
-        hits = (await self.call("archive/search", {"query": query, "limit": limit}))["hits"]
+        hits = (await self.daemon.search(query, limit=limit))["hits"]
         missing = {h["sessionId"] for h in hits} - self.titles.keys()
         if missing:
             await asyncio.gather(*(self.title(sid) for sid in missing))
@@ -426,8 +436,8 @@ class Bridge:
 
     async def file_history(self, path: str) -> dict[str, Any]:
         """Sessions whose archived messages mention the workspace-relative `path`."""
-        hits = (await self.call("archive/search", {"query": path, "limit": FILE_HISTORY_LIMIT,
-                                                   "newestFirst": True}))["hits"]
+        hits = (await self.daemon.search(path, limit=FILE_HISTORY_LIMIT,
+                                           newest_first=True))["hits"]
         name = path.rsplit("/", 1)[-1]
         hits = [h for h in hits if name in h.get("snippet", "").replace("**", "")]
         sessions = {h["sessionId"] for h in hits}
@@ -439,13 +449,13 @@ class Bridge:
         await self.title(sid)  # SessionNotFound for an unknown id, and nothing changes
         self.current, self.chosen = sid, True
         if sid not in self._subscribed:
-            await self.call("session/subscribe", {"sessionId": sid})
+            await self.daemon.subscribe(sid)
             self._subscribed.add(sid)
         await self.push_status()
         return {"sessionId": sid, "title": self.titles[sid]}
 
     async def sessions(self, limit: int = 20) -> list[dict[str, Any]]:
-        page = await self.call("session/list", {"limit": limit})
+        page = await self.daemon.list_sessions(limit=limit)
         for s in page.get("sessions") or []:
             self.titles[s["sessionId"]] = s.get("title") or s["sessionId"]
         return list(page.get("sessions") or [])

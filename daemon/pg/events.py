@@ -41,6 +41,7 @@ from typing import Any
 
 import psycopg
 
+from ctxd.daemon.approval_events import event_approval
 from ctxd.daemon.pg.connection import connect
 
 log = logging.getLogger("ctxd.pg.events")
@@ -147,12 +148,10 @@ def _params(engine: Any, method: str, sid: str, ref: dict[str, Any]) -> dict[str
             return {"sessionId": sid, "runId": run["runId"], "run": run}
         return {"sessionId": sid, "run": run, "autoCompactionScheduled": bool(ref.get("a"))}
     if method in ("approval/didRequest", "approval/didResolve"):
-        from ctxd.daemon.engine import _event_approval
-
         approval = runs.get_approval(ref["p"])
         if approval is None or approval["sessionId"] != sid:
             return None
-        return {"sessionId": sid, "approval": _event_approval(approval)}
+        return {"sessionId": sid, "approval": event_approval(approval)}
     params = {"sessionId": sid, **ref.get("v", {})}
     ids = params.get("messageIds")
     if isinstance(ids, dict):  # a long pop: the range's messages now left out

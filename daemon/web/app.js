@@ -3,6 +3,7 @@
 
 import { $, clear, fmtAgo, fmtInt, fmtTime, h, longText, prettyArgs } from "./dom.js";
 import { renderHistory, renderPins, renderSummary, renderSystem, renderTail } from "./panel.js";
+import { Methods } from "./methods.js";
 import { Rpc } from "./rpc.js";
 import { Search } from "./search.js";
 import { Transcript } from "./transcript.js";
@@ -24,9 +25,11 @@ const S = {
 };
 
 const rpc = new Rpc({ onState: setConn, onNotification: onEvent, onOpen: catchUp });
+// the protocol's calls, generated from its schema (methods.js)
+const api = new Methods(rpc);
 let transcript;
 // a hit of this session scrolls to its message; another session's opens that session there
-const finder = new Search(rpc, () => S.sid, (hit) => {
+const finder = new Search(api, () => S.sid, (hit) => {
   if (hit.sessionId === S.sid) {
     history.replaceState(null, "", `#m${hit.messageId}`);
     jump(hit.messageId);
@@ -74,7 +77,7 @@ function go(path) {
 // the session list
 
 async function openList() {
-  if (S.sid) rpc.call("session/unsubscribe", { sessionId: S.sid }).catch(() => {});
+  if (S.sid) api.sessionUnsubscribe(S.sid).catch(() => {});
   S.sid = null;
   if (transcript) transcript.reset(null);
   document.title = "Sessions · ctxd";
@@ -88,9 +91,9 @@ async function openList() {
 
 async function loadSessions(fresh) {
   const title = $("#session-filter").value.trim() || undefined;
-  const params = { limit: fresh ? Math.max(50, Math.min(S.listCount, 1000)) : 50, title };
-  if (!fresh) params.cursor = S.listCursor;
-  const res = await rpc.call("session/list", params);
+  const options = { limit: fresh ? Math.max(50, Math.min(S.listCount, 1000)) : 50, title };
+  if (!fresh) options.cursor = S.listCursor;
+  const res = await api.sessionList(options);
   if (S.sid) return;
   const body = $("#sessions tbody");
   if (fresh) clear(body);
@@ -118,7 +121,7 @@ async function loadSessions(fresh) {
 async function openSession(sid) {
   S.opening = sid;
   delete document.body.dataset.ready;
-  if (S.sid && S.sid !== sid) rpc.call("session/unsubscribe", { sessionId: S.sid }).catch(() => {});
+  if (S.sid && S.sid !== sid) api.sessionUnsubscribe(S.sid).catch(() => {});
   S.sid = sid;
   S.approvals = new Map();
   S.context = null;
@@ -138,7 +141,7 @@ async function openSession(sid) {
   $("#new-below").hidden = true;
   let got;
   try {
-    got = await rpc.call("session/get", { sessionId: sid });
+    got = await api.sessionGet(sid);
   } catch (err) {
     if (S.sid !== sid) return;
     S.opening = null;
@@ -154,7 +157,7 @@ async function openSession(sid) {
   setStatus(got.status);
   const m = location.hash.match(/^#m(\d+)$/);
   // subscribed before reading, so nothing appended meanwhile is missed
-  const subscribed = rpc.call("session/subscribe", { sessionId: sid });
+  const subscribed = api.sessionSubscribe(sid);
   await Promise.all([subscribed, refreshContext(),
     subscribed.then(() => (m ? transcript.jumpTo(Number(m[1])) : transcript.openNewest()))]);
   document.body.dataset.ready = "true";
@@ -176,7 +179,7 @@ async function catchUp() {
     if (!S.opening) await openSession(sid);
     return;
   }
-  await rpc.call("session/subscribe", { sessionId: sid });
+  await api.sessionSubscribe(sid);
   await Promise.all([refreshStatus(), refreshContext(), refreshApprovals(), refreshPins(),
     refreshExplain(), refreshHistory(), transcript.catchUp()]);
 }
@@ -223,13 +226,13 @@ function soon(name, fn, ms = 60) {
 
 async function refreshStatus() {
   const sid = S.sid;
-  const st = await rpc.call("context/status", { sessionId: sid });
+  const st = await api.contextStatus(sid);
   if (sid === S.sid) setStatus(st);
 }
 
 async function refreshContext() {
   const sid = S.sid;
-  const ctx = await rpc.call("context/get", { sessionId: sid });
+  const ctx = await api.contextGet(sid);
   if (sid !== S.sid) return;
   S.context = ctx;
   S.ctxIds = new Set(ctx.messageIds.filter((x) => x !== null));
@@ -242,11 +245,11 @@ async function refreshContext() {
 
 async function refreshPins() {
   const sid = S.sid;
-  const res = await rpc.call("context/pins/list", { sessionId: sid });
+  const res = await api.contextPinsList(sid);
   if (sid !== S.sid) return;
   renderPins($("#pins-box"), res.pins, {
     onRemove: async (pin) => {
-      await rpc.call("context/pins/remove", { sessionId: sid, pinId: pin.pinId });
+      await api.contextPinsRemove(sid, pin.pinId);
       await Promise.all([refreshPins(), refreshStatus()]);
     },
   });
@@ -254,7 +257,7 @@ async function refreshPins() {
 
 async function refreshExplain() {
   const sid = S.sid;
-  const res = await rpc.call("context/explain", { sessionId: sid });
+  const res = await api.contextExplain(sid);
   if (sid !== S.sid) return;
   S.explain = res;
   drawSummary();
@@ -266,14 +269,14 @@ function drawSummary() {
 
 async function refreshHistory() {
   const sid = S.sid;
-  const res = await rpc.call("context/compactions", { sessionId: sid, limit: 100 });
+  const res = await api.contextCompactions(sid, { limit: 100 });
   if (sid !== S.sid) return;
   renderHistory($("#history-box"), res.compactions, S.status);
 }
 
 async function refreshApprovals() {
   const sid = S.sid;
-  const res = await rpc.call("approval/list", { sessionId: sid, status: "pending" });
+  const res = await api.approvalList(sid, { status: "pending" });
   if (sid !== S.sid) return;
   S.approvals = new Map(res.approvals.map((a) => [a.approvalId, a]));
   drawApprovals();
@@ -288,8 +291,8 @@ function drawApprovals() {
     const decide = async (decision) => {
       for (const b of card.querySelectorAll("button")) b.disabled = true;
       try {
-        await rpc.call("approval/resolve", { approvalId: a.approvalId, decision,
-          reason: reason.value.trim() || undefined });
+        await api.approvalResolve(a.approvalId, decision,
+          { reason: reason.value.trim() || undefined });
       } catch (err) {
         note.textContent = err.message;
       }
@@ -415,7 +418,7 @@ async function compactNow() {
   S.compacting = true;
   updateGates();
   try {
-    const r = await rpc.call("context/compact", { sessionId: sid, force: true, instructions });
+    const r = await api.contextCompact(sid, { force: true, instructions });
     if (sid !== S.sid) return;
     S.progressShown = false;
     out.textContent = r.effective
@@ -441,7 +444,7 @@ async function sendMessage(ev) {
   const text = box.value;
   if (!text.trim() || box.disabled) return;
   try {
-    await rpc.call("messages/append", { sessionId: S.sid, messages: [{ role: "user", content: text }] });
+    await api.messagesAppend(S.sid, [{ role: "user", content: text }]);
     box.value = "";
     $("#composer-reason").textContent = "";
     transcript.scrollToBottom();
@@ -455,7 +458,7 @@ async function addPin(ev) {
   const input = $("#pin-input");
   const text = input.value.trim();
   if (!text) return;
-  await rpc.call("context/pins/add", { sessionId: S.sid, text });
+  await api.contextPinsAdd(S.sid, text);
   input.value = "";
   await Promise.all([refreshPins(), refreshStatus()]);
 }
@@ -463,7 +466,7 @@ async function addPin(ev) {
 // wiring
 
 function start() {
-  transcript = new Transcript(rpc, $("#transcript-scroller"), $("#transcript"), {
+  transcript = new Transcript(api, $("#transcript-scroller"), $("#transcript"), {
     isInContext,
     // n > 0: messages arrived below the reader; -1: the reader is away from the newest
     onNewBelow: (n) => {
@@ -517,7 +520,7 @@ function start() {
   }, 3000);
   setInterval(() => { if (S.status) setStatus(S.status); }, 15000);
   // for the console and the tests: the connection and the page's state
-  window.ctxd = { rpc, state: S, transcript };
+  window.ctxd = { rpc, api, state: S, transcript };
   rpc.connect();
   route();
 }

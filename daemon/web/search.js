@@ -4,8 +4,8 @@
 import { $, clear, fmtTime, h, snippetNodes } from "./dom.js";
 
 export class Search {
-  constructor(rpc, currentSession, onOpen) {
-    this.rpc = rpc;
+  constructor(api, currentSession, onOpen) {
+    this.api = api;
     this.currentSession = currentSession;
     this.onOpen = onOpen;
     this.seq = 0;
@@ -17,11 +17,11 @@ export class Search {
     if (!query) return this.close();
     const seq = ++this.seq;
     const sid = this.currentSession();
-    const params = { query, limit: 30 };
-    if ($("#search-scope").value === "session" && sid) params.sessionId = sid;
+    const options = { limit: 30 };
+    if ($("#search-scope").value === "session" && sid) options.sessionId = sid;
     let res;
     try {
-      res = await this.rpc.call("archive/search", params);
+      res = await this.api.archiveSearch(query, options);
     } catch (err) {
       if (seq !== this.seq) return;
       clear(box).append(this.head(err.message));
@@ -30,7 +30,7 @@ export class Search {
     }
     if (seq !== this.seq) return;
     const hits = res.hits;
-    const where = params.sessionId ? "in this session" : "in all sessions";
+    const where = options.sessionId ? "in this session" : "in all sessions";
     clear(box).append(this.head(
       `${hits.length} hit${hits.length === 1 ? "" : "s"} for “${query}” ${where}`));
     if (res.matched === "any") {

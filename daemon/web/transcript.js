@@ -20,8 +20,8 @@ function numbered(res) {
 }
 
 export class Transcript {
-  constructor(rpc, scroller, list, { onNewBelow, isInContext }) {
-    this.rpc = rpc;
+  constructor(api, scroller, list, { onNewBelow, isInContext }) {
+    this.api = api;
     this.scroller = scroller;
     this.list = list;
     this.onNewBelow = onNewBelow;
@@ -64,7 +64,7 @@ export class Transcript {
 
   async openNewest() {
     const gen = this.generation;
-    const res = await this.rpc.call("archive/read", { sessionId: this.sid, beforeId: NEWEST, limit: PAGE });
+    const res = await this.api.archiveRead(this.sid, { beforeId: NEWEST, limit: PAGE });
     if (gen !== this.generation) return;
     this.setWindow(numbered(res), res.nextBeforeId !== null, false);
     this.scrollToBottom();
@@ -76,8 +76,8 @@ export class Transcript {
       const gen = this.generation;
       const half = PAGE / 2;
       const [older, newer] = await Promise.all([
-        this.rpc.call("archive/read", { sessionId: this.sid, beforeId: id + 1, limit: half }),
-        this.rpc.call("archive/read", { sessionId: this.sid, afterId: id, limit: half }),
+        this.api.archiveRead(this.sid, { beforeId: id + 1, limit: half }),
+        this.api.archiveRead(this.sid, { afterId: id, limit: half }),
       ]);
       if (gen !== this.generation) return false;
       this.setWindow([...numbered(older), ...numbered(newer)], older.nextBeforeId !== null,
@@ -124,8 +124,8 @@ export class Transcript {
     this.busy = true;
     const gen = this.generation;
     try {
-      const res = await this.rpc.call("archive/read", {
-        sessionId: this.sid, beforeId: this.items[0].id, limit: PAGE });
+      const res = await this.api.archiveRead(this.sid, {
+        beforeId: this.items[0].id, limit: PAGE });
       if (gen !== this.generation) return;
       const s = this.scroller;
       const before = s.scrollHeight;
@@ -146,8 +146,8 @@ export class Transcript {
     this.busy = true;
     const gen = this.generation;
     try {
-      const res = await this.rpc.call("archive/read", {
-        sessionId: this.sid, afterId: this.lastId, limit: PAGE });
+      const res = await this.api.archiveRead(this.sid, {
+        afterId: this.lastId, limit: PAGE });
       if (gen !== this.generation) return;
       this.appendMessages(numbered(res));
       this.hasNewer = res.nextAfterId !== null;
@@ -173,8 +173,8 @@ export class Transcript {
     const stick = this.atBottom();
     let added = 0;
     for (;;) {
-      const res = await this.rpc.call("archive/read", {
-        sessionId: this.sid, afterId: this.lastId, limit: PAGE });
+      const res = await this.api.archiveRead(this.sid, {
+        afterId: this.lastId, limit: PAGE });
       if (gen !== this.generation) return;
       this.appendMessages(numbered(res));
       added += res.messages.length;
