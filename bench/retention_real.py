@@ -356,7 +356,7 @@ def main() -> None:
     held = "" if args.data.resolve() == DATA.resolve() else f" ({args.data.name})"
     head = (
         f"# Retention on real conversations{held}\n\n"
-        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; ctxd from {ctxd_dir} at "
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; ctxd at "
         f"{revision(ctxd_dir)}; bench at {revision(HERE)}; {machine()}; "
         f"{time.perf_counter() - started:.0f} s in all.\n"
     )
