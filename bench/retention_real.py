@@ -30,7 +30,7 @@ Measured per transcript and in total:
 
     python bench/retention_real.py                 # writes bench/results/retention_real.md
     python bench/retention_real.py --quick         # two transcripts
-    /work/wt/OTHER/.venv/bin/python bench/retention_real.py --out /tmp/x.md
+    OTHER_CHECKOUT/.venv/bin/python bench/retention_real.py --out /tmp/x.md   # another revision
     python bench/retention_real.py --data bench/data/heldout --tiny \
         --out bench/results/retention_real_heldout.md   # transcripts never tuned on
 
