@@ -77,6 +77,8 @@ class Engine(ContextReads, RunsAndApprovals):
         self.summarizer: Summarizer = summarizer or make_summarizer(self.config)
         self.policy = self.config.compaction
         self._contexts: dict[str, ContextState] = {}
+        # the context an append has just committed, while its status is made
+        self._committed_context: ContextState | None = None
         # archived messages per session: counted once, then kept current by appends
         self._archive_counts: dict[str, int] = {}
         # the rendered model inputs, and each session's open run and pending approvals
@@ -202,6 +204,9 @@ class Engine(ContextReads, RunsAndApprovals):
             self.require_session(session_id)
 
     def context_state(self, session_id: str) -> ContextState:
+        st = self._committed_context
+        if st is not None and st.session_id == session_id:
+            return st
         st = None if self.shared else self._contexts.get(session_id)
         if st is not None:
             return st
@@ -272,7 +277,8 @@ class Engine(ContextReads, RunsAndApprovals):
             check_tool_pairs(self.archive, pending, self.context_state(session_id), msgs)
         counts = batch.tokens or [self.tokens.count_message(m) for m, _ in normalized]
         rows = [(m, body, n) for (m, body), n in zip(normalized, counts, strict=True)]
-        with self.store.transaction(session_id):
+        open_run_id: Any = _ASK
+        with self._append_transaction(session_id, msgs, client_batch_id, run_id):
             if self.shared and client_batch_id is not None:
                 # the same batch may have come through another daemon meanwhile (a
                 # client's retry): it is stored once, and both get its result
@@ -287,6 +293,8 @@ class Engine(ContextReads, RunsAndApprovals):
                 # moment ago is refused here as a repeated one, not by a unique key
                 pending = self.run_book.pending(session_id)
                 check_tool_pairs(self.archive, pending, st, msgs)
+                if run_id is None:  # read with the lock (one round trip with the above)
+                    open_run_id = self.run_book.open_run_id(session_id)
             batch_id, ids, created = self.archive.append(
                 session_id,
                 rows,
@@ -297,7 +305,19 @@ class Engine(ContextReads, RunsAndApprovals):
             )
             new = st.after_append(rows, ids)
             self.store.contexts.bump_counts(new)
-        return self.append_committed(new, rows, ids, batch_id, created, run_id, len(pending))
+        return self.append_committed(new, rows, ids, batch_id, created, run_id, len(pending),
+                                     open_run_id=open_run_id)
+
+    def _append_transaction(
+        self, session_id: str, msgs: list[dict[str, Any]], client_batch_id: str | None,
+        run_id: str | None,
+    ) -> Any:
+        """The store's write transaction for an append; a store that can send the reads
+        made under its lock ahead of them (PostgreSQL: one round trip) is told them."""
+        ahead = getattr(self.store, "append_transaction", None)
+        if ahead is None:
+            return self.store.transaction(session_id)
+        return ahead(session_id, msgs, client_batch_id, run_id)
 
     def append_committed(
         self,
@@ -310,6 +330,7 @@ class Engine(ContextReads, RunsAndApprovals):
         pending: int,
         *,
         elsewhere: bool = False,
+        open_run_id: Any = _ASK,
     ) -> dict[str, Any]:
         """What follows a committed batch (on this connection or, `elsewhere`, on another
         one beside the event loop): the kept state, the event and the result. `new`: the
@@ -325,9 +346,15 @@ class Engine(ContextReads, RunsAndApprovals):
             self._archive_counts[session_id] += len(ids)
         # what this append already asked is not asked again: the run it names is the
         # session's open one, and the pending approvals are those it checked against
-        status = self.status(
-            session_id, open_run_id=run_id if run_id is not None else _ASK, pending=pending
-        )
+        # and, on a shared store, the context just committed is the session's now
+        self._committed_context = new
+        try:
+            status = self.status(
+                session_id, open_run_id=run_id if run_id is not None else open_run_id,
+                pending=pending,
+            )
+        finally:
+            self._committed_context = None
         self.emit(
             session_id,
             "session/didAppend",
@@ -374,6 +401,21 @@ class Engine(ContextReads, RunsAndApprovals):
     ) -> dict[str, Any]:
         """`open_run_id` and `pending`: the session's open run and number of pending
         approvals when the caller has just read them."""
+        ahead = getattr(self.store, "status_reads", None) if self.shared else None
+        if ahead is None:
+            return self._status(session_id, open_run_id, pending)
+        committed = self._committed_context
+        with ahead(
+            session_id,
+            context=committed is None or committed.session_id != session_id,
+            open_run=open_run_id is _ASK,
+            pending=pending is None,
+        ):
+            return self._status(session_id, open_run_id, pending)
+
+    def _status(
+        self, session_id: str, open_run_id: str | None, pending: int | None
+    ) -> dict[str, Any]:
         st = self.context_state(session_id)
         if open_run_id is _ASK:
             open_run_id = self.run_book.open_run_id(session_id)

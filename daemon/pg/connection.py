@@ -5,7 +5,7 @@ again."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -111,6 +111,18 @@ class PgConnection:
         # newer row of every other session, where the (session_id, id) index reads only
         # the tail (8 ms instead of 0.2 ms behind 30k rows of another session)
         self.planned_per_call: set[str] = set()
+        # reads sent ahead together (see `prefetch`): (sql, params) -> their rows, each
+        # answered once, by the next `execute` of the same statement
+        self._memo: dict[tuple[str, tuple[Any, ...]] | None, list[Any]] = {}
+        # run once the outermost transaction has committed (nothing on a rollback)
+        self.after_commit: list[Callable[[], None]] = []
+        # a session whose row lock was asked for in a pipeline and not yet answered: a
+        # LockNotAvailable surfacing later in that transaction is SessionBusy
+        self._unconfirmed: str | None = None
+        # set while a transaction's reads were sent ahead (see transaction), and the
+        # depth of nested prefetch blocks
+        self._tx_reads = False
+        self._prefetching = 0
 
     def raw(self) -> psycopg.Connection:
         c = self._conn
@@ -157,7 +169,14 @@ class PgConnection:
             out = self._sql[sql] = sql.replace("%", "%%").replace("?", "%s")
         return out
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor:
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        if self._memo and (self._depth == 0 or self._tx_reads):
+            # in the transaction that read them under its lock, once (its own writes may
+            # follow); outside, as often as the block that read them asks
+            key = _key(sql, params)
+            rows = self._memo.pop(key, None) if self._depth else self._memo.get(key)
+            if rows is not None:
+                return _Rows(rows)
         try:
             prepare = False if sql in self.planned_per_call else None
             return self.raw().execute(self._convert(sql), params or None, prepare=prepare)
@@ -198,25 +217,156 @@ class PgConnection:
         return _storage(exc)
 
     @contextmanager
-    def transaction(self, session_id: str | None = None) -> Iterator[None]:
+    def transaction(
+        self, session_id: str | None = None,
+        reads: Sequence[tuple[str, Sequence[Any]]] = (),
+    ) -> Iterator[None]:
         """One transaction (a savepoint inside another); with `session_id`, that
-        session's row is locked first (see LOCK_SESSION), at once or not at all."""
+        session's row is locked first (see LOCK_SESSION), at once or not at all.
+
+        With `reads` (and a session, outermost): BEGIN, the lock and the reads go in one
+        round trip, each read's rows kept for the `execute` that asks for it, and the
+        rest of the transaction stays pipelined, so its writes and the COMMIT go in one
+        more (a failure of a write surfaces at the commit)."""
+        if not reads or session_id is None or self._depth:
+            with self._transaction(session_id):
+                yield
+            return
         conn = self.raw()
+        self._memo.clear()
+        committed = False
+        self._depth += 1
+        try:
+            # BEGIN and COMMIT as statements of the pipeline: psycopg's own transaction
+            # block waits for the server at each (a round trip apiece)
+            self._tx_reads = True
+            with conn.pipeline():
+                conn.execute("BEGIN")
+                self.lock_session(session_id, pipelined=True)
+                self._send_reads(reads)
+                yield
+                conn.execute("COMMIT")
+            committed = True
+        except pgerr.UniqueViolation as exc:
+            raise _duplicate(exc) from None
+        except (pgerr.LockNotAvailable, pgerr.PipelineAborted) as exc:
+            if self._unconfirmed == session_id:
+                raise SessionBusy(session_id) from None
+            raise self._reraise(exc) from None
+        except _STORAGE as exc:
+            raise self._reraise(exc) from None
+        finally:
+            self._depth -= 1
+            self.locked_sessions.clear()
+            self._unconfirmed = None
+            self._tx_reads = False
+            self._memo.clear()
+            if not committed:
+                self.after_commit.clear()
+                self._rollback(conn)
+        hooks, self.after_commit = self.after_commit, []
+        for hook in hooks:
+            hook()
+
+    @staticmethod
+    def _rollback(conn: psycopg.Connection) -> None:
+        """End a pipelined transaction that failed (nothing of it was committed)."""
+        if conn.closed or conn.broken:
+            return
+        try:
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.execute("ROLLBACK")
+        except psycopg.Error:
+            conn.close()  # a connection in an unknown state is not used again
+
+    @contextmanager
+    def _transaction(self, session_id: str | None, pipelined: bool = False) -> Iterator[None]:
+        conn = self.raw()
+        committed = False
         try:
             with conn.transaction():
                 self._depth += 1
                 try:
                     if session_id is not None:
-                        self.lock_session(session_id)
+                        self.lock_session(session_id, pipelined=pipelined)
                     yield
                 finally:
                     self._depth -= 1
                     if self._depth == 0:
                         self.locked_sessions.clear()
+            committed = self._depth == 0
+        except _STORAGE as exc:
+            if self._depth == 0:
+                self.after_commit.clear()
+            raise self._reraise(exc) from None
+        except BaseException:
+            if self._depth == 0:
+                self.after_commit.clear()
+            raise
+        if committed:
+            hooks, self.after_commit = self.after_commit, []
+            for hook in hooks:
+                hook()
+
+    def _send_reads(self, reads: Sequence[tuple[str, Sequence[Any]]]) -> None:
+        """Send `reads` behind what the transaction's pipeline holds and wait for every
+        answer: one round trip. A read that fails (the session's lock refused first)
+        raises here."""
+        raw = self.raw()
+        curs = []
+        for sql, params in reads:
+            prepare = False if sql in self.planned_per_call else None
+            curs.append((_key(sql, params), raw.execute(
+                self._convert(sql), params or None, prepare=prepare)))
+        if raw._pipeline is not None:  # inside a transaction's pipeline: answered now
+            raw._pipeline.sync()
+        for key, cur in curs:
+            if key is not None:
+                self._memo[key] = cur.fetchall()
+        self._unconfirmed = None
+
+    @contextmanager
+    def prefetch(self, reads: Sequence[tuple[str, Sequence[Any]]]) -> Iterator[None]:
+        """Outside a transaction: `reads` sent together (one round trip) and answered,
+        inside the block, to every `execute` that asks for them (one snapshot for the
+        request the block wraps); forgotten when the outermost block ends, so nothing
+        read here is served later. A block inside another sends only what the outer
+        one has not read."""
+        if self._depth:
+            yield
+            return
+        if not self._prefetching:
+            self._memo.clear()
+        self._prefetching += 1
+        try:
+            self._read_ahead([r for r in reads if _key(*r) not in self._memo])
+            yield
+        finally:
+            self._prefetching -= 1
+            if not self._prefetching:
+                self._memo.clear()
+
+    def _read_ahead(self, reads: Sequence[tuple[str, Sequence[Any]]]) -> None:
+        if not reads:
+            return
+        try:
+            raw = self.raw()
+            with raw.pipeline():  # answered together when the pipeline ends
+                curs = [(_key(sql, params), raw.execute(
+                    self._convert(sql), params or None,
+                    prepare=False if sql in self.planned_per_call else None,
+                )) for sql, params in reads]
+            for key, cur in curs:
+                if key is not None:
+                    self._memo[key] = cur.fetchall()
         except _STORAGE as exc:
             raise self._reraise(exc) from None
 
-    def lock_session(self, session_id: str) -> None:
+    def peek(self, sql: str, params: Sequence[Any]) -> list[Any] | None:
+        """The rows a read sent ahead got (None: not read ahead)."""
+        return self._memo.get(_key(sql, params))
+
+    def lock_session(self, session_id: str, pipelined: bool = False) -> None:
         """Lock the session's row for the open transaction (SessionBusy when another
         connection holds it). A request run again once the lock was seen free (see
         `patient`) queues for it a moment instead: NOWAIT again would let every newer
@@ -234,6 +384,8 @@ class PgConnection:
                 raw.execute(WAIT_SESSION, (session_id,))
             else:
                 raw.execute(LOCK_SESSION, (session_id,))
+            if pipelined:  # answered with the reads sent behind it
+                self._unconfirmed = session_id
         except pgerr.LockNotAvailable:
             raise SessionBusy(session_id) from None
         self.locked_sessions.add(session_id)
@@ -263,7 +415,11 @@ class PgConnection:
     @contextmanager
     def pipeline(self) -> Iterator[None]:
         """Statements sent together and answered together: one round trip for those
-        whose results are not read (a failure surfaces when the block ends)."""
+        whose results are not read (a failure surfaces when the block ends). Inside a
+        pipelined transaction they join it, answered with its COMMIT."""
+        if self.raw()._pipeline is not None:
+            yield
+            return
         try:
             with self.raw().pipeline():
                 yield
@@ -276,6 +432,32 @@ class PgConnection:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _key(sql: str, params: Sequence[Any]) -> tuple[str, tuple[Any, ...]] | None:
+    """A read's key in the memo; None for parameters that cannot be one (a list)."""
+    key = (sql, tuple(tuple(p) if isinstance(p, list) else p for p in params))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+class _Rows:
+    """Rows read ahead (PgConnection.prefetch), answered as a cursor would."""
+
+    def __init__(self, rows: list[Any]) -> None:
+        self._rows = rows
+
+    def fetchone(self) -> Any:
+        return self._rows[0] if self._rows else None
+
+    def fetchall(self) -> list[Any]:
+        return self._rows
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._rows)
 
 
 def connect(dsn: str, password: str | None, **kw: Any) -> psycopg.Connection:

@@ -39,7 +39,7 @@ from ctxd.daemon.archive_search import search_where, too_broad
 from ctxd.daemon.compaction_log import CompactionLog
 from ctxd.daemon.context_store import ContextState, ContextStore, PinStore
 from ctxd.daemon.messages import message_text
-from ctxd.daemon.pg import events, schema, tsearch
+from ctxd.daemon.pg import events, prefetch, schema, tsearch
 from ctxd.daemon.pg.connection import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_STATEMENT_TIMEOUT,
@@ -56,6 +56,9 @@ SEARCH_WORKERS = 2
 # threads waiting, beside the event loop, for a session's row lock (daemon/busy.py)
 LOCK_WAITERS = 4
 T = TypeVar("T")
+# how long the count an append made under its lock answers the status that follows it
+# (asked right after the commit, on the same event-loop turn); later asks read again
+EXACT_FOR = 0.5
 
 # A session's messages from an id on, read through its batches: a batch is a contiguous
 # id range of one session, so the ids come from the session's batches ending at or past
@@ -85,20 +88,45 @@ class PgArchive(ArchiveStore):
         conn.planned_per_call |= {READ_TAIL, READ_TAIL_RANGE}
         # session -> (highest message id counted, count): see message_count
         self._counts: dict[str, tuple[int, int]] = {}
+        # counts made in the open transaction under the session's lock, and the sessions
+        # whose count is exact as of this store's last commit to them
+        self._in_tx: dict[str, tuple[int, int]] = {}
+        self._exact: dict[str, float] = {}  # session -> until (monotonic)
+
+    COUNT_FROM = "SELECT count(*), max(id) FROM messages WHERE session_id = ? AND id > ?"
+
+    def count_known(self, session_id: str) -> bool:
+        """Whether message_count answers without asking the server."""
+        return self._exact.get(session_id, 0) > time.monotonic()
+
+    def counted_up_to(self, session_id: str) -> int:
+        return self._counts.get(session_id, (0, 0))[0]
 
     def message_count(self, session_id: str) -> int:
         """Every status asks this, so it must not walk the session's whole history: rows
         are never deleted and a session's ids grow in commit order (its row lock, then
         the ids), so the count is the last one plus the rows past the highest id it
-        counted."""
+        counted. Right after this store's own append committed, the count that append
+        made under the session's lock is the answer (once: later asks read again)."""
+        if self._exact.pop(session_id, 0) > time.monotonic():
+            return self._counts[session_id][1]
         last, base = self._counts.get(session_id, (0, 0))
-        n, top = self.conn.execute(
-            "SELECT count(*), max(id) FROM messages WHERE session_id = ? AND id > ?",
-            (session_id, last),
-        ).fetchone()
-        if self.conn._depth == 0:  # inside a transaction the rows may still roll back
-            self._counts[session_id] = (top or last, base + n)
+        n, top = self.conn.execute(self.COUNT_FROM, (session_id, last)).fetchone()
+        counted = (top or last, base + n)
+        if self.conn._depth == 0:
+            self._counts[session_id] = counted
+        elif session_id in self.conn.locked_sessions:
+            # exact while the lock is held; kept (with this transaction's appends) only
+            # if it commits
+            self._in_tx[session_id] = counted
+            self.conn.after_commit.append(lambda: self._committed(session_id))
         return base + n
+
+    def _committed(self, session_id: str) -> None:
+        counted = self._in_tx.pop(session_id, None)
+        if counted is not None:
+            self._counts[session_id] = counted
+            self._exact[session_id] = time.monotonic() + EXACT_FOR
 
     def append(
         self,
@@ -118,6 +146,9 @@ class PgArchive(ArchiveStore):
         # the session's lock, so within the session they follow commit order), one for
         # every row the batch writes
         ids, batch_id = self.ids.allocate(len(messages))
+        if session_id in self._in_tx:  # counted under this lock: the batch counts too
+            top, n = self._in_tx[session_id]
+            self._in_tx[session_id] = (max(top, ids[-1]), n + len(ids))
         with c.pipeline():
             self._insert_batch(
                 session_id, messages, ids, batch_id, digest, run_id, client_batch_id, now
@@ -321,6 +352,65 @@ class PostgresStore:
         """A write transaction; with `session_id`, that session's row locked first (at
         once, or SessionBusy)."""
         return self.conn.transaction(session_id)
+
+    @contextmanager
+    def append_transaction(
+        self, session_id: str, msgs: list[dict[str, Any]], client_batch_id: str | None,
+        run_id: str | None,
+    ) -> Iterator[None]:
+        """An append's write transaction: BEGIN, the session's lock and every read the
+        engine makes under it (the context, pending approvals, the batch's tool calls,
+        a repeated clientBatchId, the open run, the archive count) in one round trip;
+        its writes and the COMMIT in one more (daemon/pg/prefetch.py)."""
+        reads = [prefetch.context(session_id), prefetch.pending(session_id),
+                 *prefetch.tool_pairs(session_id, msgs),
+                 prefetch.message_count(self.archive, session_id)]
+        if client_batch_id is not None:
+            reads.append(prefetch.find_batch(session_id, client_batch_id))
+        if run_id is None:
+            reads.append(prefetch.open_run(session_id))
+        with self.conn.transaction(session_id, reads):
+            # counted under the lock: with this batch, the count as of the commit, so
+            # the status that follows asks nothing (PgArchive.message_count)
+            self.archive.message_count(session_id)
+            yield
+
+    def status_reads(
+        self, session_id: str, *, context: bool, open_run: bool, pending: bool,
+    ):  # type: ignore[no-untyped-def]
+        """What a status reads, in one round trip (outside a transaction; the rows not
+        asked for in the block are forgotten at its end)."""
+        return self.conn.prefetch(self._status_reads(session_id, context, open_run, pending))
+
+    def _status_reads(
+        self, session_id: str, context: bool, open_run: bool, pending: bool
+    ) -> list[prefetch.Read]:
+        reads = []
+        if not self.archive.count_known(session_id):
+            reads.append(prefetch.message_count(self.archive, session_id))
+        if context:
+            reads.append(prefetch.context(session_id))
+        if open_run:
+            reads.append(prefetch.open_run(session_id))
+        if pending:
+            reads.append(prefetch.pending_count(session_id))
+        return reads
+
+    @contextmanager
+    def context_reads(self, session_id: str) -> Iterator[None]:
+        """What a `context/get` reads, in two round trips: the context row, pins, open
+        run, pending approvals and archive count; then, as that context names them, its
+        leading system messages and its tail."""
+        reads = self._status_reads(session_id, True, True, True)
+        with self.conn.prefetch([*reads, prefetch.pins(session_id)]):
+            st = self.contexts.load(session_id)  # answered from what was read ahead
+            more = []
+            if st is not None and st.system_ids:
+                more.append(prefetch.messages(st.system_ids))
+            if st is not None and st.tail_start_id is not None:
+                more.append(prefetch.tail(session_id, st.tail_start_id))
+            with self.conn.prefetch(more):
+                yield
 
     def patience(self, session_id: str):  # type: ignore[no-untyped-def]
         """The next lock of the session queues a moment instead of refusing (busy.py)."""

@@ -1,6 +1,6 @@
 """Hosts, simulated: daemons that reach PostgreSQL as if from other machines.
 
-- `DelayProxy`: a small TCP proxy (asyncio, in a thread of its own) in front of the
+- `DelayProxy`: a small TCP proxy (asyncio, in a process of its own) in front of the
   test PostgreSQL. Every chunk is held `rtt_ms / 2` in each direction, in order, so a
   round trip costs `rtt_ms` more than on loopback (the kernel here has no `netem`). What
   it holds per connection and direction is bounded (MAX_HELD_BYTES): past that it stops
@@ -21,12 +21,13 @@ from __future__ import annotations
 import asyncio
 import atexit
 import itertools
+import multiprocessing as mp
 import os
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
+from typing import Any
 
 from tests.helpers import DaemonProcess
 
@@ -42,13 +43,14 @@ class _Link:
     answer can come back (the added delay is longer than the gap between them), so they
     count once; on a proxy adding no delay the count is an upper bound."""
 
-    def __init__(self) -> None:
-        self.round_trips = 0
+    def __init__(self, total: Any) -> None:
+        self.total = total  # the proxy's shared counter
         self._answered = True  # the client's first bytes begin its first round trip
 
     def client_sent(self) -> None:
         if self._answered:
-            self.round_trips += 1
+            with self.total.get_lock():
+                self.total.value += 1
             self._answered = False
 
     def delivered(self) -> None:
@@ -56,7 +58,9 @@ class _Link:
 
 
 class DelayProxy:
-    """host:port -> target, `rtt_ms` added to every round trip (half each way)."""
+    """host:port -> target, `rtt_ms` added to every round trip (half each way). It runs
+    in a process of its own: in a thread of the caller's, the interpreter's lock (held
+    up to 5 ms by other threads) would add its own delays."""
 
     def __init__(self, target: tuple[str, int], rtt_ms: float, listen_host: str = "127.0.0.1",
                  ) -> None:
@@ -64,31 +68,49 @@ class DelayProxy:
         self.rtt_ms = rtt_ms
         self.listen_host = listen_host
         self.port = 0
-        self._links: list[_Link] = []
-        self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._server: asyncio.base_events.Server | None = None
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name=f"delay-proxy-{rtt_ms}ms")
+        ctx = mp.get_context("spawn")
+        self._round_trips = ctx.Value("q", 0)
+        self._ready, child = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(
+            target=_serve, args=(target, rtt_ms, listen_host, child, self._round_trips),
+            daemon=True, name=f"delay-proxy-{rtt_ms}ms",
+        )
 
     def start(self) -> DelayProxy:
-        self._thread.start()
-        fut = asyncio.run_coroutine_threadsafe(self._listen(), self._loop)
-        self.port = fut.result(10)
+        self._proc.start()
+        if not self._ready.poll(30):
+            self.close()
+            raise RuntimeError("the delaying proxy did not start")
+        self.port = self._ready.recv()
         return self
-
-    async def _listen(self) -> int:
-        self._server = await asyncio.start_server(self._accept, self.listen_host, 0)
-        return self._server.sockets[0].getsockname()[1]
 
     def round_trips(self) -> int:
         """Round trips taken so far, over every connection ever made."""
-        with self._lock:
-            return sum(link.round_trips for link in self._links)
+        return int(self._round_trips.value)
 
-    def connections(self) -> int:
-        with self._lock:
-            return len(self._links)
+    def close(self) -> None:
+        if self._proc.is_alive():
+            self._proc.terminate()
+        self._proc.join(10)
+
+
+def _serve(target: tuple[str, int], rtt_ms: float, host: str, ready: Any, total: Any,
+           ) -> None:
+    """The proxy process: listen, tell the parent the port, forward until terminated."""
+    asyncio.run(_Forwarder(target, rtt_ms, total).serve(host, ready))
+
+
+class _Forwarder:
+    def __init__(self, target: tuple[str, int], rtt_ms: float, total: Any) -> None:
+        self.target = target
+        self.delay = rtt_ms / 2000
+        self.total = total
+
+    async def serve(self, host: str, ready: Any) -> None:
+        server = await asyncio.start_server(self._accept, host, 0)
+        ready.send(server.sockets[0].getsockname()[1])
+        async with server:
+            await server.serve_forever()
 
     async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
                       ) -> None:
@@ -97,17 +119,13 @@ class DelayProxy:
         except OSError:
             client_w.close()
             return
-        link = _Link()
-        with self._lock:
-            self._links.append(link)
+        link = _Link(self.total)
         try:
             await asyncio.gather(
                 self._pipe(client_r, server_w, link, from_client=True),
                 self._pipe(server_r, client_w, link, from_client=False),
                 return_exceptions=True,
             )
-        except asyncio.CancelledError:
-            pass  # the proxy is closing: the connection ends with it
         finally:
             for w in (client_w, server_w):
                 w.close()
@@ -115,7 +133,6 @@ class DelayProxy:
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     link: _Link, *, from_client: bool) -> None:
         """Forward reader -> writer, each chunk `rtt_ms / 2` after it was read."""
-        delay = self.rtt_ms / 2000
         held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(MAX_HELD_BYTES // CHUNK)
         loop = asyncio.get_running_loop()
 
@@ -140,7 +157,7 @@ class DelayProxy:
                 data = await reader.read(CHUNK)
                 if from_client and data:
                     link.client_sent()
-                await held.put((loop.time() + delay, data))  # waits while the queue is full
+                await held.put((loop.time() + self.delay, data))  # waits while full
                 if not data:
                     break
         finally:
@@ -148,20 +165,6 @@ class DelayProxy:
                 await asyncio.wait([sender], timeout=5)
             sender.cancel()
             writer.close()
-
-    def close(self) -> None:
-        async def stop() -> None:
-            if self._server is not None:
-                self._server.close()
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
-
-        if self._thread.is_alive():
-            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-        self._loop.close()
 
 
 _counter = itertools.count()

@@ -1,0 +1,87 @@
+"""Reads a request will make, sent ahead in one round trip (PgConnection's memo).
+
+Each function names a statement exactly as the part that makes the read sends it
+(the same SQL text and parameters), so that part's own `execute` is answered from the
+rows read ahead; a read named here that its part no longer makes the same way only
+costs its own round trip again (tests/test_pg_round_trips.py counts them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ctxd.daemon.archive import _CALL_IDS, _RESULT_IDS, lookup_statements
+from ctxd.daemon.context_store import _COLUMNS as _CONTEXT_COLUMNS
+from ctxd.daemon.runs import _APPROVAL_COLS, _RUN_COLS
+
+if TYPE_CHECKING:
+    from ctxd.daemon.pg.store import PgArchive
+
+Read = tuple[str, Sequence[Any]]
+
+
+def context(session_id: str) -> Read:
+    """ContextStore.load"""
+    return (f"SELECT {_CONTEXT_COLUMNS} FROM conversation_context WHERE session_id = ?",
+            (session_id,))
+
+
+def open_run(session_id: str) -> Read:
+    """RunStore.open_run"""
+    return (f"SELECT {_RUN_COLS} FROM runs WHERE session_id = ? AND status = 'open'",
+            (session_id,))
+
+
+def pending(session_id: str) -> Read:
+    """RunStore.list_approvals(session_id, "pending")"""
+    return (f"SELECT {_APPROVAL_COLS} FROM approvals WHERE session_id = ? AND status = ? "
+            "ORDER BY created_at", (session_id, "pending"))
+
+
+def pending_count(session_id: str) -> Read:
+    """RunStore.pending_count"""
+    return ("SELECT count(*) FROM approvals WHERE session_id = ? AND status = 'pending'",
+            (session_id,))
+
+
+def find_batch(session_id: str, client_batch_id: str) -> Read:
+    """ArchiveStore.find_batch"""
+    return ("SELECT id, digest, first_message_id, last_message_id FROM batches "
+            "WHERE session_id = ? AND client_batch_id = ?", (session_id, client_batch_id))
+
+
+def tool_pairs(session_id: str, msgs: list[dict[str, Any]]) -> list[Read]:
+    """What pairing.check_tool_pairs asks the archive about the batch's tool calls."""
+    call_ids = [c["id"] for m in msgs for c in m.get("tool_calls") or ()]
+    result_ids = [m["tool_call_id"] for m in msgs if m["role"] == "tool"]
+    out: list[Read] = []
+    if call_ids or result_ids:
+        out += lookup_statements(_CALL_IDS, session_id, call_ids + result_ids)
+    if result_ids:
+        out += lookup_statements(_RESULT_IDS, session_id, result_ids)
+    return out
+
+
+def message_count(archive: PgArchive, session_id: str) -> Read:
+    """PgArchive.message_count"""
+    return (archive.COUNT_FROM, (session_id, archive.counted_up_to(session_id)))
+
+
+def pins(session_id: str) -> Read:
+    """PinStore.list"""
+    return ("SELECT id, text, created_at FROM pins WHERE session_id = ? ORDER BY created_at, id",
+            (session_id,))
+
+
+def messages(ids: list[int]) -> Read:
+    """PgArchive.get_many (the context's leading system messages)"""
+    return ("SELECT id, batch_id, body, tokens, created_at FROM messages WHERE id = ANY(?)",
+            (list(ids),))
+
+
+def tail(session_id: str, from_id: int) -> Read:
+    """PgArchive.read_from(session_id, from_id)"""
+    from ctxd.daemon.pg.store import READ_TAIL
+
+    return (READ_TAIL, (from_id, session_id, from_id))
