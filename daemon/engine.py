@@ -255,22 +255,13 @@ class Engine(ContextReads, RunsAndApprovals):
         self.check_session(session_id)
         batch = prepared or self.prepare_append(messages, count_tokens=False)
         normalized, digest = batch.normalized, batch.digest
-        if client_batch_id is not None:
+        if client_batch_id is not None and not self.shared:
+            # (on a shared store it is looked for under the session's lock, below)
             found = self.archive.find_batch(session_id, client_batch_id)
             if found is not None:
                 return self._repeat_batch(session_id, client_batch_id, found, digest)
-        if run_id is not None:
-            if run is None or run["runId"] != run_id:
-                run = self.run_book.get(run_id)
-            if run is None or run["sessionId"] != session_id:
-                raise NotFound(
-                    f"no run {run_id!r} in session {session_id!r}; start one with run/start",
-                    {"runId": run_id},
-                )
-            if run["status"] != "open":
-                raise InvalidParams(
-                    f"run {run_id!r} is {run['status']}; start a new run", {"runId": run_id}
-                )
+        if run_id is not None and not self.shared:
+            self._check_run(session_id, run_id, run)
         msgs = [m for m, _ in normalized]
         if not self.shared:
             pending = self.run_book.pending(session_id)
@@ -285,6 +276,8 @@ class Engine(ContextReads, RunsAndApprovals):
                 found = self.archive.find_batch(session_id, client_batch_id)
                 if found is not None:
                     return self._repeat_batch(session_id, client_batch_id, found, digest)
+            if self.shared and run_id is not None:  # read with the lock, in one round trip
+                self._check_run(session_id, run_id, run)
             # read inside the write transaction: on a shared store another daemon may
             # have appended to this session since this daemon last looked
             st = self.context_state(session_id)
@@ -307,6 +300,22 @@ class Engine(ContextReads, RunsAndApprovals):
             self.store.contexts.bump_counts(new)
         return self.append_committed(new, rows, ids, batch_id, created, run_id, len(pending),
                                      open_run_id=open_run_id)
+
+    def _check_run(
+        self, session_id: str, run_id: str, run: dict[str, Any] | None
+    ) -> None:
+        """The run an append names must be the session's, and open."""
+        if run is None or run["runId"] != run_id:
+            run = self.run_book.get(run_id)
+        if run is None or run["sessionId"] != session_id:
+            raise NotFound(
+                f"no run {run_id!r} in session {session_id!r}; start one with run/start",
+                {"runId": run_id},
+            )
+        if run["status"] != "open":
+            raise InvalidParams(
+                f"run {run_id!r} is {run['status']}; start a new run", {"runId": run_id}
+            )
 
     def _append_transaction(
         self, session_id: str, msgs: list[dict[str, Any]], client_batch_id: str | None,

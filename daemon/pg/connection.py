@@ -274,8 +274,9 @@ class PgConnection:
         if conn.closed or conn.broken:
             return
         try:
-            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                conn.execute("ROLLBACK")
+            # psycopg's rollback also forgets the statements it had prepared: those a
+            # failed pipeline never got to prepare are not asked for by name later
+            conn.rollback()
         except psycopg.Error:
             conn.close()  # a connection in an unknown state is not used again
 

@@ -33,6 +33,11 @@ def open_run(session_id: str) -> Read:
             (session_id,))
 
 
+def run(run_id: str) -> Read:
+    """RunStore.get"""
+    return (f"SELECT {_RUN_COLS} FROM runs WHERE id = ?", (run_id,))
+
+
 def pending(session_id: str) -> Read:
     """RunStore.list_approvals(session_id, "pending")"""
     return (f"SELECT {_APPROVAL_COLS} FROM approvals WHERE session_id = ? AND status = ? "

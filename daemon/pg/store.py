@@ -360,15 +360,15 @@ class PostgresStore:
     ) -> Iterator[None]:
         """An append's write transaction: BEGIN, the session's lock and every read the
         engine makes under it (the context, pending approvals, the batch's tool calls,
-        a repeated clientBatchId, the open run, the archive count) in one round trip;
+        a repeated clientBatchId, the run named or the open one, the archive count) in
+        one round trip;
         its writes and the COMMIT in one more (daemon/pg/prefetch.py)."""
         reads = [prefetch.context(session_id), prefetch.pending(session_id),
                  *prefetch.tool_pairs(session_id, msgs),
                  prefetch.message_count(self.archive, session_id)]
         if client_batch_id is not None:
             reads.append(prefetch.find_batch(session_id, client_batch_id))
-        if run_id is None:
-            reads.append(prefetch.open_run(session_id))
+        reads.append(prefetch.open_run(session_id) if run_id is None else prefetch.run(run_id))
         with self.conn.transaction(session_id, reads):
             # counted under the lock: with this batch, the count as of the commit, so
             # the status that follows asks nothing (PgArchive.message_count)
