@@ -10,6 +10,7 @@ back, so they are one round trip.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 from helpers import make_config, tool_turn
 
+from ctxd.daemon.context_reply import ContextReplies
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.pg.store import PostgresStore
 from ctxd.protocol.errors import SessionBusy
@@ -58,6 +60,7 @@ def test_a_turn_costs_three_round_trips_to_append_two_to_read_one_for_status(
     sid = e.create_session(title="far")["sessionId"]
     e.append(sid, [{"role": "system", "content": "You are terse."}])
     e.get_context(sid)
+    replies = ContextReplies(e, 1 << 30)
     appends, gets, statuses = [], [], []
     for i in range(6):
         n, res = counted(proxy, lambda i=i: e.append(sid, [
@@ -69,6 +72,10 @@ def test_a_turn_costs_three_round_trips_to_append_two_to_read_one_for_status(
         gets.append(n)
         assert ctx["messageIds"][-1] == res["messageIds"][-1]
         assert ctx["status"]["archiveMessages"] == 1 + 3 * (i + 1)
+        # as the daemon serves context/get: with the reply's size bound checked first
+        n, bounded = counted(proxy, lambda: asyncio.run(replies.get(sid)))
+        gets.append(n)
+        assert bounded["messageIds"] == ctx["messageIds"]
         n, st = counted(proxy, lambda: e.status(sid))
         statuses.append(n)
         assert st["activeMessages"] == ctx["status"]["activeMessages"]

@@ -90,3 +90,18 @@ def tail(session_id: str, from_id: int) -> Read:
     from ctxd.daemon.pg.store import READ_TAIL
 
     return (READ_TAIL, (from_id, session_id, from_id))
+
+
+def stored_bytes(
+    session_id: str, from_id: int, also: Sequence[int], less: Sequence[int]
+) -> list[Read]:
+    """ArchiveStore.stored_bytes (the size bound of a context reply)"""
+    out: list[Read] = [("SELECT coalesce(sum(octet_length(body)), 0) FROM messages "
+                        "WHERE session_id = ? AND id >= ?", (session_id, from_id))]
+    for ids in (also, less):
+        for i in range(0, len(ids), 500):
+            chunk = list(ids[i : i + 500])
+            out.append(("SELECT coalesce(sum(octet_length(body)), 0) FROM messages "
+                        f"WHERE session_id = ? AND id IN ({','.join('?' * len(chunk))})",
+                        [session_id, *chunk]))
+    return out

@@ -400,7 +400,7 @@ class PostgresStore:
     def context_reads(self, session_id: str) -> Iterator[None]:
         """What a `context/get` reads, in two round trips: the context row, pins, open
         run, pending approvals and archive count; then, as that context names them, its
-        leading system messages and its tail."""
+        leading system messages, its tail and their size."""
         reads = self._status_reads(session_id, True, True, True)
         with self.conn.prefetch([*reads, prefetch.pins(session_id)]):
             st = self.contexts.load(session_id)  # answered from what was read ahead
@@ -409,6 +409,9 @@ class PostgresStore:
                 more.append(prefetch.messages(st.system_ids))
             if st is not None and st.tail_start_id is not None:
                 more.append(prefetch.tail(session_id, st.tail_start_id))
+                # the reply's size bound (daemon/context_reply.py)
+                more += prefetch.stored_bytes(session_id, st.tail_start_id, st.system_ids,
+                                              st.dropped_ids)
             with self.conn.prefetch(more):
                 yield
 
