@@ -23,6 +23,7 @@ from ctxd.daemon.busy import when_free
 from ctxd.daemon.context_reply import ContextReplies
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.messages import PreparedBatch, text_size
+from ctxd.daemon.off_loop import InTurn, OffLoop
 from ctxd.daemon.offload import READS, LargeWrites
 from ctxd.daemon.scheduler import Scheduler
 from ctxd.daemon.servers.base import Connection, EventHub
@@ -115,6 +116,8 @@ class Dispatcher:
         # per connection: the request (a large batch or reply, or one behind it) the next
         # one waits for
         self._in_turn: dict[Connection, asyncio.Future[None]] = {}
+        # on a shared store, the frequent requests served on worker threads
+        self.off_loop = OffLoop(engine, self._in_turn)
         # bound from the protocol table: each entry names the function that serves it
         self._handlers: dict[str, Handler] = {
             name: self._bind(method) for name, method in METHODS.items()
@@ -131,7 +134,13 @@ class Dispatcher:
         wrap = method.wrap
         lead = () if owner == "engine" else (self.engine,)
 
+        off_loop = self.off_loop.wants(method.name) and owner == "engine"
+
         def handler(conn: Connection, p: dict[str, Any]) -> Any:
+            if off_loop:
+                kw = {kw: p[wire] for wire, kw in names}
+                return self.off_loop.run(conn, p["sessionId"], lambda: fn(**kw),
+                                         None if wrap is None else lambda r: {wrap: r})
             result = fn(*lead, **{kw: p[wire] for wire, kw in names})
             if wrap is None:
                 return result
@@ -255,6 +264,8 @@ class Dispatcher:
             if method not in READS:
                 await self.large.gate.wait_open()
             result = await when_free(self.engine.store, lambda: self._handlers[method](conn, p))
+            if isinstance(result, InTurn):  # the next request waits until it is done
+                result = await result
             if not inspect.isawaitable(result):
                 return await self._maybe_encoded(conn, method, result)
         finally:
@@ -407,8 +418,10 @@ class Dispatcher:
         conn.subscriptions.discard(p["sessionId"])
         return {}
 
-    def append(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+    def append(self, conn: Connection, p: dict[str, Any]) -> Any:
         self._claim(conn, p["runId"])
+        if self.off_loop.wants("messages/append"):
+            return self._append_off_loop(conn, p)
         result = self.engine.append(
             p["sessionId"],
             p["messages"],
@@ -416,6 +429,29 @@ class Dispatcher:
             client_batch_id=p["clientBatchId"],
         )
         return self._appended(p, result)
+
+    def _append_off_loop(self, conn: Connection, p: dict[str, Any]) -> Any:
+        """`append` on the session's worker thread, its context (`returnContext`) read
+        there too; the scheduler told on the loop (see off_loop.py)."""
+        sid = p["sessionId"]
+
+        def call() -> tuple[dict[str, Any], dict[str, Any] | None]:
+            result = self.engine.append(sid, p["messages"], run_id=p["runId"],
+                                        client_batch_id=p["clientBatchId"])
+            if not p["returnContext"]:
+                return result, None
+            stored = {k: result[k] for k in ("batchId", "messageIds")}
+            return result, self.replies.get_now(sid, status=result["status"], appended=stored)
+
+        def then(done: tuple[dict[str, Any], dict[str, Any] | None]) -> dict[str, Any]:
+            result, context = done
+            with self.engine.as_committed(sid):
+                self.scheduler.after_append(sid, p["runId"], result["status"])
+            if context is not None:
+                result["context"] = context
+            return result
+
+        return self.off_loop.run(conn, sid, call, then)
 
     def _appended(self, p: dict[str, Any], result: dict[str, Any], gated: bool = False) -> Any:
         """The append's result; with `returnContext`, with the context as right after
@@ -458,7 +494,14 @@ class Dispatcher:
             until=p["until"],
         )
 
-    async def context_get(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
+    def context_get(self, conn: Connection, p: dict[str, Any]) -> Any:
+        sid = p["sessionId"]
+        if self.off_loop.wants("context/get") and not p["query"]:
+            return self.off_loop.run(conn, sid, lambda: self.replies.get_ahead(
+                sid, p["budgetTokens"], None, bool(p["includeMetadata"])))
+        return self._context_get(conn, p)
+
+    async def _context_get(self, conn: Connection, p: dict[str, Any]) -> dict[str, Any]:
         sid, query = p["sessionId"], p["query"]
         hits = None
         if query:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ctxd.daemon.archive_sizes import ArchiveSizes
@@ -77,8 +79,11 @@ class Engine(ContextReads, RunsAndApprovals):
         self.summarizer: Summarizer = summarizer or make_summarizer(self.config)
         self.policy = self.config.compaction
         self._contexts: dict[str, ContextState] = {}
-        # the context an append has just committed, while its status is made
-        self._committed_context: ContextState | None = None
+        # the context an append has just committed, while its status is made (per
+        # thread: appends to a shared store may run on worker threads)
+        self._thread = threading.local()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
         # archived messages per session: counted once, then kept current by appends
         self._archive_counts: dict[str, int] = {}
         # the rendered model inputs, and each session's open run and pending approvals
@@ -99,6 +104,14 @@ class Engine(ContextReads, RunsAndApprovals):
         self.archive_sizes = ArchiveSizes(store, self.compactor.history)
 
     new_id = staticmethod(new_id)
+
+    @property
+    def _committed_context(self) -> ContextState | None:
+        return getattr(self._thread, "committed", None)
+
+    @_committed_context.setter
+    def _committed_context(self, st: ContextState | None) -> None:
+        self._thread.committed = st
 
     def set_context_state(self, st: ContextState) -> None:
         """After a committed replacement of the stored context."""
@@ -124,8 +137,30 @@ class Engine(ContextReads, RunsAndApprovals):
         if self._share_event is not None:
             self._share_event(session_id, method, params)
 
+    @contextmanager
+    def as_committed(self, session_id: str) -> Iterator[None]:
+        """While the block runs, the session's context is the one this daemon's last
+        append committed (what follows an append made on a worker thread, on the loop:
+        no read of the server for it)."""
+        st = self._contexts.get(session_id)
+        before = self._committed_context
+        self._committed_context = st if st is not None and st.session_id == session_id \
+            else before
+        try:
+            yield
+        finally:
+            self._committed_context = before
+
+    def serve_off_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Requests may now run on worker threads (a shared store's lanes): events
+        they emit reach the subscribers on `loop`, in the order emitted."""
+        self._loop, self._loop_thread = loop, threading.get_ident()
+
     def emit_local(self, session_id: str, method: str, params: dict[str, Any]) -> None:
         """To this daemon's subscribers only (an event another daemon shared)."""
+        if self._loop is not None and threading.get_ident() != self._loop_thread:
+            self._loop.call_soon_threadsafe(self.emit_local, session_id, method, params)
+            return
         for listener in self._listeners:
             try:
                 listener(session_id, method, params)

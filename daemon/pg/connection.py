@@ -5,6 +5,8 @@ again."""
 
 from __future__ import annotations
 
+import select
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -78,6 +80,41 @@ def _duplicate(exc: pgerr.UniqueViolation) -> Conflict:
     )
 
 
+class _State:
+    """A connection's state of its own: the server connection, the open transaction."""
+
+    def __init__(self) -> None:
+        self.conn: psycopg.Connection | None = None
+        self.depth = 0
+        # the sessions whose row the open transaction has locked
+        self.locked_sessions: set[str] = set()
+        # the sessions whose lock a request run again queues for (see lock_session)
+        self.patient: set[str] = set()
+        # set while a search's own statement_timeout runs: its cancel is SearchTooBroad
+        self.in_search_budget = False
+        # reads sent ahead together (see `prefetch`): (sql, params) -> their rows
+        self.memo: dict[Any, list[Any]] = {}
+        # run once the outermost transaction has committed (nothing on a rollback)
+        self.after_commit: list[Callable[[], None]] = []
+        # a session whose row lock was asked for in a pipeline and not yet answered: a
+        # LockNotAvailable surfacing later in that transaction is SessionBusy
+        self.unconfirmed: str | None = None
+        # set while a transaction's reads were sent ahead (see transaction), and the
+        # depth of nested prefetch blocks
+        self.tx_reads = False
+        self.prefetching = 0
+
+
+class _ThreadState(threading.local, _State):
+    """_State, one per thread."""
+
+
+def _shared(name: str) -> Any:
+    """An attribute of PgConnection kept in its (per-thread) state."""
+    return property(lambda self: getattr(self._s, name),
+                    lambda self, value: setattr(self._s, name, value))
+
+
 class PgConnection:
     """One psycopg connection (autocommit; explicit transactions), reconnected on demand,
     speaking the SQL dialect the embedded store's parts write."""
@@ -87,6 +124,7 @@ class PgConnection:
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
         settings: dict[str, str] | None = None,
+        per_thread: bool = False,
     ) -> None:
         self.dsn = dsn
         self.password = password
@@ -94,39 +132,25 @@ class PgConnection:
         self.statement_timeout = statement_timeout
         # more server settings for this connection (name -> value)
         self.settings = settings or {}
-        self._conn: psycopg.Connection | None = None
         self._sql: dict[str, str] = {}
-        self._depth = 0
-        # the sessions whose row the open transaction has locked
-        self.locked_sessions: set[str] = set()
-        # the sessions whose lock a request run again queues for (see lock_session)
-        self.patient: set[str] = set()
-        # set while a search's own statement_timeout runs: its cancel is SearchTooBroad
-        self.in_search_budget = False
-        # called with each new connection (after a server restart, say)
-        self.on_connect: list[Any] = []
         # statements never prepared, so each is planned for its own values: the generic
         # plan a prepared statement switches to after five runs may read a session's
         # tail through the primary key (its order matches the heap's), walking every
         # newer row of every other session, where the (session_id, id) index reads only
         # the tail (8 ms instead of 0.2 ms behind 30k rows of another session)
         self.planned_per_call: set[str] = set()
-        # reads sent ahead together (see `prefetch`): (sql, params) -> their rows, each
-        # answered once, by the next `execute` of the same statement
-        self._memo: dict[tuple[str, tuple[Any, ...]] | None, list[Any]] = {}
-        # run once the outermost transaction has committed (nothing on a rollback)
-        self.after_commit: list[Callable[[], None]] = []
-        # a session whose row lock was asked for in a pipeline and not yet answered: a
-        # LockNotAvailable surfacing later in that transaction is SessionBusy
-        self._unconfirmed: str | None = None
-        # set while a transaction's reads were sent ahead (see transaction), and the
-        # depth of nested prefetch blocks
-        self._tx_reads = False
-        self._prefetching = 0
+        # called with each new connection (after a server restart, say)
+        self.on_connect: list[Any] = []
+        # per_thread: each thread that uses this object has a server connection (and a
+        # transaction) of its own, so requests served on worker threads never share one
+        self._s: _State = _ThreadState() if per_thread else _State()
+        self._opened: list[psycopg.Connection] = []
+        self._opened_lock = threading.Lock()
 
     def raw(self) -> psycopg.Connection:
         c = self._conn
-        if c is None or c.closed or c.broken:
+        if c is None or c.closed or c.broken or (
+                self._depth == 0 and c._pipeline is None and _ended(c)):
             if c is not None and not c.closed:
                 c.close()
             self._conn = None
@@ -153,15 +177,24 @@ class PgConnection:
                 c.close()
                 raise _storage(exc) from None
             self._conn = c
+            with self._opened_lock:
+                self._opened = [x for x in self._opened if not x.closed]
+                self._opened.append(c)
             for hook in self.on_connect:
                 hook(c)
         return c
 
     @property
     def backend_pid(self) -> int | None:
-        """The server process of the current connection (None while there is none)."""
+        """The server process of the calling thread's connection (None while there is
+        none)."""
         c = self._conn
         return None if c is None or c.closed else c.info.backend_pid
+
+    def backend_pids(self) -> set[int]:
+        """The server processes of every open connection of this object's, any thread's."""
+        with self._opened_lock:
+            return {c.info.backend_pid for c in self._opened if not c.closed}
 
     def _convert(self, sql: str) -> str:
         out = self._sql.get(sql)
@@ -177,8 +210,8 @@ class PgConnection:
             rows = self._memo.pop(key, None) if self._depth else self._memo.get(key)
             if rows is not None:
                 return _Rows(rows)
+        prepare = False if sql in self.planned_per_call else None
         try:
-            prepare = False if sql in self.planned_per_call else None
             return self.raw().execute(self._convert(sql), params or None, prepare=prepare)
         except _STORAGE as exc:
             raise self._reraise(exc) from None
@@ -191,10 +224,13 @@ class PgConnection:
         statement that may run twice, outside a transaction."""
         try:
             return self.execute(sql, params)
-        except StorageError:
+        except StorageError as exc:
             c = self._conn
-            if c is not None and not c.closed and not c.broken:
+            ended = (exc.data or {}).get("reason") == "AdminShutdown"  # not run: safe again
+            if c is not None and not c.closed and not c.broken and not ended:
                 raise
+            if c is not None:
+                c.close()
             return self.execute(sql, params)
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
@@ -430,9 +466,38 @@ class PgConnection:
             raise _duplicate(exc) from None
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        with self._opened_lock:
+            opened, self._opened = self._opened, []
+        for c in opened:
+            c.close()
+        self._conn = None
+
+    # the calling thread's state (see `per_thread`)
+    _conn = _shared("conn")
+    _depth = _shared("depth")
+    locked_sessions = _shared("locked_sessions")
+    patient = _shared("patient")
+    in_search_budget = _shared("in_search_budget")
+    _memo = _shared("memo")
+    after_commit = _shared("after_commit")
+    _unconfirmed = _shared("unconfirmed")
+    _tx_reads = _shared("tx_reads")
+    _prefetching = _shared("prefetching")
+
+
+def _ended(c: psycopg.Connection) -> bool:
+    """Whether an idle connection was ended by the server meanwhile (a restart sends
+    each connection its FATAL and closes it): one poll of the socket, no round trip.
+    A connection found so is replaced before use, so the request does not fail on it;
+    with a connection per thread, some sit idle through a restart."""
+    try:
+        readable, _, _ = select.select([c.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    # an idle connection of ctxd's (none of them LISTENs) is sent nothing but a rare
+    # notice, so anything to read means the end (libpq may not have read it as one yet):
+    # at worst a connection is replaced for a notice
+    return bool(readable)
 
 
 def _key(sql: str, params: Sequence[Any]) -> tuple[str, tuple[Any, ...]] | None:

@@ -39,7 +39,7 @@ class IdAllocator:
         self.conn = PgConnection(
             main.dsn, main.password, lock_timeout=main.lock_timeout,
             statement_timeout=main.statement_timeout,
-            settings={"synchronous_commit": "off"},
+            settings={"synchronous_commit": "off"}, per_thread=True,
         )
         # never prepared: preparing costs a round trip of its own, once per connection,
         # and planning this one-row UPDATE costs the server microseconds

@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -55,6 +56,8 @@ log = logging.getLogger("ctxd.pg.store")
 SEARCH_WORKERS = 2
 # threads waiting, beside the event loop, for a session's row lock (daemon/busy.py)
 LOCK_WAITERS = 4
+# worker threads serving requests off the event loop (in_lane), each with a connection
+LANES = 4
 T = TypeVar("T")
 # how long the count an append made under its lock answers the status that follows it
 # (asked right after the commit, on the same event-loop turn); later asks read again
@@ -315,7 +318,12 @@ class PostgresStore:
         self.search_budget_seconds = search_budget_seconds
         self.lock_timeout = lock_timeout
         self.statement_timeout = statement_timeout
-        self.conn = self._connection()
+        # per thread: requests served on worker threads (see `in_lane`) each have a
+        # connection of their own
+        self.conn = PgConnection(
+            dsn, password, lock_timeout=lock_timeout, statement_timeout=statement_timeout,
+            per_thread=True,
+        )
         if migrate:
             schema.migrate(self.conn.raw())
         # this store's own appends, told apart from other daemons' on the events channel
@@ -331,6 +339,7 @@ class PostgresStore:
         self.runs = PgRuns(self.conn)
         self.compactions = CompactionLog(self.conn)  # type: ignore[arg-type]
         self._pool: ThreadPoolExecutor | None = None
+        self._lanes: list[ThreadPoolExecutor] | None = None
         self._readers: list[PgConnection] = []
         self._local: Any = None
         self._stop = threading.Event()
@@ -414,6 +423,16 @@ class PostgresStore:
                                               st.dropped_ids)
             with self.conn.prefetch(more):
                 yield
+
+    def in_lane(self, session_id: str, fn: Callable[[], T]) -> asyncio.Future[T]:
+        """`fn()` on the worker thread that serves the session, on that thread's own
+        connection: calls about one session run one after another, in the order given;
+        sessions of other lanes run beside them, and the event loop waits on none."""
+        if self._lanes is None:
+            self._lanes = [ThreadPoolExecutor(1, thread_name_prefix=f"ctxd-pg-lane{i}")
+                           for i in range(LANES)]
+        lane = self._lanes[zlib.crc32(session_id.encode()) % LANES]
+        return asyncio.get_running_loop().run_in_executor(lane, fn)
 
     def patience(self, session_id: str):  # type: ignore[no-untyped-def]
         """The next lock of the session queues a moment instead of refusing (busy.py)."""
@@ -528,8 +547,7 @@ class PostgresStore:
 
     def _own_pids(self) -> set[int]:
         """The server processes of the connections this daemon sends events on."""
-        pid = self.conn.backend_pid
-        return set() if pid is None else {pid}
+        return self.conn.backend_pids()
 
     def _reader(self) -> PgArchive:
         if self._local is None:
@@ -559,10 +577,10 @@ class PostgresStore:
         self._stop.set()
         if self._listener is not None:
             self._listener.join(5)
-        for pool in (self._pool, self._waiters):
+        for pool in (self._pool, self._waiters, *(self._lanes or ())):
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
-        self._pool = self._waiters = None
+        self._pool = self._waiters = self._lanes = None
         self.compaction_locks.close()
         self.runs.close()
         self.ids.close()
