@@ -27,7 +27,6 @@ import logging
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -40,7 +39,7 @@ from ctxd.daemon.archive_search import search_where, too_broad
 from ctxd.daemon.compaction_log import CompactionLog
 from ctxd.daemon.context_store import ContextState, ContextStore, PinStore
 from ctxd.daemon.messages import message_text
-from ctxd.daemon.pg import events, prefetch, schema, tsearch
+from ctxd.daemon.pg import events, schema, tsearch
 from ctxd.daemon.pg.connection import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_STATEMENT_TIMEOUT,
@@ -49,6 +48,7 @@ from ctxd.daemon.pg.connection import (
 from ctxd.daemon.pg.ids import IdAllocator
 from ctxd.daemon.pg.locks import CompactionLocks
 from ctxd.daemon.pg.runs import PgRuns
+from ctxd.daemon.pg.store_ahead import ReadsAhead
 from ctxd.protocol.errors import InvalidParams, StorageError
 
 log = logging.getLogger("ctxd.pg.store")
@@ -56,8 +56,6 @@ log = logging.getLogger("ctxd.pg.store")
 SEARCH_WORKERS = 2
 # threads waiting, beside the event loop, for a session's row lock (daemon/busy.py)
 LOCK_WAITERS = 4
-# worker threads serving requests off the event loop (in_lane), each with a connection
-LANES = 4
 T = TypeVar("T")
 # how long the count an append made under its lock answers the status that follows it
 # (asked right after the commit, on the same event-loop turn); later asks read again
@@ -304,7 +302,7 @@ class PgContexts(ContextStore):
         )
 
 
-class PostgresStore:
+class PostgresStore(ReadsAhead):
     # several daemons may write: the engine keeps no per-session state between requests
     shared = True
 
@@ -361,78 +359,6 @@ class PostgresStore:
         """A write transaction; with `session_id`, that session's row locked first (at
         once, or SessionBusy)."""
         return self.conn.transaction(session_id)
-
-    @contextmanager
-    def append_transaction(
-        self, session_id: str, msgs: list[dict[str, Any]], client_batch_id: str | None,
-        run_id: str | None,
-    ) -> Iterator[None]:
-        """An append's write transaction: BEGIN, the session's lock and every read the
-        engine makes under it (the context, pending approvals, the batch's tool calls,
-        a repeated clientBatchId, the run named or the open one, the archive count) in
-        one round trip;
-        its writes and the COMMIT in one more (daemon/pg/prefetch.py)."""
-        reads = [prefetch.context(session_id), prefetch.pending(session_id),
-                 *prefetch.tool_pairs(session_id, msgs),
-                 prefetch.message_count(self.archive, session_id)]
-        if client_batch_id is not None:
-            reads.append(prefetch.find_batch(session_id, client_batch_id))
-        reads.append(prefetch.open_run(session_id) if run_id is None else prefetch.run(run_id))
-        with self.conn.transaction(session_id, reads):
-            # counted under the lock: with this batch, the count as of the commit, so
-            # the status that follows asks nothing (PgArchive.message_count)
-            self.archive.message_count(session_id)
-            yield
-
-    def status_reads(
-        self, session_id: str, *, context: bool, open_run: bool, pending: bool,
-    ):  # type: ignore[no-untyped-def]
-        """What a status reads, in one round trip (outside a transaction; the rows not
-        asked for in the block are forgotten at its end)."""
-        return self.conn.prefetch(self._status_reads(session_id, context, open_run, pending))
-
-    def _status_reads(
-        self, session_id: str, context: bool, open_run: bool, pending: bool
-    ) -> list[prefetch.Read]:
-        reads = []
-        if not self.archive.count_known(session_id):
-            reads.append(prefetch.message_count(self.archive, session_id))
-        if context:
-            reads.append(prefetch.context(session_id))
-        if open_run:
-            reads.append(prefetch.open_run(session_id))
-        if pending:
-            reads.append(prefetch.pending_count(session_id))
-        return reads
-
-    @contextmanager
-    def context_reads(self, session_id: str) -> Iterator[None]:
-        """What a `context/get` reads, in two round trips: the context row, pins, open
-        run, pending approvals and archive count; then, as that context names them, its
-        leading system messages, its tail and their size."""
-        reads = self._status_reads(session_id, True, True, True)
-        with self.conn.prefetch([*reads, prefetch.pins(session_id)]):
-            st = self.contexts.load(session_id)  # answered from what was read ahead
-            more = []
-            if st is not None and st.system_ids:
-                more.append(prefetch.messages(st.system_ids))
-            if st is not None and st.tail_start_id is not None:
-                more.append(prefetch.tail(session_id, st.tail_start_id))
-                # the reply's size bound (daemon/context_reply.py)
-                more += prefetch.stored_bytes(session_id, st.tail_start_id, st.system_ids,
-                                              st.dropped_ids)
-            with self.conn.prefetch(more):
-                yield
-
-    def in_lane(self, session_id: str, fn: Callable[[], T]) -> asyncio.Future[T]:
-        """`fn()` on the worker thread that serves the session, on that thread's own
-        connection: calls about one session run one after another, in the order given;
-        sessions of other lanes run beside them, and the event loop waits on none."""
-        if self._lanes is None:
-            self._lanes = [ThreadPoolExecutor(1, thread_name_prefix=f"ctxd-pg-lane{i}")
-                           for i in range(LANES)]
-        lane = self._lanes[zlib.crc32(session_id.encode()) % LANES]
-        return asyncio.get_running_loop().run_in_executor(lane, fn)
 
     def patience(self, session_id: str):  # type: ignore[no-untyped-def]
         """The next lock of the session queues a moment instead of refusing (busy.py)."""
