@@ -47,6 +47,7 @@ from ctxd.daemon.pg.connection import (
 )
 from ctxd.daemon.pg.ids import IdAllocator
 from ctxd.daemon.pg.locks import CompactionLocks
+from ctxd.daemon.pg.prefetch import READ_TAIL, READ_TAIL_RANGE
 from ctxd.daemon.pg.runs import PgRuns
 from ctxd.daemon.pg.store_ahead import ReadsAhead
 from ctxd.protocol.errors import InvalidParams, StorageError
@@ -60,26 +61,6 @@ T = TypeVar("T")
 # how long the count an append made under its lock answers the status that follows it
 # (asked right after the commit, on the same event-loop turn); later asks read again
 EXACT_FOR = 0.5
-
-# A session's messages from an id on, read through its batches: a batch is a contiguous
-# id range of one session, so the ids come from the session's batches ending at or past
-# from_id (batches_by_session_last) and the rows from the primary key, one probe per id,
-# never touching another session's rows. The plain `session_id = ? AND id >= ?` leaves
-# the planner to guess how many rows match; with a few long sessions it takes session and
-# id as independent, expects thousands, and walks the primary key through every newer
-# row of every other session (75k rows, 8 ms, for a 24-row tail in bench_store).
-READ_TAIL = (
-    "SELECT id, batch_id, body, tokens, created_at FROM messages WHERE id = ANY(ARRAY("
-    "SELECT generate_series(greatest(first_message_id, ?), last_message_id) FROM batches "
-    "WHERE session_id = ? AND last_message_id >= ?)) ORDER BY id"
-)
-READ_TAIL_RANGE = (
-    "SELECT id, batch_id, body, tokens, created_at FROM messages WHERE id = ANY(ARRAY("
-    "SELECT generate_series(greatest(first_message_id, ?), least(last_message_id, ?)) "
-    "FROM batches WHERE session_id = ? AND last_message_id >= ? AND first_message_id <= ?"
-    ")) ORDER BY id"
-)
-
 
 class PgArchive(ArchiveStore):
     conn: PgConnection  # type: ignore[assignment]

@@ -22,7 +22,6 @@ from ctxd.daemon.pg import prefetch
 if TYPE_CHECKING:  # the store this mixes into
     from ctxd.daemon.context_store import ContextStore
     from ctxd.daemon.pg.connection import PgConnection
-    from ctxd.daemon.pg.store import PgArchive
 
 T = TypeVar("T")
 # worker threads serving requests off the event loop (in_lane), each with a connection
@@ -31,7 +30,7 @@ LANES = 4
 
 class ReadsAhead:
     conn: PgConnection
-    archive: PgArchive
+    archive: Any  # PgArchive (store.py imports this module)
     contexts: ContextStore
     _lanes: list[ThreadPoolExecutor] | None
 
