@@ -42,8 +42,8 @@ async def when_free(store: Any, call: Callable[[], T], busy: SessionBusy | None 
 
 
 async def when_free_off_loop(store: Any, session_id: str, call: Callable[[], T]) -> T:
-    """`when_free` for a call made on the worker thread that serves the session
-    (`store.in_lane`): the wait beside the loop, the patient run in that thread."""
+    """`when_free` for a call made on a worker thread after the session's earlier calls
+    (`store.in_lane`): the wait beside the loop, the patient run in the worker thread."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + float(getattr(store, "lock_timeout", 5.0))
     try:

@@ -3,11 +3,11 @@
 Every store call there is a round trip to a server, perhaps on another host: made on the
 event loop, it would hold every client of the daemon for its whole length. The most
 frequent requests (`messages/append`, `context/get`, `context/status`) are made instead
-on the worker thread that serves their session (`store.in_lane`, each thread with a
-connection of its own), so
+on worker threads (`store.in_lane`: four, each with a connection of its own), a
+session's calls one after another, so
 - the loop waits on no server: it reads and answers other clients meanwhile;
-- requests about one session run in the order they came, one after another, and
-  sessions served by other threads commit beside them (their row locks apart);
+- requests about one session run in the order they came, one after another, and other
+  sessions' run beside them on the other threads (their row locks apart);
 - each connection's requests still reach the core in the order sent: the connection's
   next request waits until this one is done (`Turns`, the dispatcher's `_in_turn`);
 - events the engine emits on a worker thread reach subscribers through the loop, in the
@@ -59,8 +59,9 @@ class OffLoop:
 
     def run(self, conn: Connection, session_id: str, call: Callable[[], T],
             then: Callable[[T], Any] | None = None) -> InTurn:
-        """`call()` on the session's worker thread (run again while the session is
-        busy elsewhere, as on the loop), then `then(result)` on the loop; the
+        """`call()` on a worker thread after the session's earlier calls (run again
+        while the session is busy elsewhere, as on the loop), then `then(result)` on the
+        loop; the
         connection's turn is taken now, before anything else of its is read."""
         loop = asyncio.get_running_loop()
         if not self._bound:

@@ -5,7 +5,6 @@ again."""
 
 from __future__ import annotations
 
-import select
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -103,6 +102,8 @@ class _State:
         # depth of nested prefetch blocks
         self.tx_reads = False
         self.prefetching = 0
+        # PgConnection._epoch when `conn` was opened
+        self.epoch = 0
 
 
 class _ThreadState(threading.local, _State):
@@ -145,12 +146,15 @@ class PgConnection:
         # transaction) of its own, so requests served on worker threads never share one
         self._s: _State = _ThreadState() if per_thread else _State()
         self._opened: list[psycopg.Connection] = []
+        # bumped when a connection is found lost; each thread's connection is replaced
+        # before its next use if it was opened before the last bump
+        self._epoch = 0
         self._opened_lock = threading.Lock()
 
     def raw(self) -> psycopg.Connection:
         c = self._conn
         if c is None or c.closed or c.broken or (
-                self._depth == 0 and c._pipeline is None and _ended(c)):
+                self._s.epoch < self._epoch and self._depth == 0 and c._pipeline is None):
             if c is not None and not c.closed:
                 c.close()
             self._conn = None
@@ -177,6 +181,7 @@ class PgConnection:
                 c.close()
                 raise _storage(exc) from None
             self._conn = c
+            self._s.epoch = self._epoch
             with self._opened_lock:
                 self._opened = [x for x in self._opened if not x.closed]
                 self._opened.append(c)
@@ -250,6 +255,11 @@ class PgConnection:
             return exc
         if isinstance(exc, (pgerr.QueryCanceled, pgerr.LockNotAvailable)):
             return _timeout(exc, self.lock_timeout, self.statement_timeout)
+        if type(exc) is psycopg.OperationalError or isinstance(exc, pgerr.AdminShutdown):
+            # the server is gone or ended this connection (a restart ends them all): the
+            # other threads' connections, which may have sat idle through it, are
+            # replaced before their next use rather than failing a request each
+            self._epoch += 1
         return _storage(exc)
 
     @contextmanager
@@ -483,21 +493,6 @@ class PgConnection:
     _unconfirmed = _shared("unconfirmed")
     _tx_reads = _shared("tx_reads")
     _prefetching = _shared("prefetching")
-
-
-def _ended(c: psycopg.Connection) -> bool:
-    """Whether an idle connection was ended by the server meanwhile (a restart sends
-    each connection its FATAL and closes it): one poll of the socket, no round trip.
-    A connection found so is replaced before use, so the request does not fail on it;
-    with a connection per thread, some sit idle through a restart."""
-    try:
-        readable, _, _ = select.select([c.fileno()], [], [], 0)
-    except (OSError, ValueError):
-        return True
-    # an idle connection of ctxd's (none of them LISTENs) is sent nothing but a rare
-    # notice, so anything to read means the end (libpq may not have read it as one yet):
-    # at worst a connection is replaced for a notice
-    return bool(readable)
 
 
 def _key(sql: str, params: Sequence[Any]) -> tuple[str, tuple[Any, ...]] | None:

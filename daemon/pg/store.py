@@ -319,6 +319,7 @@ class PostgresStore(ReadsAhead):
         self.compactions = CompactionLog(self.conn)  # type: ignore[arg-type]
         self._pool: ThreadPoolExecutor | None = None
         self._lanes: list[ThreadPoolExecutor] | None = None
+        self._session_tails: dict[str, asyncio.Future[None]] = {}
         self._readers: list[PgConnection] = []
         self._local: Any = None
         self._stop = threading.Event()

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import asyncio
-import zlib
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # the store this mixes into
 T = TypeVar("T")
 # worker threads serving requests off the event loop (in_lane), each with a connection
 LANES = 4
+SWITCH_INTERVAL = 0.0005
 
 
 class ReadsAhead:
@@ -33,6 +34,8 @@ class ReadsAhead:
     archive: Any  # PgArchive (store.py imports this module)
     contexts: ContextStore
     _lanes: list[ThreadPoolExecutor] | None
+    # session -> the last call given for it (in_lane), done when that call is
+    _session_tails: dict[str, asyncio.Future[None]]
 
     @contextmanager
     def append_transaction(
@@ -96,12 +99,27 @@ class ReadsAhead:
             with self.conn.prefetch(more):
                 yield
 
-    def in_lane(self, session_id: str, fn: Callable[[], T]) -> asyncio.Future[T]:
-        """`fn()` on the worker thread that serves the session, on that thread's own
-        connection: calls about one session run one after another, in the order given;
-        sessions of other lanes run beside them, and the event loop waits on none."""
+    async def in_lane(self, session_id: str, fn: Callable[[], T]) -> T:
+        """`fn()` on a worker thread (each with a connection of its own), after every
+        call given before it about the same session: one session's calls run one after
+        another, in the order given; other sessions' run beside them on the other
+        threads, and the event loop waits on none."""
+        loop = asyncio.get_running_loop()
         if self._lanes is None:
-            self._lanes = [ThreadPoolExecutor(1, thread_name_prefix=f"ctxd-pg-lane{i}")
-                           for i in range(LANES)]
-        lane = self._lanes[zlib.crc32(session_id.encode()) % LANES]
-        return asyncio.get_running_loop().run_in_executor(lane, fn)
+            self._lanes = [ThreadPoolExecutor(LANES, thread_name_prefix="ctxd-pg-lane")]
+            # a thread waits for the interpreter's lock up to the switch interval (5 ms
+            # by default) while another runs Python: a cheap request answered on one
+            # thread would wait that long, several times, behind an append's encoding on
+            # another; the lanes' calls are short and mostly wait on the network
+            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
+        before = self._session_tails.get(session_id)
+        mine: asyncio.Future[None] = loop.create_future()
+        self._session_tails[session_id] = mine
+        try:
+            if before is not None:
+                await asyncio.wait([before])  # its outcome is its own caller's
+            return await loop.run_in_executor(self._lanes[0], fn)
+        finally:
+            mine.set_result(None)
+            if self._session_tails.get(session_id) is mine:
+                del self._session_tails[session_id]
