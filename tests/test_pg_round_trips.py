@@ -168,3 +168,57 @@ def test_daemons_as_hosts_reach_the_database_through_the_proxy(
         links = subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
         for name in names:
             assert name not in listed and f"{name}:" not in links and f"{name}@" not in links
+
+
+def test_the_event_loop_serves_others_while_an_append_waits_on_the_server(
+    pg_cluster: PgCluster, pg_dsn: str, tmp_path: Path
+) -> None:
+    """Behind 200 ms round trips an append takes several of them; a status of another
+    session asked meanwhile through the same daemon is answered first (on the event
+    loop it would wait for the append to finish). Work the daemon does on its loop
+    from time to time (runs' liveness) may still hold one attempt up: three are made.
+    Then each sees the other's session as written."""
+    import threading
+
+    from tests.helpers import DaemonProcess
+
+    proxy = DelayProxy(("127.0.0.1", pg_cluster.port), 200).start()
+    db = pg_dsn.rsplit("dbname=", 1)[1]
+    env = {"CTXD_STORE": "postgres",
+           "CTXD_POSTGRES_DSN": f"host=127.0.0.1 port={proxy.port} user={SUPERUSER} dbname={db}",
+           "CTXD_POSTGRES_PASSWORD_ENV": "PGT_PW", "PGT_PW": PASSWORD}
+    (tmp_path / "d").mkdir()
+    d = DaemonProcess(tmp_path / "d", env=env).start(timeout=120)
+    try:
+        with d.client() as a, d.client() as b:
+            s1 = a.create_session()["sessionId"]
+            s2 = b.create_session()["sessionId"]
+            a.append(s1, [{"role": "user", "content": "warm"}])  # connections made
+            b.context_status(s2)
+            orders = []
+            for _attempt in range(3):  # on the loop, the status could never come first
+                done: list[str] = []
+                started = threading.Event()
+
+                def append(done: list[str] = done, started: threading.Event = started,
+                           ) -> None:
+                    started.set()
+                    a.append(s1, [{"role": "user", "content": "slow"}])
+                    done.append("append")
+
+                t = threading.Thread(target=append)
+                t.start()
+                started.wait()
+                time.sleep(0.25)  # the append is on its way: its first round trip
+                assert b.context_status(s2)["archiveMessages"] == 0
+                done.append("status")
+                t.join(60)
+                orders.append(done)
+                if done == ["status", "append"]:
+                    break
+            assert ["status", "append"] in orders, orders
+            appended = len(orders) + 1
+            assert b.context_status(s1)["archiveMessages"] == appended
+    finally:
+        d.stop()
+        proxy.close()
