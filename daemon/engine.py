@@ -239,12 +239,14 @@ class Engine(ContextReads, RunsAndApprovals):
             self.require_session(session_id)
 
     def context_state(self, session_id: str) -> ContextState:
-        st = self._committed_context
-        if st is not None and st.session_id == session_id:
-            return st
-        st = None if self.shared else self._contexts.get(session_id)
-        if st is not None:
-            return st
+        if self.shared:
+            st = self._committed_context
+            if st is not None and st.session_id == session_id:
+                return st
+        else:
+            st = self._contexts.get(session_id)
+            if st is not None:
+                return st
         st = self.store.contexts.load(session_id)
         if st is None:
             self.require_session(session_id)

@@ -6,7 +6,6 @@ keeps each session's rendered parts between reads. A part of `Engine`
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -91,7 +90,10 @@ class ContextReads:
         daemon does, beside its event loop); `status`, the session's status when the
         caller has just read it (an append with `returnContext`)."""
         ahead = getattr(self.store, "context_reads", None) if self.shared else None
-        with ahead(session_id) if ahead is not None else nullcontext():
+        if ahead is None:
+            return self._get_context(session_id, budget_tokens, query, include_metadata,
+                                     recall_hits, status)
+        with ahead(session_id):
             return self._get_context(session_id, budget_tokens, query, include_metadata,
                                      recall_hits, status)
 
