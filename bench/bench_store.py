@@ -17,6 +17,9 @@ goes (bench/store_profile.py: py-spy in the daemon, pg_stat_statements in the se
 
     python -m bench.bench_store                  # ~10 minutes on 2 cores
     python -m bench.bench_store --quick          # 10k only, fewer steps: a smoke run
+    python -m bench.bench_store --rtt 0,1,5 --steps 12 --rounds 1
+        # daemons as hosts of their own (network namespaces, a delaying proxy adding
+        # the round trip, round trips counted): bench/store_hosts.py, ~5 minutes
 
 The PostgreSQL cluster is a throwaway one (tests/pg.py) on loopback TCP, fsync off as in
 the tests: durable numbers would be lower for both stores, PostgreSQL's by a WAL flush
