@@ -39,7 +39,7 @@ from ctxd.daemon.stores.sqlite import SqliteStore
 from ctxd.daemon.summarizers import make_summarizer, summarizer_status
 from ctxd.daemon.summary import Summarizer
 from ctxd.daemon.tokens import TokenCounter
-from ctxd.protocol.errors import Conflict, InvalidParams, NotFound, SessionNotFound
+from ctxd.protocol.errors import Conflict, InvalidParams, SessionNotFound
 
 log = logging.getLogger("ctxd.engine")
 
@@ -337,22 +337,6 @@ class Engine(ContextReads, RunsAndApprovals):
             self.store.contexts.bump_counts(new)
         return self.append_committed(new, rows, ids, batch_id, created, run_id, len(pending),
                                      open_run_id=open_run_id)
-
-    def _check_run(
-        self, session_id: str, run_id: str, run: dict[str, Any] | None
-    ) -> None:
-        """The run an append names must be the session's, and open."""
-        if run is None or run["runId"] != run_id:
-            run = self.run_book.get(run_id)
-        if run is None or run["sessionId"] != session_id:
-            raise NotFound(
-                f"no run {run_id!r} in session {session_id!r}; start one with run/start",
-                {"runId": run_id},
-            )
-        if run["status"] != "open":
-            raise InvalidParams(
-                f"run {run_id!r} is {run['status']}; start a new run", {"runId": run_id}
-            )
 
     def _append_transaction(
         self, session_id: str, msgs: list[dict[str, Any]], client_batch_id: str | None,
