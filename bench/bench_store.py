@@ -17,6 +17,9 @@ goes (bench/store_profile.py: py-spy in the daemon, pg_stat_statements in the se
 
     python -m bench.bench_store                  # ~10 minutes on 2 cores
     python -m bench.bench_store --quick          # 10k only, fewer steps: a smoke run
+    python -m bench.bench_store --rtt 0,1,5 --steps 12 --rounds 1
+        # daemons as hosts of their own (network namespaces, a delaying proxy adding
+        # the round trip, round trips counted): bench/store_hosts.py, ~5 minutes
 
 The PostgreSQL cluster is a throwaway one (tests/pg.py) on loopback TCP, fsync off as in
 the tests: durable numbers would be lower for both stores, PostgreSQL's by a WAL flush
@@ -299,7 +302,14 @@ def main(argv: list[str] | None = None) -> int:
                         "cases beside this checkout's, in the same run")
     parser.add_argument("--baseline-label", default="the baseline's code",
                         help="what the baseline is, for the report")
+    parser.add_argument("--rtt", help="added round trips in ms, e.g. 0,1,5: run only the "
+                        "tables of daemons as hosts of their own (bench/store_hosts.py)")
+    parser.add_argument("--hosts-daemons", default="1,2,4", help="daemons per --rtt row")
+    parser.add_argument("--loopback", action="store_true",
+                        help="with --rtt: no network namespaces even where they can be made")
     args = parser.parse_args(argv)
+    if args.rtt:
+        return hosts_main(args)
     steps = 20 if args.quick else args.steps
     histories = [10_000] if args.quick else [10_000, 100_000]
     out = Path(args.out)
@@ -362,6 +372,40 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(report)
     print(report)
     return 0
+
+def hosts_main(args: argparse.Namespace) -> int:
+    """--rtt: the hosts tables on the 10k archive, to bench/results/store_hosts.md."""
+    import signal
+
+    from bench import store_hosts
+
+    # a stopped run still removes its namespaces and veth pairs (the finally blocks)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    rtts = [float(x) for x in args.rtt.split(",")]
+    counts = [int(x) for x in args.hosts_daemons.split(",")]
+    out = Path(args.out) if args.out != str(OUT) else OUT.with_name("store_hosts.md")
+    scratch = Path(tempfile.mkdtemp(prefix="ctxd-bench-hosts-"))
+    cluster = PgCluster().start()
+    loads = [load_average()]
+    try:
+        stores = Stores(cluster, scratch)
+        stores.baseline = args.baseline
+        stores.prepare(10_000)
+        md, _ = store_hosts.run(stores, 10_000, rtts, counts, args.steps, args.rounds,
+                                False if args.loopback else None)
+        loads.append(load_average())
+    finally:
+        cluster.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    code = f"daemons on {args.baseline_label} ({args.baseline})" if args.baseline else ""
+    report = (f"# Store benchmark: daemons as hosts\n\n{code}\n\n`python -m bench.bench_store "
+              f"--rtt {args.rtt} --hosts-daemons {args.hosts_daemons} --steps {args.steps} "
+              f"--rounds {args.rounds}`; 10k archived; load average {' -> '.join(loads)} "
+              f"on {os.cpu_count()} cores.\n\n{md}")
+    out.write_text(report)
+    print(report)
+    return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

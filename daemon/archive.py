@@ -39,6 +39,20 @@ _CALL_IDS = (
     "SELECT tool_call_id, call_message_id FROM tool_calls "
     "WHERE session_id = ? AND tool_call_id IN ({})"
 )
+
+
+def lookup_statements(
+    sql: str, session_id: str, keys: Iterable[str]
+) -> list[tuple[str, tuple[Any, ...]]]:
+    """The statements `_lookup` sends for the keys (a store may send them ahead)."""
+    wanted = sorted(set(keys))
+    out = []
+    for i in range(0, len(wanted), _CHUNK):
+        chunk = wanted[i : i + _CHUNK]
+        out.append((sql.format(",".join("?" * len(chunk))), (session_id, *chunk)))
+    return out
+
+
 _RESULT_IDS = (
     "SELECT tool_call_id, result_message_id FROM tool_results "
     "WHERE session_id = ? AND tool_call_id IN ({})"
@@ -303,12 +317,9 @@ class ArchiveStore(ArchiveSearch):
 
     def _lookup(self, sql: str, session_id: str, keys: Iterable[str]) -> dict[str, Any]:
         """`sql` ("... tool_call_id IN ({})") for the keys, a chunk per statement."""
-        wanted = list(set(keys))
         out: dict[str, Any] = {}
-        for i in range(0, len(wanted), _CHUNK):
-            chunk = wanted[i : i + _CHUNK]
-            marks = ",".join("?" * len(chunk))
-            for key, value in self.conn.execute(sql.format(marks), (session_id, *chunk)):
+        for statement, params in lookup_statements(sql, session_id, keys):
+            for key, value in self.conn.execute(statement, params):
                 out[key] = value
         return out
 

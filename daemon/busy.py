@@ -39,3 +39,26 @@ async def when_free(store: Any, call: Callable[[], T], busy: SessionBusy | None 
                 return call()
         except SessionBusy as exc:
             busy = exc
+
+
+async def when_free_off_loop(store: Any, session_id: str, call: Callable[[], T]) -> T:
+    """`when_free` for a call made on a worker thread after the session's earlier calls
+    (`store.in_lane`): the wait beside the loop, the patient run in the worker thread."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + float(getattr(store, "lock_timeout", 5.0))
+    try:
+        return await store.in_lane(session_id, call)  # type: ignore[no-any-return]
+    except SessionBusy as exc:
+        busy = exc
+    while True:
+        sid = busy.session_id
+        await store.wait_session(sid, max(0.001, deadline - loop.time()))
+
+        def patiently(sid: str = sid) -> T:
+            with store.patience(sid):
+                return call()
+
+        try:
+            return await store.in_lane(session_id, patiently)  # type: ignore[no-any-return]
+        except SessionBusy as exc:
+            busy = exc

@@ -89,6 +89,9 @@ class ContextReplies:
         and read beside the loop when it is large. `appended`: what an append with
         `returnContext` stored, named in the refusal."""
         eng = self.engine
+        if getattr(eng.store, "context_reads", None) is not None and eng.shared:
+            return self.get_ahead(session_id, budget_tokens, query, include_metadata,
+                                  recall_hits, status, appended)
         st, count, must_read = self._to_count(session_id)
         if count is not None and hasattr(eng.archive, "stored_bytes"):
             start = st.tail_start_id
@@ -102,8 +105,26 @@ class ContextReplies:
         return eng.get_context(session_id, budget_tokens, query, include_metadata,
                                recall_hits=recall_hits, status=status)
 
+    def get_ahead(
+        self,
+        session_id: str,
+        budget_tokens: int | None = None,
+        query: str | None = None,
+        include_metadata: bool = False,
+        recall_hits: list[dict[str, Any]] | None = None,
+        status: dict[str, Any] | None = None,
+        appended: Any = None,
+    ) -> dict[str, Any]:
+        """`get` on a shared store that reads all of it, the size included, in two
+        round trips (store.context_reads); synchronous, for a worker thread."""
+        with self.engine.store.context_reads(session_id):  # type: ignore[attr-defined]
+            return self.get_now(session_id, status=status, appended=appended,
+                                budget_tokens=budget_tokens, query=query,
+                                include_metadata=include_metadata, recall_hits=recall_hits)
+
     def get_now(
         self, session_id: str, status: dict[str, Any] | None = None, appended: Any = None,
+        **get: Any,
     ) -> dict[str, Any]:
         """`get` at once, on the loop: the context right after an append, before any
         other write (its size is summed on the loop: a read of row headers)."""
@@ -115,7 +136,7 @@ class ContextReplies:
             if size > self.max_reply_bytes:
                 raise refusal(session_id, size, self.max_reply_bytes, st.tail_start_id,
                               appended)
-        return eng.get_context(session_id, status=status)
+        return eng.get_context(session_id, status=status, **get)
 
     async def _read_tail(self, session_id: str, st: Any) -> None:
         """Read and decode the tail in a worker thread, and keep it in the engine's view

@@ -26,6 +26,7 @@ from ctxd.daemon.busy import when_free
 from ctxd.daemon.context_reply import ContextReplies
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.messages import PreparedBatch, text_size
+from ctxd.daemon.off_loop import InTurn, OffLoop
 from ctxd.daemon.offload import READS, LargeWrites
 from ctxd.daemon.scheduler import Scheduler
 from ctxd.daemon.servers.base import Connection, EventHub
@@ -144,11 +145,14 @@ class Dispatcher:
         # per connection: the request (a large batch or reply, or one behind it) the next
         # one waits for
         self._in_turn: dict[Connection, asyncio.Future[None]] = {}
+        # on a shared store, the frequent requests served on worker threads
+        self.off_loop = OffLoop(engine, self._in_turn)
         # each method's handler, registered where it is written (protocol/handlers.py)
         self._handlers: dict[str, Handler] = {h.method.name: self._bind(h) for h in HANDLERS}
 
     def _bind(self, handler: RegisteredHandler) -> Handler:
         fn, method = handler.function, handler.method
+        on_engine = False
         if handler.owner is not None:
             # a method of the dispatcher or of the engine: bound to the instance
             owners = [o for o in (self, self.engine)
@@ -156,6 +160,7 @@ class Dispatcher:
             if not owners:
                 raise LookupError(f"{method.name}: no instance of {handler.owner} to serve it")
             fn = getattr(owners[0], fn.__name__)
+            on_engine = owners[0] is self.engine
         if handler.connection:
             return fn  # type: ignore[no-any-return]
         lead = () if handler.owner is not None else (self.engine,)
@@ -163,7 +168,13 @@ class Dispatcher:
         # the params Struct's fields are the handler's keyword names
         as_kwargs = msgspec.structs.asdict
 
+        off_loop = self.off_loop.wants(method.name) and on_engine
+
         def call(conn: Connection, p: Any) -> Any:
+            if off_loop:
+                kw = as_kwargs(p)
+                return self.off_loop.run(conn, p.session_id, lambda: fn(**kw),
+                                         None if wrap is None else lambda r: {wrap: r})
             result = fn(*lead, **as_kwargs(p))
             if wrap is None:
                 return result
@@ -287,6 +298,8 @@ class Dispatcher:
             if method not in READS:
                 await self.large.gate.wait_open()
             result = await when_free(self.engine.store, lambda: self._handlers[method](conn, p))
+            if isinstance(result, InTurn):  # the next request waits until it is done
+                result = await result
             if not inspect.isawaitable(result):
                 return await self._maybe_encoded(conn, method, result)
         finally:
@@ -446,8 +459,10 @@ class Dispatcher:
         return {}
 
     @serves(MESSAGES_APPEND, connection=True)
-    def append(self, conn: Connection, p: MessagesAppendParams) -> dict[str, Any]:
+    def append(self, conn: Connection, p: MessagesAppendParams) -> Any:
         self._claim(conn, p.run_id)
+        if self.off_loop.wants("messages/append"):
+            return self._append_off_loop(conn, p)
         result = self.engine.append(
             p.session_id,
             p.messages,
@@ -455,6 +470,29 @@ class Dispatcher:
             client_batch_id=p.client_batch_id,
         )
         return self._appended(p, result)
+
+    def _append_off_loop(self, conn: Connection, p: MessagesAppendParams) -> Any:
+        """`append` on the session's worker thread, its context (`returnContext`) read
+        there too; the scheduler told on the loop (see off_loop.py)."""
+        sid = p.session_id
+
+        def call() -> tuple[dict[str, Any], dict[str, Any] | None]:
+            result = self.engine.append(sid, p.messages, run_id=p.run_id,
+                                        client_batch_id=p.client_batch_id)
+            if not p.return_context:
+                return result, None
+            stored = {k: result[k] for k in ("batchId", "messageIds")}
+            return result, self.replies.get_now(sid, status=result["status"], appended=stored)
+
+        def then(done: tuple[dict[str, Any], dict[str, Any] | None]) -> dict[str, Any]:
+            result, context = done
+            with self.engine.as_committed(sid):
+                self.scheduler.after_append(sid, p.run_id, result["status"])
+            if context is not None:
+                result["context"] = context
+            return result
+
+        return self.off_loop.run(conn, sid, call, then)
 
     def _appended(self, p: dict[str, Any], result: dict[str, Any], gated: bool = False) -> Any:
         """The append's result; with `returnContext`, with the context as right after
@@ -499,7 +537,14 @@ class Dispatcher:
         )
 
     @serves(CONTEXT_GET, connection=True)
-    async def context_get(self, conn: Connection, p: ContextGetParams) -> dict[str, Any]:
+    def context_get(self, conn: Connection, p: ContextGetParams) -> Any:
+        sid = p.session_id
+        if self.off_loop.wants("context/get") and not p.query:
+            return self.off_loop.run(conn, sid, lambda: self.replies.get_ahead(
+                sid, p.budget_tokens, None, bool(p.include_metadata)))
+        return self._context_get(conn, p)
+
+    async def _context_get(self, conn: Connection, p: ContextGetParams) -> dict[str, Any]:
         sid, query = p.session_id, p.query
         hits = None
         if query:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ctxd.daemon.archive_sizes import ArchiveSizes
@@ -34,7 +36,7 @@ from ctxd.daemon.stores.sqlite import SqliteStore
 from ctxd.daemon.summarizers import make_summarizer, summarizer_status
 from ctxd.daemon.summary import Summarizer
 from ctxd.daemon.tokens import TokenCounter
-from ctxd.protocol.errors import Conflict, InvalidParams, NotFound, SessionNotFound
+from ctxd.protocol.errors import Conflict, InvalidParams, SessionNotFound
 from ctxd.protocol.handlers import serves
 from ctxd.protocol.methods import (
     CONTEXT_COMPACTIONS,
@@ -82,6 +84,11 @@ class Engine(ContextReads, RunsAndApprovals):
         self.summarizer: Summarizer = summarizer or make_summarizer(self.config)
         self.policy = self.config.compaction
         self._contexts: dict[str, ContextState] = {}
+        # the context an append has just committed, while its status is made (per
+        # thread: appends to a shared store may run on worker threads)
+        self._thread = threading.local()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
         # archived messages per session: counted once, then kept current by appends
         self._archive_counts: dict[str, int] = {}
         # the rendered model inputs, and each session's open run and pending approvals
@@ -102,6 +109,14 @@ class Engine(ContextReads, RunsAndApprovals):
         self.archive_sizes = ArchiveSizes(store, self.compactor.history)
 
     new_id = staticmethod(new_id)
+
+    @property
+    def _committed_context(self) -> ContextState | None:
+        return getattr(self._thread, "committed", None)
+
+    @_committed_context.setter
+    def _committed_context(self, st: ContextState | None) -> None:
+        self._thread.committed = st
 
     def set_context_state(self, st: ContextState) -> None:
         """After a committed replacement of the stored context."""
@@ -127,8 +142,30 @@ class Engine(ContextReads, RunsAndApprovals):
         if self._share_event is not None:
             self._share_event(session_id, method, params)
 
+    @contextmanager
+    def as_committed(self, session_id: str) -> Iterator[None]:
+        """While the block runs, the session's context is the one this daemon's last
+        append committed (what follows an append made on a worker thread, on the loop:
+        no read of the server for it)."""
+        st = self._contexts.get(session_id)
+        before = self._committed_context
+        self._committed_context = st if st is not None and st.session_id == session_id \
+            else before
+        try:
+            yield
+        finally:
+            self._committed_context = before
+
+    def serve_off_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Requests may now run on worker threads (a shared store's lanes): events
+        they emit reach the subscribers on `loop`, in the order emitted."""
+        self._loop, self._loop_thread = loop, threading.get_ident()
+
     def emit_local(self, session_id: str, method: str, params: dict[str, Any]) -> None:
         """To this daemon's subscribers only (an event another daemon shared)."""
+        if self._loop is not None and threading.get_ident() != self._loop_thread:
+            self._loop.call_soon_threadsafe(self.emit_local, session_id, method, params)
+            return
         for listener in self._listeners:
             try:
                 listener(session_id, method, params)
@@ -215,9 +252,14 @@ class Engine(ContextReads, RunsAndApprovals):
             self.require_session(session_id)
 
     def context_state(self, session_id: str) -> ContextState:
-        st = None if self.shared else self._contexts.get(session_id)
-        if st is not None:
-            return st
+        if self.shared:
+            st = self._committed_context
+            if st is not None and st.session_id == session_id:
+                return st
+        else:
+            st = self._contexts.get(session_id)
+            if st is not None:
+                return st
         st = self.store.contexts.load(session_id)
         if st is None:
             self.require_session(session_id)
@@ -263,35 +305,29 @@ class Engine(ContextReads, RunsAndApprovals):
         self.check_session(session_id)
         batch = prepared or self.prepare_append(messages, count_tokens=False)
         normalized, digest = batch.normalized, batch.digest
-        if client_batch_id is not None:
+        if client_batch_id is not None and not self.shared:
+            # (on a shared store it is looked for under the session's lock, below)
             found = self.archive.find_batch(session_id, client_batch_id)
             if found is not None:
                 return self._repeat_batch(session_id, client_batch_id, found, digest)
-        if run_id is not None:
-            if run is None or run["runId"] != run_id:
-                run = self.run_book.get(run_id)
-            if run is None or run["sessionId"] != session_id:
-                raise NotFound(
-                    f"no run {run_id!r} in session {session_id!r}; start one with run/start",
-                    {"runId": run_id},
-                )
-            if run["status"] != "open":
-                raise InvalidParams(
-                    f"run {run_id!r} is {run['status']}; start a new run", {"runId": run_id}
-                )
+        if run_id is not None and not self.shared:
+            self._check_run(session_id, run_id, run)
         msgs = [m for m, _ in normalized]
         if not self.shared:
             pending = self.run_book.pending(session_id)
             check_tool_pairs(self.archive, pending, self.context_state(session_id), msgs)
         counts = batch.tokens or [self.tokens.count_message(m) for m, _ in normalized]
         rows = [(m, body, n) for (m, body), n in zip(normalized, counts, strict=True)]
-        with self.store.transaction(session_id):
+        open_run_id: Any = _ASK
+        with self._append_transaction(session_id, msgs, client_batch_id, run_id):
             if self.shared and client_batch_id is not None:
                 # the same batch may have come through another daemon meanwhile (a
                 # client's retry): it is stored once, and both get its result
                 found = self.archive.find_batch(session_id, client_batch_id)
                 if found is not None:
                     return self._repeat_batch(session_id, client_batch_id, found, digest)
+            if self.shared and run_id is not None:  # read with the lock, in one round trip
+                self._check_run(session_id, run_id, run)
             # read inside the write transaction: on a shared store another daemon may
             # have appended to this session since this daemon last looked
             st = self.context_state(session_id)
@@ -300,6 +336,8 @@ class Engine(ContextReads, RunsAndApprovals):
                 # moment ago is refused here as a repeated one, not by a unique key
                 pending = self.run_book.pending(session_id)
                 check_tool_pairs(self.archive, pending, st, msgs)
+                if run_id is None:  # read with the lock (one round trip with the above)
+                    open_run_id = self.run_book.open_run_id(session_id)
             batch_id, ids, created = self.archive.append(
                 session_id,
                 rows,
@@ -310,7 +348,19 @@ class Engine(ContextReads, RunsAndApprovals):
             )
             new = st.after_append(rows, ids)
             self.store.contexts.bump_counts(new)
-        return self.append_committed(new, rows, ids, batch_id, created, run_id, len(pending))
+        return self.append_committed(new, rows, ids, batch_id, created, run_id, len(pending),
+                                     open_run_id=open_run_id)
+
+    def _append_transaction(
+        self, session_id: str, msgs: list[dict[str, Any]], client_batch_id: str | None,
+        run_id: str | None,
+    ) -> Any:
+        """The store's write transaction for an append; a store that can send the reads
+        made under its lock ahead of them (PostgreSQL: one round trip) is told them."""
+        ahead = getattr(self.store, "append_transaction", None)
+        if ahead is None:
+            return self.store.transaction(session_id)
+        return ahead(session_id, msgs, client_batch_id, run_id)
 
     def append_committed(
         self,
@@ -323,6 +373,7 @@ class Engine(ContextReads, RunsAndApprovals):
         pending: int,
         *,
         elsewhere: bool = False,
+        open_run_id: Any = _ASK,
     ) -> dict[str, Any]:
         """What follows a committed batch (on this connection or, `elsewhere`, on another
         one beside the event loop): the kept state, the event and the result. `new`: the
@@ -338,9 +389,15 @@ class Engine(ContextReads, RunsAndApprovals):
             self._archive_counts[session_id] += len(ids)
         # what this append already asked is not asked again: the run it names is the
         # session's open one, and the pending approvals are those it checked against
-        status = self.status(
-            session_id, open_run_id=run_id if run_id is not None else _ASK, pending=pending
-        )
+        # and, on a shared store, the context just committed is the session's now
+        self._committed_context = new
+        try:
+            status = self.status(
+                session_id, open_run_id=run_id if run_id is not None else open_run_id,
+                pending=pending,
+            )
+        finally:
+            self._committed_context = None
         self.emit(
             session_id,
             "session/didAppend",
@@ -388,6 +445,21 @@ class Engine(ContextReads, RunsAndApprovals):
     ) -> dict[str, Any]:
         """`open_run_id` and `pending`: the session's open run and number of pending
         approvals when the caller has just read them."""
+        ahead = getattr(self.store, "status_reads", None) if self.shared else None
+        if ahead is None:
+            return self._status(session_id, open_run_id, pending)
+        committed = self._committed_context
+        with ahead(
+            session_id,
+            context=committed is None or committed.session_id != session_id,
+            open_run=open_run_id is _ASK,
+            pending=pending is None,
+        ):
+            return self._status(session_id, open_run_id, pending)
+
+    def _status(
+        self, session_id: str, open_run_id: str | None, pending: int | None
+    ) -> dict[str, Any]:
         st = self.context_state(session_id)
         if open_run_id is _ASK:
             open_run_id = self.run_book.open_run_id(session_id)

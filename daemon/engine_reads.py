@@ -37,6 +37,7 @@ class ContextReads:
     tokens: TokenCounter
     view: ContextView
     _contexts: dict[str, ContextState]
+    shared: bool
 
     if TYPE_CHECKING:  # provided by Engine
 
@@ -95,6 +96,23 @@ class ContextReads:
         """`recall_hits`: the search for `query`, when the caller already ran it (the
         daemon does, beside its event loop); `status`, the session's status when the
         caller has just read it (an append with `returnContext`)."""
+        ahead = getattr(self.store, "context_reads", None) if self.shared else None
+        if ahead is None:
+            return self._get_context(session_id, budget_tokens, query, include_metadata,
+                                     recall_hits, status)
+        with ahead(session_id):
+            return self._get_context(session_id, budget_tokens, query, include_metadata,
+                                     recall_hits, status)
+
+    def _get_context(
+        self,
+        session_id: str,
+        budget_tokens: int | None,
+        query: str | None,
+        include_metadata: bool,
+        recall_hits: list[dict[str, Any]] | None,
+        status: dict[str, Any] | None,
+    ) -> dict[str, Any]:
         if budget_tokens is None and not query:
             messages, ids = self.render_with_ids(session_id, self.context_state(session_id))
             result = {"messages": messages, "messageIds": ids}

@@ -186,3 +186,20 @@ class RunsAndApprovals:
             run = self.runs.get(rid)
             if run and run["status"] == "open":
                 self.finish_run(rid, "interrupted")
+
+    def _check_run(
+        self, session_id: str, run_id: str, run: dict[str, Any] | None
+    ) -> None:
+        """The run an append names must be the session's, and open."""
+        if run is None or run["runId"] != run_id:
+            run = self.run_book.get(run_id)
+        if run is None or run["sessionId"] != session_id:
+            raise NotFound(
+                f"no run {run_id!r} in session {session_id!r}; start one with run/start",
+                {"runId": run_id},
+            )
+        if run["status"] != "open":
+            raise InvalidParams(
+                f"run {run_id!r} is {run['status']}; start a new run", {"runId": run_id}
+            )
+

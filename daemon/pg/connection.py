@@ -5,6 +5,7 @@ again."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pgerr
 
+from ctxd.daemon.pg.conn_state import _key, _Rows, _shared, _State, _ThreadState
 from ctxd.protocol.errors import Conflict, SessionBusy, StorageError, StorageTimeout
 
 # A write transaction about one session first locks that session's row in `sessions`
@@ -87,6 +89,7 @@ class PgConnection:
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
         settings: dict[str, str] | None = None,
+        per_thread: bool = False,
     ) -> None:
         self.dsn = dsn
         self.password = password
@@ -94,27 +97,28 @@ class PgConnection:
         self.statement_timeout = statement_timeout
         # more server settings for this connection (name -> value)
         self.settings = settings or {}
-        self._conn: psycopg.Connection | None = None
         self._sql: dict[str, str] = {}
-        self._depth = 0
-        # the sessions whose row the open transaction has locked
-        self.locked_sessions: set[str] = set()
-        # the sessions whose lock a request run again queues for (see lock_session)
-        self.patient: set[str] = set()
-        # set while a search's own statement_timeout runs: its cancel is SearchTooBroad
-        self.in_search_budget = False
-        # called with each new connection (after a server restart, say)
-        self.on_connect: list[Any] = []
         # statements never prepared, so each is planned for its own values: the generic
         # plan a prepared statement switches to after five runs may read a session's
         # tail through the primary key (its order matches the heap's), walking every
         # newer row of every other session, where the (session_id, id) index reads only
         # the tail (8 ms instead of 0.2 ms behind 30k rows of another session)
         self.planned_per_call: set[str] = set()
+        # called with each new connection (after a server restart, say)
+        self.on_connect: list[Any] = []
+        # per_thread: each thread that uses this object has a server connection (and a
+        # transaction) of its own, so requests served on worker threads never share one
+        self._s: _State = _ThreadState() if per_thread else _State()
+        self._opened: list[psycopg.Connection] = []
+        # bumped when a connection is found lost; each thread's connection is replaced
+        # before its next use if it was opened before the last bump
+        self._epoch = 0
+        self._opened_lock = threading.Lock()
 
     def raw(self) -> psycopg.Connection:
         c = self._conn
-        if c is None or c.closed or c.broken:
+        if c is None or c.closed or c.broken or (
+                self._s.epoch < self._epoch and self._depth == 0 and c._pipeline is None):
             if c is not None and not c.closed:
                 c.close()
             self._conn = None
@@ -141,15 +145,25 @@ class PgConnection:
                 c.close()
                 raise _storage(exc) from None
             self._conn = c
+            self._s.epoch = self._epoch
+            with self._opened_lock:
+                self._opened = [x for x in self._opened if not x.closed]
+                self._opened.append(c)
             for hook in self.on_connect:
                 hook(c)
         return c
 
     @property
     def backend_pid(self) -> int | None:
-        """The server process of the current connection (None while there is none)."""
+        """The server process of the calling thread's connection (None while there is
+        none)."""
         c = self._conn
         return None if c is None or c.closed else c.info.backend_pid
+
+    def backend_pids(self) -> set[int]:
+        """The server processes of every open connection of this object's, any thread's."""
+        with self._opened_lock:
+            return {c.info.backend_pid for c in self._opened if not c.closed}
 
     def _convert(self, sql: str) -> str:
         out = self._sql.get(sql)
@@ -157,9 +171,16 @@ class PgConnection:
             out = self._sql[sql] = sql.replace("%", "%%").replace("?", "%s")
         return out
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> psycopg.Cursor:
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        if self._memo and (self._depth == 0 or self._tx_reads):
+            # in the transaction that read them under its lock, once (its own writes may
+            # follow); outside, as often as the block that read them asks
+            key = _key(sql, params)
+            rows = self._memo.pop(key, None) if self._depth else self._memo.get(key)
+            if rows is not None:
+                return _Rows(rows)
+        prepare = False if sql in self.planned_per_call else None
         try:
-            prepare = False if sql in self.planned_per_call else None
             return self.raw().execute(self._convert(sql), params or None, prepare=prepare)
         except _STORAGE as exc:
             raise self._reraise(exc) from None
@@ -172,10 +193,13 @@ class PgConnection:
         statement that may run twice, outside a transaction."""
         try:
             return self.execute(sql, params)
-        except StorageError:
+        except StorageError as exc:
             c = self._conn
-            if c is not None and not c.closed and not c.broken:
+            ended = (exc.data or {}).get("reason") == "AdminShutdown"  # not run: safe again
+            if c is not None and not c.closed and not c.broken and not ended:
                 raise
+            if c is not None:
+                c.close()
             return self.execute(sql, params)
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
@@ -195,28 +219,165 @@ class PgConnection:
             return exc
         if isinstance(exc, (pgerr.QueryCanceled, pgerr.LockNotAvailable)):
             return _timeout(exc, self.lock_timeout, self.statement_timeout)
+        if type(exc) is psycopg.OperationalError or isinstance(exc, pgerr.AdminShutdown):
+            # the server is gone or ended this connection (a restart ends them all): the
+            # other threads' connections, which may have sat idle through it, are
+            # replaced before their next use rather than failing a request each
+            self._epoch += 1
         return _storage(exc)
 
     @contextmanager
-    def transaction(self, session_id: str | None = None) -> Iterator[None]:
+    def transaction(
+        self, session_id: str | None = None,
+        reads: Sequence[tuple[str, Sequence[Any]]] = (),
+    ) -> Iterator[None]:
         """One transaction (a savepoint inside another); with `session_id`, that
-        session's row is locked first (see LOCK_SESSION), at once or not at all."""
+        session's row is locked first (see LOCK_SESSION), at once or not at all.
+
+        With `reads` (and a session, outermost): BEGIN, the lock and the reads go in one
+        round trip, each read's rows kept for the `execute` that asks for it, and the
+        rest of the transaction stays pipelined, so its writes and the COMMIT go in one
+        more (a failure of a write surfaces at the commit)."""
+        if not reads or session_id is None or self._depth:
+            with self._transaction(session_id):
+                yield
+            return
         conn = self.raw()
+        self._memo.clear()
+        committed = False
+        self._depth += 1
+        try:
+            # BEGIN and COMMIT as statements of the pipeline: psycopg's own transaction
+            # block waits for the server at each (a round trip apiece)
+            self._tx_reads = True
+            with conn.pipeline():
+                conn.execute("BEGIN")
+                self.lock_session(session_id, pipelined=True)
+                self._send_reads(reads)
+                yield
+                conn.execute("COMMIT")
+            committed = True
+        except pgerr.UniqueViolation as exc:
+            raise _duplicate(exc) from None
+        except (pgerr.LockNotAvailable, pgerr.PipelineAborted) as exc:
+            if self._unconfirmed == session_id:
+                raise SessionBusy(session_id) from None
+            raise self._reraise(exc) from None
+        except _STORAGE as exc:
+            raise self._reraise(exc) from None
+        finally:
+            self._depth -= 1
+            self.locked_sessions.clear()
+            self._unconfirmed = None
+            self._tx_reads = False
+            self._memo.clear()
+            if not committed:
+                self.after_commit.clear()
+                self._rollback(conn)
+        hooks, self.after_commit = self.after_commit, []
+        for hook in hooks:
+            hook()
+
+    @staticmethod
+    def _rollback(conn: psycopg.Connection) -> None:
+        """End a pipelined transaction that failed (nothing of it was committed)."""
+        if conn.closed or conn.broken:
+            return
+        try:
+            # psycopg's rollback also forgets the statements it had prepared: those a
+            # failed pipeline never got to prepare are not asked for by name later
+            conn.rollback()
+        except psycopg.Error:
+            conn.close()  # a connection in an unknown state is not used again
+
+    @contextmanager
+    def _transaction(self, session_id: str | None, pipelined: bool = False) -> Iterator[None]:
+        conn = self.raw()
+        committed = False
         try:
             with conn.transaction():
                 self._depth += 1
                 try:
                     if session_id is not None:
-                        self.lock_session(session_id)
+                        self.lock_session(session_id, pipelined=pipelined)
                     yield
                 finally:
                     self._depth -= 1
                     if self._depth == 0:
                         self.locked_sessions.clear()
+            committed = self._depth == 0
+        except _STORAGE as exc:
+            if self._depth == 0:
+                self.after_commit.clear()
+            raise self._reraise(exc) from None
+        except BaseException:
+            if self._depth == 0:
+                self.after_commit.clear()
+            raise
+        if committed:
+            hooks, self.after_commit = self.after_commit, []
+            for hook in hooks:
+                hook()
+
+    def _send_reads(self, reads: Sequence[tuple[str, Sequence[Any]]]) -> None:
+        """Send `reads` behind what the transaction's pipeline holds and wait for every
+        answer: one round trip. A read that fails (the session's lock refused first)
+        raises here."""
+        raw = self.raw()
+        curs = []
+        for sql, params in reads:
+            prepare = False if sql in self.planned_per_call else None
+            curs.append((_key(sql, params), raw.execute(
+                self._convert(sql), params or None, prepare=prepare)))
+        if raw._pipeline is not None:  # inside a transaction's pipeline: answered now
+            raw._pipeline.sync()
+        for key, cur in curs:
+            if key is not None:
+                self._memo[key] = cur.fetchall()
+        self._unconfirmed = None
+
+    @contextmanager
+    def prefetch(self, reads: Sequence[tuple[str, Sequence[Any]]]) -> Iterator[None]:
+        """Outside a transaction: `reads` sent together (one round trip) and answered,
+        inside the block, to every `execute` that asks for them (one snapshot for the
+        request the block wraps); forgotten when the outermost block ends, so nothing
+        read here is served later. A block inside another sends only what the outer
+        one has not read."""
+        if self._depth:
+            yield
+            return
+        if not self._prefetching:
+            self._memo.clear()
+        self._prefetching += 1
+        try:
+            self._read_ahead([r for r in reads if _key(*r) not in self._memo])
+            yield
+        finally:
+            self._prefetching -= 1
+            if not self._prefetching:
+                self._memo.clear()
+
+    def _read_ahead(self, reads: Sequence[tuple[str, Sequence[Any]]]) -> None:
+        if not reads:
+            return
+        try:
+            raw = self.raw()
+            with raw.pipeline():  # answered together when the pipeline ends
+                curs = [(_key(sql, params), raw.execute(
+                    self._convert(sql), params or None,
+                    prepare=False if sql in self.planned_per_call else None,
+                )) for sql, params in reads]
+            for key, cur in curs:
+                if key is not None:
+                    self._memo[key] = cur.fetchall()
         except _STORAGE as exc:
             raise self._reraise(exc) from None
 
-    def lock_session(self, session_id: str) -> None:
+    def peek(self, sql: str, params: Sequence[Any]) -> list[Any] | None:
+        """The rows a read sent ahead got (None: not read ahead)."""
+        return self._memo.get(_key(sql, params))
+
+    def lock_session(self, session_id: str, pipelined: bool = False) -> None:
         """Lock the session's row for the open transaction (SessionBusy when another
         connection holds it). A request run again once the lock was seen free (see
         `patient`) queues for it a moment instead: NOWAIT again would let every newer
@@ -234,6 +395,8 @@ class PgConnection:
                 raw.execute(WAIT_SESSION, (session_id,))
             else:
                 raw.execute(LOCK_SESSION, (session_id,))
+            if pipelined:  # answered with the reads sent behind it
+                self._unconfirmed = session_id
         except pgerr.LockNotAvailable:
             raise SessionBusy(session_id) from None
         self.locked_sessions.add(session_id)
@@ -263,7 +426,11 @@ class PgConnection:
     @contextmanager
     def pipeline(self) -> Iterator[None]:
         """Statements sent together and answered together: one round trip for those
-        whose results are not read (a failure surfaces when the block ends)."""
+        whose results are not read (a failure surfaces when the block ends). Inside a
+        pipelined transaction they join it, answered with its COMMIT."""
+        if self.raw()._pipeline is not None:
+            yield
+            return
         try:
             with self.raw().pipeline():
                 yield
@@ -273,9 +440,23 @@ class PgConnection:
             raise _duplicate(exc) from None
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        with self._opened_lock:
+            opened, self._opened = self._opened, []
+        for c in opened:
+            c.close()
+        self._conn = None
+
+    # the calling thread's state (see `per_thread`)
+    _conn = _shared("conn")
+    _depth = _shared("depth")
+    locked_sessions = _shared("locked_sessions")
+    patient = _shared("patient")
+    in_search_budget = _shared("in_search_budget")
+    _memo = _shared("memo")
+    after_commit = _shared("after_commit")
+    _unconfirmed = _shared("unconfirmed")
+    _tx_reads = _shared("tx_reads")
+    _prefetching = _shared("prefetching")
 
 
 def connect(dsn: str, password: str | None, **kw: Any) -> psycopg.Connection:

@@ -47,7 +47,9 @@ from ctxd.daemon.pg.connection import (
 )
 from ctxd.daemon.pg.ids import IdAllocator
 from ctxd.daemon.pg.locks import CompactionLocks
+from ctxd.daemon.pg.prefetch import READ_TAIL, READ_TAIL_RANGE
 from ctxd.daemon.pg.runs import PgRuns
+from ctxd.daemon.pg.store_ahead import ReadsAhead
 from ctxd.protocol.errors import InvalidParams, StorageError
 
 log = logging.getLogger("ctxd.pg.store")
@@ -56,26 +58,9 @@ SEARCH_WORKERS = 2
 # threads waiting, beside the event loop, for a session's row lock (daemon/busy.py)
 LOCK_WAITERS = 4
 T = TypeVar("T")
-
-# A session's messages from an id on, read through its batches: a batch is a contiguous
-# id range of one session, so the ids come from the session's batches ending at or past
-# from_id (batches_by_session_last) and the rows from the primary key, one probe per id,
-# never touching another session's rows. The plain `session_id = ? AND id >= ?` leaves
-# the planner to guess how many rows match; with a few long sessions it takes session and
-# id as independent, expects thousands, and walks the primary key through every newer
-# row of every other session (75k rows, 8 ms, for a 24-row tail in bench_store).
-READ_TAIL = (
-    "SELECT id, batch_id, body, tokens, created_at FROM messages WHERE id = ANY(ARRAY("
-    "SELECT generate_series(greatest(first_message_id, ?), last_message_id) FROM batches "
-    "WHERE session_id = ? AND last_message_id >= ?)) ORDER BY id"
-)
-READ_TAIL_RANGE = (
-    "SELECT id, batch_id, body, tokens, created_at FROM messages WHERE id = ANY(ARRAY("
-    "SELECT generate_series(greatest(first_message_id, ?), least(last_message_id, ?)) "
-    "FROM batches WHERE session_id = ? AND last_message_id >= ? AND first_message_id <= ?"
-    ")) ORDER BY id"
-)
-
+# how long the count an append made under its lock answers the status that follows it
+# (asked right after the commit, on the same event-loop turn); later asks read again
+EXACT_FOR = 0.5
 
 class PgArchive(ArchiveStore):
     conn: PgConnection  # type: ignore[assignment]
@@ -85,20 +70,45 @@ class PgArchive(ArchiveStore):
         conn.planned_per_call |= {READ_TAIL, READ_TAIL_RANGE}
         # session -> (highest message id counted, count): see message_count
         self._counts: dict[str, tuple[int, int]] = {}
+        # counts made in the open transaction under the session's lock, and the sessions
+        # whose count is exact as of this store's last commit to them
+        self._in_tx: dict[str, tuple[int, int]] = {}
+        self._exact: dict[str, float] = {}  # session -> until (monotonic)
+
+    COUNT_FROM = "SELECT count(*), max(id) FROM messages WHERE session_id = ? AND id > ?"
+
+    def count_known(self, session_id: str) -> bool:
+        """Whether message_count answers without asking the server."""
+        return self._exact.get(session_id, 0) > time.monotonic()
+
+    def counted_up_to(self, session_id: str) -> int:
+        return self._counts.get(session_id, (0, 0))[0]
 
     def message_count(self, session_id: str) -> int:
         """Every status asks this, so it must not walk the session's whole history: rows
         are never deleted and a session's ids grow in commit order (its row lock, then
         the ids), so the count is the last one plus the rows past the highest id it
-        counted."""
+        counted. Right after this store's own append committed, the count that append
+        made under the session's lock is the answer (once: later asks read again)."""
+        if self._exact.pop(session_id, 0) > time.monotonic():
+            return self._counts[session_id][1]
         last, base = self._counts.get(session_id, (0, 0))
-        n, top = self.conn.execute(
-            "SELECT count(*), max(id) FROM messages WHERE session_id = ? AND id > ?",
-            (session_id, last),
-        ).fetchone()
-        if self.conn._depth == 0:  # inside a transaction the rows may still roll back
-            self._counts[session_id] = (top or last, base + n)
+        n, top = self.conn.execute(self.COUNT_FROM, (session_id, last)).fetchone()
+        counted = (top or last, base + n)
+        if self.conn._depth == 0:
+            self._counts[session_id] = counted
+        elif session_id in self.conn.locked_sessions:
+            # exact while the lock is held; kept (with this transaction's appends) only
+            # if it commits
+            self._in_tx[session_id] = counted
+            self.conn.after_commit.append(lambda: self._committed(session_id))
         return base + n
+
+    def _committed(self, session_id: str) -> None:
+        counted = self._in_tx.pop(session_id, None)
+        if counted is not None:
+            self._counts[session_id] = counted
+            self._exact[session_id] = time.monotonic() + EXACT_FOR
 
     def append(
         self,
@@ -118,6 +128,9 @@ class PgArchive(ArchiveStore):
         # the session's lock, so within the session they follow commit order), one for
         # every row the batch writes
         ids, batch_id = self.ids.allocate(len(messages))
+        if session_id in self._in_tx:  # counted under this lock: the batch counts too
+            top, n = self._in_tx[session_id]
+            self._in_tx[session_id] = (max(top, ids[-1]), n + len(ids))
         with c.pipeline():
             self._insert_batch(
                 session_id, messages, ids, batch_id, digest, run_id, client_batch_id, now
@@ -270,7 +283,7 @@ class PgContexts(ContextStore):
         )
 
 
-class PostgresStore:
+class PostgresStore(ReadsAhead):
     # several daemons may write: the engine keeps no per-session state between requests
     shared = True
 
@@ -284,7 +297,12 @@ class PostgresStore:
         self.search_budget_seconds = search_budget_seconds
         self.lock_timeout = lock_timeout
         self.statement_timeout = statement_timeout
-        self.conn = self._connection()
+        # per thread: requests served on worker threads (see `in_lane`) each have a
+        # connection of their own
+        self.conn = PgConnection(
+            dsn, password, lock_timeout=lock_timeout, statement_timeout=statement_timeout,
+            per_thread=True,
+        )
         if migrate:
             schema.migrate(self.conn.raw())
         # this store's own appends, told apart from other daemons' on the events channel
@@ -300,6 +318,8 @@ class PostgresStore:
         self.runs = PgRuns(self.conn)
         self.compactions = CompactionLog(self.conn)  # type: ignore[arg-type]
         self._pool: ThreadPoolExecutor | None = None
+        self._lanes: list[ThreadPoolExecutor] | None = None
+        self._session_tails: dict[str, asyncio.Future[None]] = {}
         self._readers: list[PgConnection] = []
         self._local: Any = None
         self._stop = threading.Event()
@@ -435,8 +455,7 @@ class PostgresStore:
 
     def _own_pids(self) -> set[int]:
         """The server processes of the connections this daemon sends events on."""
-        pid = self.conn.backend_pid
-        return set() if pid is None else {pid}
+        return self.conn.backend_pids()
 
     def _reader(self) -> PgArchive:
         if self._local is None:
@@ -466,10 +485,10 @@ class PostgresStore:
         self._stop.set()
         if self._listener is not None:
             self._listener.join(5)
-        for pool in (self._pool, self._waiters):
+        for pool in (self._pool, self._waiters, *(self._lanes or ())):
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
-        self._pool = self._waiters = None
+        self._pool = self._waiters = self._lanes = None
         self.compaction_locks.close()
         self.runs.close()
         self.ids.close()

@@ -1,0 +1,82 @@
+"""Requests served off the event loop, on a store shared with other daemons (PostgreSQL).
+
+Every store call there is a round trip to a server, perhaps on another host: made on the
+event loop, it would hold every client of the daemon for its whole length. The most
+frequent requests (`messages/append`, `context/get`, `context/status`) are made instead
+on worker threads (`store.in_lane`: four, each with a connection of its own), a
+session's calls one after another, so
+- the loop waits on no server: it reads and answers other clients meanwhile;
+- requests about one session run in the order they came, one after another, and other
+  sessions' run beside them on the other threads (their row locks apart);
+- each connection's requests still reach the core in the order sent: the connection's
+  next request waits until this one is done (`Turns`, the dispatcher's `_in_turn`);
+- events the engine emits on a worker thread reach subscribers through the loop, in the
+  order emitted (`Engine.serve_off_loop`); what follows on the loop (the scheduler's
+  auto-compaction) runs there once the call is back.
+The embedded store keeps every call on the loop: SQLite answers in microseconds, and its
+connection is the engine's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Generator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ctxd.daemon.busy import when_free_off_loop
+
+if TYPE_CHECKING:  # the dispatcher owns this: imported for annotations only
+    from ctxd.daemon.engine import Engine
+    from ctxd.daemon.servers.base import Connection
+
+T = TypeVar("T")
+
+# served off the loop on a shared store
+OFF_LOOP = frozenset({"messages/append", "context/get", "context/status"})
+
+
+class InTurn:
+    """An awaitable holding its connection's turn until it is done: the dispatcher
+    awaits it before letting the connection's next request start."""
+
+    def __init__(self, work: Awaitable[Any]) -> None:
+        self.work = work
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self.work.__await__()
+
+
+class OffLoop:
+    def __init__(self, engine: Engine, turns: dict[Connection, asyncio.Future[None]]) -> None:
+        self.engine = engine
+        self.store = engine.store
+        self.enabled = bool(engine.shared and hasattr(engine.store, "in_lane"))
+        self._turns = turns
+        self._bound = False
+
+    def wants(self, method: str) -> bool:
+        return self.enabled and method in OFF_LOOP
+
+    def run(self, conn: Connection, session_id: str, call: Callable[[], T],
+            then: Callable[[T], Any] | None = None) -> InTurn:
+        """`call()` on a worker thread after the session's earlier calls (run again
+        while the session is busy elsewhere, as on the loop), then `then(result)` on the
+        loop; the
+        connection's turn is taken now, before anything else of its is read."""
+        loop = asyncio.get_running_loop()
+        if not self._bound:
+            self.engine.serve_off_loop(loop)
+            self._bound = True
+        turn: asyncio.Future[None] = loop.create_future()
+        self._turns[conn] = turn
+
+        async def work() -> Any:
+            try:
+                result = await when_free_off_loop(self.store, session_id, call)
+                return then(result) if then is not None else result
+            finally:
+                turn.set_result(None)
+                if self._turns.get(conn) is turn:
+                    del self._turns[conn]
+
+        return InTurn(work())

@@ -1,0 +1,224 @@
+"""Round trips to PostgreSQL, counted by a delaying proxy in front of the real server
+(tests/harness/netsim.py), and daemons run as hosts of their own.
+
+A turn's append takes at most 3 round trips (BEGIN + the session's lock + the reads made
+under it; the ids; the writes + COMMIT), `context/get` 2 and `context/status` 1, whatever
+the session holds; a batch that names a run or carries tool calls costs no more. The
+counts need the added delay: pipelined statements go out before any answer can come
+back, so they are one round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import make_config, tool_turn
+
+from ctxd.daemon.context_reply import ContextReplies
+from ctxd.daemon.engine import Engine
+from ctxd.daemon.pg.store import PostgresStore
+from ctxd.protocol.errors import SessionBusy
+from tests.harness.netsim import DelayProxy, HostDaemon, Hosts
+from tests.pg import PASSWORD, SUPERUSER, PgCluster
+
+RTT_MS = 4
+
+
+@pytest.fixture
+def proxied(pg_cluster: PgCluster, pg_dsn: str) -> Iterator[tuple[DelayProxy, str]]:
+    proxy = DelayProxy(("127.0.0.1", pg_cluster.port), RTT_MS).start()
+    db = pg_dsn.rsplit("dbname=", 1)[1]
+    yield proxy, f"host=127.0.0.1 port={proxy.port} user={SUPERUSER} dbname={db}"
+    proxy.close()
+
+
+@pytest.fixture
+def engine_far(tmp_path: Path, proxied: tuple[DelayProxy, str]) -> Iterator[Engine]:
+    _, dsn = proxied
+    e = Engine(make_config(tmp_path / "data"), store=PostgresStore(dsn, password=PASSWORD))
+    yield e
+    e.close()
+
+
+def counted(proxy: DelayProxy, call: Any) -> tuple[int, Any]:
+    before = proxy.round_trips()
+    out = call()
+    return proxy.round_trips() - before, out
+
+
+def test_a_turn_costs_three_round_trips_to_append_two_to_read_one_for_status(
+    engine_far: Engine, proxied: tuple[DelayProxy, str]
+) -> None:
+    proxy, _ = proxied
+    e = engine_far
+    sid = e.create_session(title="far")["sessionId"]
+    e.append(sid, [{"role": "system", "content": "You are terse."}])
+    e.get_context(sid)
+    replies = ContextReplies(e, 1 << 30)
+    appends, gets, statuses = [], [], []
+    for i in range(6):
+        n, res = counted(proxy, lambda i=i: e.append(sid, [
+            {"role": "user", "content": f"step {i}"}, *tool_turn(i)],
+            client_batch_id=f"b{i}"))
+        appends.append(n)
+        assert res["status"]["archiveMessages"] == 1 + 3 * (i + 1)
+        n, ctx = counted(proxy, lambda: e.get_context(sid))
+        gets.append(n)
+        assert ctx["messageIds"][-1] == res["messageIds"][-1]
+        assert ctx["status"]["archiveMessages"] == 1 + 3 * (i + 1)
+        # as the daemon serves context/get: with the reply's size bound checked first
+        n, bounded = counted(proxy, lambda: asyncio.run(replies.get(sid)))
+        gets.append(n)
+        assert bounded["messageIds"] == ctx["messageIds"]
+        n, st = counted(proxy, lambda: e.status(sid))
+        statuses.append(n)
+        assert st["activeMessages"] == ctx["status"]["activeMessages"]
+    assert max(appends) <= 3, appends
+    assert max(gets) <= 2, gets
+    assert max(statuses) <= 1, statuses
+    # a repeated batch (a client's retry) is found by what the append read under its
+    # lock; its status asks the rest again
+    n, again = counted(proxy, lambda: e.append(sid, [
+        {"role": "user", "content": "step 5"}, *tool_turn(5)], client_batch_id="b5"))
+    assert again["messageIds"] == res["messageIds"]
+    assert n <= 5
+
+
+def test_an_append_in_a_run_keeps_the_run_in_its_status(
+    engine_far: Engine, proxied: tuple[DelayProxy, str]
+) -> None:
+    proxy, _ = proxied
+    e = engine_far
+    sid = e.create_session()["sessionId"]
+    e.append(sid, [{"role": "user", "content": "warm"}])  # the connections made once
+    run = e.start_run(sid)["runId"]
+    n, res = counted(proxy, lambda: e.append(sid, [{"role": "user", "content": "go"}],
+                                             run_id=run))
+    assert res["status"]["activeRunId"] == run
+    assert n <= 3
+    n, res = counted(proxy, lambda: e.append(sid, [{"role": "user", "content": "more"}]))
+    assert res["status"]["activeRunId"] == run  # read with the lock, not asked again
+    assert n <= 3
+
+
+def test_a_busy_session_is_refused_and_nothing_is_written(
+    engine_far: Engine, pg_dsn: str
+) -> None:
+    """The session's lock, sent in the same round trip as the reads, still refuses at
+    once when another connection holds it; the archive is as before."""
+    import psycopg
+
+    e = engine_far
+    sid = e.create_session()["sessionId"]
+    e.append(sid, [{"role": "user", "content": "first"}])
+    with psycopg.connect(pg_dsn) as other:
+        other.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", (sid,))
+        with pytest.raises(SessionBusy):
+            e.append(sid, [{"role": "user", "content": "second"}])
+    assert e.status(sid)["archiveMessages"] == 1
+    # the connection is usable again at once
+    e.append(sid, [{"role": "user", "content": "third"}])
+    assert [m["content"] for m in e.read_archive(sid)["messages"]] == ["first", "third"]
+
+
+def test_daemons_as_hosts_reach_the_database_through_the_proxy(
+    pg_cluster: PgCluster, pg_dsn: str, tmp_path: Path
+) -> None:
+    """Two daemons, each in a network namespace of its own where namespaces can be made
+    (else on loopback), share a session through the delaying proxy; everything made for
+    them is gone afterwards."""
+    hosts = Hosts(("127.0.0.1", pg_cluster.port), RTT_MS)
+    db = pg_dsn.rsplit("dbname=", 1)[1]
+    names: list[str] = []
+    try:
+        daemons = []
+        for i in range(2):
+            host, proxy = hosts.add()
+            if host.netns:
+                names += [host.netns, host.veth]
+            env = {"CTXD_STORE": "postgres",
+                   "CTXD_POSTGRES_DSN": hosts.dsn(host, proxy, db, SUPERUSER),
+                   "CTXD_POSTGRES_PASSWORD_ENV": "PGT_PW", "PGT_PW": PASSWORD}
+            (tmp_path / f"d{i}").mkdir()
+            daemons.append(HostDaemon(tmp_path / f"d{i}", host, env=env).start())
+        try:
+            with daemons[0].client() as a, daemons[1].client() as b:
+                sid = a.create_session(title="shared")["sessionId"]
+                a.append(sid, [{"role": "user", "content": "from a"}])
+                b.append(sid, [{"role": "user", "content": "from b"}])
+                got = [m["content"] for m in a.call("archive/read", {"sessionId": sid})[
+                    "messages"]]
+                assert got == ["from a", "from b"]
+                assert b.context_status(sid)["archiveMessages"] == 2
+            assert hosts.round_trips() > 0
+        finally:
+            for d in daemons:
+                d.stop()
+    finally:
+        hosts.close()
+    if hosts.mode == "netns":
+        time.sleep(0.1)
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        links = subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
+        for name in names:
+            assert name not in listed and f"{name}:" not in links and f"{name}@" not in links
+
+
+def test_the_event_loop_serves_others_while_an_append_waits_on_the_server(
+    pg_cluster: PgCluster, pg_dsn: str, tmp_path: Path
+) -> None:
+    """Behind 200 ms round trips an append takes several of them; a status of another
+    session asked meanwhile through the same daemon is answered first (on the event
+    loop it would wait for the append to finish). Work the daemon does on its loop
+    from time to time (runs' liveness) may still hold one attempt up: three are made.
+    Then each sees the other's session as written."""
+    import threading
+
+    from tests.helpers import DaemonProcess
+
+    proxy = DelayProxy(("127.0.0.1", pg_cluster.port), 200).start()
+    db = pg_dsn.rsplit("dbname=", 1)[1]
+    env = {"CTXD_STORE": "postgres",
+           "CTXD_POSTGRES_DSN": f"host=127.0.0.1 port={proxy.port} user={SUPERUSER} dbname={db}",
+           "CTXD_POSTGRES_PASSWORD_ENV": "PGT_PW", "PGT_PW": PASSWORD}
+    (tmp_path / "d").mkdir()
+    d = DaemonProcess(tmp_path / "d", env=env).start(timeout=120)
+    try:
+        with d.client() as a, d.client() as b:
+            s1 = a.create_session()["sessionId"]
+            s2 = b.create_session()["sessionId"]
+            a.append(s1, [{"role": "user", "content": "warm"}])  # connections made
+            b.context_status(s2)
+            orders = []
+            for _attempt in range(3):  # on the loop, the status could never come first
+                done: list[str] = []
+                started = threading.Event()
+
+                def append(done: list[str] = done, started: threading.Event = started,
+                           ) -> None:
+                    started.set()
+                    a.append(s1, [{"role": "user", "content": "slow"}])
+                    done.append("append")
+
+                t = threading.Thread(target=append)
+                t.start()
+                started.wait()
+                time.sleep(0.25)  # the append is on its way: its first round trip
+                assert b.context_status(s2)["archiveMessages"] == 0
+                done.append("status")
+                t.join(60)
+                orders.append(done)
+                if done == ["status", "append"]:
+                    break
+            assert ["status", "append"] in orders, orders
+            appended = len(orders) + 1
+            assert b.context_status(s1)["archiveMessages"] == appended
+    finally:
+        d.stop()
+        proxy.close()
