@@ -292,43 +292,46 @@ def _check_image(
 
     # runs and approvals: as acknowledged (a pending approval is still pending)
     for led in ledgers:
-        for rid, allowed in led.runs.items():
-            inflight = led.inflight
-            if inflight is not None and inflight[0] == "run/finish" and inflight[1]["runId"] == rid:
-                allowed = allowed | {inflight[1]["outcome"]}
-            got = runs.get(rid)
-            if got is None or got[1] not in allowed:
-                fail(f"{led.name}: run {rid} is {got}, acknowledged as {sorted(allowed)}")
-        starting = led.inflight is not None and led.inflight[0] == "run/start"
-        for rid, (s, st) in runs.items():
-            if s == led.session and rid not in led.runs:
-                # created by a run/start whose reply was lost: open until the client's
-                # next run/start finds it orphaned and marks it interrupted
-                ok = (st == "open" and starting) or (st == "interrupted" and led.unknown_runs)
-                if not ok:
-                    fail(f"{led.name}: run {rid} ({st}) was never acknowledged")
-        for aid, allowed in led.approvals.items():
-            got = approvals.get(aid)
-            inflight = led.inflight
-            if (
-                inflight is not None
-                and inflight[0] == "approval/resolve"
-                and inflight[1]["approvalId"] == aid
-            ):
-                allowed = allowed | {inflight[1]["decision"]}
-            if got is None or got[1] not in allowed:
-                fail(f"{led.name}: approval {aid} is {got}, acknowledged as {sorted(allowed)}")
-        for aid, (s, st, call) in approvals.items():
-            if s == led.session and aid not in led.approvals:
+        # its client thread may be recording a reply right now: see Ledger.lock
+        with led.lock:
+            for rid, allowed in led.runs.items():
                 inflight = led.inflight
-                lost_request = (
+                finishing = inflight is not None and inflight[0] == "run/finish"
+                if finishing and inflight[1]["runId"] == rid:
+                    allowed = allowed | {inflight[1]["outcome"]}
+                got = runs.get(rid)
+                if got is None or got[1] not in allowed:
+                    fail(f"{led.name}: run {rid} is {got}, acknowledged as {sorted(allowed)}")
+            starting = led.inflight is not None and led.inflight[0] == "run/start"
+            for rid, (s, st) in runs.items():
+                if s == led.session and rid not in led.runs:
+                    # created by a run/start whose reply was lost: open until the client's
+                    # next run/start finds it orphaned and marks it interrupted
+                    ok = (st == "open" and starting) or (st == "interrupted" and led.unknown_runs)
+                    if not ok:
+                        fail(f"{led.name}: run {rid} ({st}) was never acknowledged")
+            for aid, allowed in led.approvals.items():
+                got = approvals.get(aid)
+                inflight = led.inflight
+                if (
                     inflight is not None
-                    and inflight[0] == "approval/request"
-                    and inflight[1]["toolCallId"] == call
-                    and st == "pending"
-                )
-                if not lost_request:
-                    fail(f"{led.name}: approval {aid} ({st}) was never acknowledged")
+                    and inflight[0] == "approval/resolve"
+                    and inflight[1]["approvalId"] == aid
+                ):
+                    allowed = allowed | {inflight[1]["decision"]}
+                if got is None or got[1] not in allowed:
+                    fail(f"{led.name}: approval {aid} is {got}, acknowledged as {sorted(allowed)}")
+            for aid, (s, st, call) in approvals.items():
+                if s == led.session and aid not in led.approvals:
+                    inflight = led.inflight
+                    lost_request = (
+                        inflight is not None
+                        and inflight[0] == "approval/request"
+                        and inflight[1]["toolCallId"] == call
+                        and st == "pending"
+                    )
+                    if not lost_request:
+                        fail(f"{led.name}: approval {aid} ({st}) was never acknowledged")
     for sid, img in out.items():
         if len(img.open_runs) > 1:
             fail(f"session {sid}: {len(img.open_runs)} open runs")

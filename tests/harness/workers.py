@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +61,10 @@ class Ledger:
         self.approvals: dict[str, set[str]] = {}
         # (method, params) of a request other than an append, sent and not acknowledged
         self.inflight: tuple[str, dict[str, Any]] | None = None
+        # held while an acknowledged request is recorded and `inflight` cleared, and by
+        # the crash image's check, which runs while this client's thread goes on: the
+        # check never sees a reply that is neither in flight nor recorded
+        self.lock = threading.Lock()
         self.unknown_runs = 0  # run/start calls whose reply was lost
 
     def append(self, c: Client, messages: list[dict[str, Any]], run_id: str | None) -> Batch:
@@ -99,11 +104,27 @@ class Ledger:
             self.h.count("resent_absent_from_image")
         self.ack(b, reply)
 
-    def op(self, c: Client, method: str, params: dict[str, Any]) -> Any:
+    def op(
+        self,
+        c: Client,
+        method: str,
+        params: dict[str, Any],
+        record: Callable[[Any], None] | None = None,
+    ) -> Any:
+        """Send a request other than an append; `record` notes what its reply
+        acknowledged, in the same step as the request stops being in flight."""
         self.inflight = (method, params)
         result = c.call(method, params)
-        self.inflight = None
+        with self.lock:
+            if record is not None:
+                record(result)
+            self.inflight = None
         return result
+
+    def settled(self, record: Callable[[], None]) -> None:
+        with self.lock:
+            record()
+            self.inflight = None
 
 
 # ---------------------------------------------------------------- client threads
@@ -153,7 +174,6 @@ class Worker(Ledger):
         if self.inflight is None:
             return
         method, params = self.inflight
-        self.inflight = None
         self.h.count(f"unacked {method}")
         if method == "run/start":
             self.unknown_runs += 1
@@ -168,13 +188,15 @@ class Worker(Ledger):
                         f"{self.name}: run {params['runId']} is "
                         f"{exc.data.get('status')}, finished as {outcome}"
                     )
-            self.runs[params["runId"]] = {outcome}
+            self.settled(lambda: self.runs.__setitem__(params["runId"], {outcome}))
             self.finished_run()
         elif method == "approval/request":
             pending = c.call("approval/list", {"sessionId": self.session, "status": "pending"})
             mine = [a for a in pending["approvals"] if a["toolCallId"] == params["toolCallId"]]
             if mine:
-                self.approval_requested(mine[0]["approvalId"], params["toolCallId"])
+                self.settled(
+                    lambda: self.approval_requested(mine[0]["approvalId"], params["toolCallId"])
+                )
             else:
                 self.request_approval(c, params["toolCallId"])
         elif method == "approval/resolve":
@@ -186,8 +208,10 @@ class Worker(Ledger):
                         f"{self.name}: approval {params['approvalId']} is "
                         f"{exc.data.get('status')}, resolved as {params['decision']}"
                     )
-            self.approval_resolved(params["approvalId"], params["decision"])
-        # compactions and reads need nothing: a compaction is applied or absent
+            self.settled(lambda: self.approval_resolved(params["approvalId"], params["decision"]))
+        else:
+            # compactions and reads need nothing: a compaction is applied or absent
+            self.settled(lambda: None)
 
     # overridden by agents
     def step(self, c: Client) -> None:
@@ -289,19 +313,20 @@ class Agent(Worker):
             if r < 0.3:
                 aid = self.approval[0]
                 decision = "approved" if self.rng.random() < 0.7 else "denied"
-                self.op(c, "approval/resolve", {"approvalId": aid, "decision": decision})
-                self.approval_resolved(aid, decision)
+                self.op(c, "approval/resolve", {"approvalId": aid, "decision": decision},
+                        record=lambda _: self.approval_resolved(aid, decision))
             else:
                 self.read(c)
             return
         if self.batches >= self.run_len and not self.open_calls:
             outcome = self.rng.choices(["completed", "failed", "cancelled"], [8, 1, 1])[0]
-            reply = self.op(c, "run/finish", {"runId": self.run_id, "outcome": outcome})
+            rid = self.run_id
+            reply = self.op(c, "run/finish", {"runId": rid, "outcome": outcome},
+                            record=lambda _: self.runs.__setitem__(rid, {outcome}))
             if reply["run"]["status"] != outcome:
                 self.h.fail(f"{self.name}: run/finish returned {reply['run']}")
             if reply["autoCompactionScheduled"]:
                 self.h.count("auto_compactions_scheduled")
-            self.runs[self.run_id] = {outcome}
             self.finished_run()
             return
         if r < 0.08 and not self.open_calls:
@@ -319,9 +344,9 @@ class Agent(Worker):
         self.batches += 1
 
     def start_run(self, c: Client) -> None:
-        reply = self.op(c, "run/start", {"sessionId": self.session})
+        reply = self.op(c, "run/start", {"sessionId": self.session},
+                        record=lambda r: self.runs.__setitem__(r["runId"], {"open"}))
         self.run_id = reply["runId"]
-        self.runs[self.run_id] = {"open"}
         self.run_len = self.rng.randint(3, 14)
         self.batches = 0
 
@@ -330,7 +355,7 @@ class Agent(Worker):
 
     def request_approval(self, c: Client, call_id: str) -> None:
         assert self.run_id is not None
-        reply = self.op(
+        self.op(
             c,
             "approval/request",
             {
@@ -340,8 +365,8 @@ class Agent(Worker):
                 "toolName": "write_file",
                 "arguments": {"path": f"src/{call_id}.py"},
             },
+            record=lambda r: self.approval_requested(r["approvalId"], call_id),
         )
-        self.approval_requested(reply["approvalId"], call_id)
 
     def approval_requested(self, approval_id: str, call_id: str) -> None:
         self.needs_approval = None
