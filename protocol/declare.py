@@ -38,6 +38,11 @@ READ_LIMIT_MAX = 5000
 # bytes of messages one archive/read page holds: by default one largest message (8 MiB)
 READ_BYTES_DEFAULT = 8 * 1024 * 1024
 READ_BYTES_MAX = 64 * 1024 * 1024
+
+# the param most methods take first, declared once
+SessionId = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=ID_MAX, description="Id of the session.")
+]
 OFFSET_MAX = 10_000
 APPEND_MAX_MESSAGES = 10_000
 

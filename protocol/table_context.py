@@ -17,6 +17,7 @@ from ctxd.protocol.declare import (
     TEXT_MAX,
     Method,
     Params,
+    SessionId,
 )
 from ctxd.protocol.errors import ErrorCode
 
@@ -37,14 +38,7 @@ _COMPACT_RESULT = (
 
 
 class ContextGetParams(Params):
-    session_id: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=ID_MAX,
-            description="Id of the session.",
-        ),
-    ]
+    session_id: SessionId
     format: (
         Annotated[
             Literal["openai"],
@@ -101,25 +95,11 @@ class ContextGetParams(Params):
 
 
 class ContextStatusParams(Params):
-    session_id: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=ID_MAX,
-            description="Id of the session.",
-        ),
-    ]
+    session_id: SessionId
 
 
 class ContextCompactParams(Params):
-    session_id: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=ID_MAX,
-            description="Id of the session.",
-        ),
-    ]
+    session_id: SessionId
     force: (
         Annotated[
             bool,
@@ -148,14 +128,7 @@ class ContextCompactParams(Params):
 
 
 class ContextRebuildParams(Params):
-    session_id: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=ID_MAX,
-            description="Id of the session.",
-        ),
-    ]
+    session_id: SessionId
     dry_run: (
         Annotated[
             bool,
@@ -171,25 +144,11 @@ class ContextRebuildParams(Params):
 
 
 class ContextClearParams(Params):
-    session_id: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=ID_MAX,
-            description="Id of the session.",
-        ),
-    ]
+    session_id: SessionId
 
 
 class ContextPopParams(Params):
-    session_id: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=ID_MAX,
-            description="Id of the session.",
-        ),
-    ]
+    session_id: SessionId
     count: (
         Annotated[
             int,
@@ -204,25 +163,11 @@ class ContextPopParams(Params):
 
 
 class ContextExplainParams(Params):
-    session_id: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=ID_MAX,
-            description="Id of the session.",
-        ),
-    ]
+    session_id: SessionId
 
 
 class ContextCompactionsParams(Params):
-    session_id: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=ID_MAX,
-            description="Id of the session.",
-        ),
-    ]
+    session_id: SessionId
     limit: (
         Annotated[
             int,
@@ -237,14 +182,7 @@ class ContextCompactionsParams(Params):
 
 
 class ContextPinsAddParams(Params):
-    session_id: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=ID_MAX,
-            description="Id of the session.",
-        ),
-    ]
+    session_id: SessionId
     text: Annotated[
         str,
         Meta(
@@ -256,25 +194,11 @@ class ContextPinsAddParams(Params):
 
 
 class ContextPinsListParams(Params):
-    session_id: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=ID_MAX,
-            description="Id of the session.",
-        ),
-    ]
+    session_id: SessionId
 
 
 class ContextPinsRemoveParams(Params):
-    session_id: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=ID_MAX,
-            description="Id of the session.",
-        ),
-    ]
+    session_id: SessionId
     pin_id: Annotated[
         str,
         Meta(

@@ -22,6 +22,7 @@ from ctxd.protocol.declare import (
     READ_LIMIT_MAX,
     Method,
     Params,
+    SessionId,
 )
 from ctxd.protocol.errors import ErrorCode
 
@@ -29,14 +30,7 @@ _E = ErrorCode
 
 
 class MessagesAppendParams(Params):
-    session_id: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=ID_MAX,
-            description="Id of the session.",
-        ),
-    ]
+    session_id: SessionId
     messages: Annotated[
         list[JSON],
         Meta(
@@ -94,14 +88,7 @@ class MessagesAppendParams(Params):
 
 
 class ArchiveReadParams(Params):
-    session_id: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=ID_MAX,
-            description="Id of the session.",
-        ),
-    ]
+    session_id: SessionId
     after_id: (
         Annotated[
             int,

@@ -17,6 +17,7 @@ from ctxd.protocol.declare import (
     REASON_MAX,
     Method,
     Params,
+    SessionId,
 )
 from ctxd.protocol.errors import ErrorCode
 
@@ -24,14 +25,7 @@ _E = ErrorCode
 
 
 class RunStartParams(Params):
-    session_id: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=ID_MAX,
-            description="Id of the session.",
-        ),
-    ]
+    session_id: SessionId
 
 
 class RunFinishParams(Params):
@@ -91,14 +85,7 @@ class RunFinishParams(Params):
 
 
 class ApprovalRequestParams(Params):
-    session_id: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=ID_MAX,
-            description="Id of the session.",
-        ),
-    ]
+    session_id: SessionId
     run_id: Annotated[
         str,
         Meta(
@@ -166,14 +153,7 @@ class ApprovalResolveParams(Params):
 
 
 class ApprovalListParams(Params):
-    session_id: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=ID_MAX,
-            description="Id of the session.",
-        ),
-    ]
+    session_id: SessionId
     status: (
         Annotated[
             Literal["pending", "approved", "denied"],
@@ -190,14 +170,7 @@ class ToolsListParams(Params):
 
 
 class ToolsCallParams(Params):
-    session_id: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=ID_MAX,
-            description="Id of the session.",
-        ),
-    ]
+    session_id: SessionId
     name: Annotated[
         str,
         Meta(

@@ -19,6 +19,7 @@ from ctxd.protocol.declare import (
     TOKEN_MAX,
     Method,
     Params,
+    SessionId,
 )
 from ctxd.protocol.errors import ErrorCode
 from ctxd.protocol.webpage import LOGIN_MAX, PAGE_KEY_MAX
@@ -190,36 +191,15 @@ class SessionListParams(Params):
 
 
 class SessionGetParams(Params):
-    session_id: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=ID_MAX,
-            description="Id of the session.",
-        ),
-    ]
+    session_id: SessionId
 
 
 class SessionSubscribeParams(Params):
-    session_id: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=ID_MAX,
-            description="Id of the session.",
-        ),
-    ]
+    session_id: SessionId
 
 
 class SessionUnsubscribeParams(Params):
-    session_id: Annotated[
-        str,
-        Meta(
-            min_length=1,
-            max_length=ID_MAX,
-            description="Id of the session.",
-        ),
-    ]
+    session_id: SessionId
 
 
 INITIALIZE = Method(
