@@ -15,6 +15,7 @@ from ctxd.daemon.summarizers.cues import (
     _norm,
     _subject,
 )
+from ctxd.daemon.summarizers.sentences import bare_claim
 from ctxd.daemon.summarizers.settings import (
     Setting,
     changes_value,
@@ -144,6 +145,9 @@ class _Draft:
         """`subject`: what an item of the previous summary set, for a statement that
         does not name it ("Make it 2000.")."""
         text = text.strip()
+        if unconfirmed:
+            # shown with an unconfirmed mark: a clause that only repeats the hedge goes
+            text = bare_claim(text)
         src = list(sources)
         key = _norm(text)
         if not key or self._pinned(key):

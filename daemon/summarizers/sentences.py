@@ -203,6 +203,43 @@ def qualifies_previous(sentence: str, hedged: bool | None = None) -> bool:
     return words < 2 and chars < 3
 
 
+# The last clause or sentence of an item, with the punctuation before it.
+_LAST_PIECE = re.compile(r"(?:[,，;；]\s*|(?<=[.!?。！？])\s*)(?P<piece>[^,，;；.!?。！？]+[.!?。！？]*)\s*$")
+_HEDGE_ONLY_WORDS = re.compile(
+    r"\b(?:may|might|maybe|perhaps|probably|possibly|likely|seems?|guess|though|although"
+    r"|however|still|is|was|i|we|a|an)\b|可能|也许|或许|大概|似乎|好像|估计|不一定|只|我们?|猜",
+    re.IGNORECASE,
+)
+
+
+def is_bare_hedge(piece: str) -> bool:
+    """A clause that says only that what it follows is unconfirmed ("but that is only
+    a guess", "不过这只是推测", "I haven't confirmed that"), with no words of its own."""
+    if not is_hedged(piece):
+        return False
+    rest = _HEDGE_ONLY_WORDS.sub(" ", _HEDGE_WORDS.sub(" ", piece))
+    words = len(_ENGLISH_WORD.findall(rest))
+    chars = sum(len(r) for r in _CJK_CHARS.findall(rest))
+    return words == 0 and chars <= 1
+
+
+def bare_claim(text: str) -> str:
+    """A hedged item without the clauses that only repeat its hedge: the item is shown
+    with an unconfirmed mark, so "X is caused by Y. 不过这只是推测，还没验证。" costs the
+    words of the claim alone. A clause with words of its own ("though the gain may not
+    hold at production scale") is kept."""
+    out = text.strip()
+    while True:
+        m = _LAST_PIECE.search(out)
+        if m is None or m.start() == 0 or not is_bare_hedge(m.group("piece")):
+            return out
+        head = out[: m.start()].rstrip(" ,，;；")
+        if not head or len(head) < 4:
+            return out
+        stop = "。" if _CJK_CHARS.search(head[-1:]) else "."
+        out = head if head.endswith((".", "!", "?", "。", "！", "？", "…")) else head + stop
+
+
 # ---------------------------------------------------------------------- requests
 
 # "Step 74:", "Task #3 -", "turn 53:", "第 74 步：", "3)" : the label of a numbered series
