@@ -39,6 +39,7 @@ from ctxd.daemon.summarizers.facts import (
 )
 from ctxd.daemon.summarizers.fit import fit
 from ctxd.daemon.summarizers.folding import Folds
+from ctxd.daemon.summarizers.guesses import split_guesses
 from ctxd.daemon.summarizers.kinds import is_deontic, user_kind
 from ctxd.daemon.summarizers.paths import (
     _PATH_KEYS,
@@ -55,6 +56,15 @@ from ctxd.daemon.summarizers.sentences import (
     units,
 )
 from ctxd.daemon.summary import SECTIONS, Summary, SummaryRequest
+
+
+def _hedge_follows(pieces: list[Any], index: int) -> bool:
+    """Whether the unit after `index` only hedges it ("I haven't confirmed that.")."""
+    if index + 1 >= len(pieces) or pieces[index + 1].pasted:
+        return False
+    following = pieces[index + 1].text
+    return is_hedged(following) and qualifies_previous(following, True)
+
 
 # -------------------------------------------------------------------- summarizer
 
@@ -190,10 +200,12 @@ class BuiltinSummarizer:
                 if name == "artifacts":
                     draft.add_artifact(item.subject or item.text, item.text, item.sources)
                     continue
-                draft.add(
-                    name, item.text, item.sources, item.status,
-                    unconfirmed=item.unconfirmed, was=item.was, subject=item.subject,
-                )
+                # a line of joined guesses is read back as the guesses it holds
+                for text, sources in split_guesses(item):
+                    draft.add(
+                        name, text, sources, item.status,
+                        unconfirmed=item.unconfirmed, was=item.was, subject=item.subject,
+                    )
         draft.supersessions.update(previous.supersessions)
 
     def _read_user(
@@ -226,7 +238,8 @@ class BuiltinSummarizer:
         # the unit index of the sentence last added to `goal`: a hedge right after a
         # statement ("X is caused by Y. I haven't confirmed that.") binds to it alone
         goal_unit = -2
-        for index, unit in enumerate(units(text)):
+        pieces = units(text)
+        for index, unit in enumerate(pieces):
             if unit.pasted:
                 # pasted output is evidence: its error line is kept below, nothing of it
                 # is a rule, a request or a decision
@@ -272,11 +285,12 @@ class BuiltinSummarizer:
                     "constraints",
                     trim_keeping_hedge(sentence, self.max_constraint_chars),
                     [mid],
-                    unconfirmed=hedged,
+                    # "X must stay on Y. This is unconfirmed so far.": a guess from the
+                    # start, so it replaces no rule or setting stated before
+                    unconfirmed=hedged or _hedge_follows(pieces, index),
                 )
-                if entry is not None and not draft.supersede(
-                    entry, mid, correction=is_correction
-                ):
+                if entry is not None and not (entry.unconfirmed and not is_correction) \
+                        and not draft.supersede(entry, mid, correction=is_correction):
                     draft.supersede_setting(entry, mid)
                 last = entry
                 continue
@@ -328,7 +342,8 @@ class BuiltinSummarizer:
         decisions = 0
         guesses = 0
         last: _Entry | None = None
-        for unit in units(text) if may_open or may_decide or may_hedge else ():
+        pieces = units(text) if may_open or may_decide or may_hedge else []
+        for index, unit in enumerate(pieces):
             if unit.pasted:
                 # quoted output, a diff, a table: evidence, never a decision
                 last = None
@@ -359,11 +374,17 @@ class BuiltinSummarizer:
                     "decisions",
                     trim_keeping_hedge(sentence, self.max_item_chars),
                     [mid],
-                    unconfirmed=hedged,
+                    unconfirmed=hedged or _hedge_follows(pieces, index),
                 )
                 if last is not None:
                     draft.supersede_setting(last, mid)
-            elif hedged and guesses < 1 and not sentence.endswith(("?", "？")):
+            elif (
+                (hedged or _hedge_follows(pieces, index))
+                and guesses < 1
+                and not sentence.endswith(("?", "？"))
+            ):
+                # "The workers must stay on the replica. This is unconfirmed so far.":
+                # the statement is the guess its next sentence hedges
                 # a conclusion the agent drew but did not confirm: kept as such
                 guesses += 1
                 last = draft.add(

@@ -265,6 +265,10 @@ class _Draft:
         53") and another subject ("upload retries", "download retries") replace nothing."""
         if new.setting is None or new.status != "current":
             return
+        if new.unconfirmed:
+            # a guess replaces no value, not even an earlier guess on the same subject:
+            # both stay, each with its hedge, until one is confirmed
+            return
         if not new.setting.terms:
             self._supersede_elided(new, message_id)
             return

@@ -10,6 +10,7 @@ from collections import deque
 from ctxd.daemon.summarizers.cues import _CJK_RUN, _CONSTRAINT, _key_terms, _trim
 from ctxd.daemon.summarizers.draft import _SHARES, _Draft, _Entry, _share_class
 from ctxd.daemon.summarizers.facts import trim_keeping_hedge
+from ctxd.daemon.summarizers.guesses import join_guesses
 from ctxd.daemon.summary import SECTIONS, UNPOINTED, Summary, SummaryItem, SummaryRequest
 
 _PLAIN_COST = 1 / 5.2
@@ -71,7 +72,10 @@ def fit(
 
 def _hard(e: _Entry) -> bool:
     """A rule the user set and nothing replaced: kept whole whatever the span's size."""
-    return e.section == "constraints" and e.status == "current" and not e.weak
+    # a rule stated with a hedge ("X must stay on Y. 这一点尚未确认。") is a guess, kept
+    # and shortened with the other guesses, not whole as a rule in force
+    return e.section == "constraints" and e.status == "current" and not e.weak \
+        and not e.unconfirmed
 
 
 def _measure(sections: dict[str, list[SummaryItem]], request: SummaryRequest) -> int:
@@ -92,6 +96,7 @@ class _Plan:
         request: SummaryRequest,
     ) -> None:
         self.entries, self.ops = entries, ops
+        self.ordinals = request.ordinals or {}
         est = dict(line_est)
         alive = {name: len(es) for name, es in entries.items()}
         header = {name: _estimate(f"## {title}") for name, title in SECTIONS.items()}
@@ -125,7 +130,8 @@ class _Plan:
             if name == "artifacts":  # newest first
                 kept = sorted(kept, key=_Entry.recency, reverse=True)
             if kept:
-                out[name] = [_item(e, changed.get(id(e), e.text)) for e in kept]
+                items = [_item(e, changed.get(id(e), e.text)) for e in kept]
+                out[name] = join_guesses(items, self.ordinals)
         return out
 
 
@@ -189,7 +195,7 @@ _DIGITS = re.compile(r"\d+")
 
 def _class(e: _Entry) -> str:
     if e.unconfirmed and e.status == "current" and e.section in (
-        "goals", "decisions", "open_items"
+        "goals", "decisions", "open_items", "constraints"
     ):
         return "hedged"
     return _share_class(e)
@@ -275,7 +281,7 @@ def _drop_plan(
     }
     for e in sorted((e for es in entries.values() for e in es), key=_Entry.recency):
         cls = _class(e)
-        if cls == "constraints" or (cls == "hedged" and e.section != "constraints"):
+        if cls in ("constraints", "hedged"):
             chars = _trim_chars(e.text, truncated_chars)
             short = (_trim(e.text, chars) if cls == "constraints"
                      else trim_keeping_hedge(e.text, chars))
