@@ -13,6 +13,7 @@ from ctxd.daemon.summarizers.facts import trim_keeping_hedge
 from ctxd.daemon.summarizers.guesses import join_guesses
 from ctxd.daemon.summary import SECTIONS, UNPOINTED, Summary, SummaryItem, SummaryRequest
 
+_MESSAGE_FRAME_TOKENS = 56
 _PLAIN_COST = 1 / 5.2
 _DENSE_COST = 0.72
 _WIDE_COST = 1.15
@@ -39,7 +40,10 @@ def fit(
     """The draft's items that fit: within `budget_tokens` always, and within
     `size_limit_tokens` (when given) except for the hard constraints and the latest
     request, which are kept whole past it."""
-    budget = request.budget_tokens
+    # the message the summary goes out in opens with a header and a legend of about
+    # this many tokens; the budget bounds that message, so they come off it (a small
+    # budget makes a small summary, which gets the short legend)
+    budget = request.budget_tokens - min(_MESSAGE_FRAME_TOKENS, request.budget_tokens // 40)
     if budget <= 0:
         return {}
     entries = {name: list(draft.sections[name]) for name in SECTIONS}

@@ -1,0 +1,64 @@
+"""Guesses shown compactly: several hedged items of a section on one line.
+
+Each hedged item costs its unconfirmed mark, a list dash, a newline and a pointer; in
+Chinese that is about 10 of the 25 tokens of a short guess. Guesses kept side by side
+share one line and one mark instead, each still followed by the `#N` of the message it
+came from: "- [推测] A #12; B #40; C #57". The next compaction reads such a line back
+as the separate guesses it was made of, so each is kept or dropped on its own.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ctxd.daemon.summary import SummaryItem
+
+# guesses per line: enough to save most marks, few enough to stay readable
+GUESSES_PER_LINE = 4
+# between two guesses on a line: the first one's pointer, then a separator
+_JOINT = re.compile(r" #\d+; ")
+
+
+def _joinable(item: SummaryItem, ordinals: dict[int, int]) -> bool:
+    return (
+        item.unconfirmed
+        and item.status == "current"
+        and not item.was
+        and len(item.sources) == 1
+        and item.sources[0] in ordinals
+        and _JOINT.search(item.text) is None
+    )
+
+
+def join_guesses(items: list[SummaryItem], ordinals: dict[int, int]) -> list[SummaryItem]:
+    """`items` with its hedged single-source items joined, up to GUESSES_PER_LINE a line,
+    each line where the first of its guesses was."""
+    out: list[SummaryItem] = []
+    line: SummaryItem | None = None
+    count = 0
+    for item in items:
+        if not _joinable(item, ordinals):
+            out.append(item)
+            continue
+        if line is None or count >= GUESSES_PER_LINE:
+            line = SummaryItem(text=item.text, sources=list(item.sources), unconfirmed=True,
+                               subject=item.subject, origin=item.origin)
+            out.append(line)
+            count = 1
+            continue
+        line.text = f"{line.text} #{ordinals[line.sources[-1]]}; {item.text}"
+        line.sources.append(item.sources[0])
+        line.subject = None
+        count += 1
+    return out
+
+
+def split_guesses(item: SummaryItem) -> list[tuple[str, list[int]]]:
+    """The guesses a joined line holds, each with its own message; any other item as
+    it is."""
+    if not item.unconfirmed:
+        return [(item.text, list(item.sources))]
+    parts = _JOINT.split(item.text)
+    if len(parts) < 2 or len(parts) != len(item.sources):
+        return [(item.text, list(item.sources))]
+    return [(part, [src]) for part, src in zip(parts, item.sources, strict=True)]
