@@ -14,6 +14,8 @@ from ctxd.daemon.summarizers.guesses import join_guesses
 from ctxd.daemon.summary import SECTIONS, UNPOINTED, Summary, SummaryItem, SummaryRequest
 
 _MESSAGE_FRAME_TOKENS = 56
+# a long guess is cut to this share of the length a long rule is cut to
+_GUESS_SHARE = 0.6
 _PLAIN_COST = 1 / 5.2
 _DENSE_COST = 0.72
 _WIDE_COST = 1.15
@@ -286,9 +288,14 @@ def _drop_plan(
     for e in sorted((e for es in entries.values() for e in es), key=_Entry.recency):
         cls = _class(e)
         if cls in ("constraints", "hedged"):
-            chars = _trim_chars(e.text, truncated_chars)
-            short = (_trim(e.text, chars) if cls == "constraints"
-                     else trim_keeping_hedge(e.text, chars))
+            if cls == "hedged" and e.unconfirmed:
+                # shown with its unconfirmed mark, a guess needs no hedge words to stay
+                # a guess: its opening (what it is about) is what is kept
+                short = _trim(e.text, _trim_chars(e.text, int(truncated_chars * _GUESS_SHARE)))
+            else:
+                chars = _trim_chars(e.text, truncated_chars)
+                short = (_trim(e.text, chars) if cls == "constraints"
+                         else trim_keeping_hedge(e.text, chars))
             if short != e.text:
                 trims[tier(e)][cls].append((e, short))
 

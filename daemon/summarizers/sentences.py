@@ -204,7 +204,9 @@ def qualifies_previous(sentence: str, hedged: bool | None = None) -> bool:
 
 
 # The last clause or sentence of an item, with the punctuation before it.
-_LAST_PIECE = re.compile(r"(?:[,，;；]\s*|(?<=[.!?。！？])\s*)(?P<piece>[^,，;；.!?。！？]+[.!?。！？]*)\s*$")
+_LAST_PIECE = re.compile(
+    r"(?:[,，;；]\s*|(?<=[.!?。！？])\s*)(?P<piece>[^,，;；.!?。！？]+[.!?。！？]*)\s*$"
+)
 _HEDGE_ONLY_WORDS = re.compile(
     r"\b(?:may|might|maybe|perhaps|probably|possibly|likely|seems?|guess|though|although"
     r"|however|still|is|was|i|we|a|an)\b|可能|也许|或许|大概|似乎|好像|估计|不一定|只|我们?|猜",
