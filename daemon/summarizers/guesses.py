@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import re
 
+from ctxd.daemon.summarizers.cues import _CJK_RUN
 from ctxd.daemon.summary import SummaryItem
 
 # guesses per line: enough to save most marks, few enough to stay readable
 GUESSES_PER_LINE = 4
 # between two guesses on a line: the first one's pointer, then a separator
 _JOINT = re.compile(r" #\d+; ")
+
+
+def _cjk(text: str) -> bool:
+    return _CJK_RUN.search(text) is not None
 
 
 def _joinable(item: SummaryItem, ordinals: dict[int, int]) -> bool:
@@ -40,7 +45,9 @@ def join_guesses(items: list[SummaryItem], ordinals: dict[int, int]) -> list[Sum
         if not _joinable(item, ordinals):
             out.append(item)
             continue
-        if line is None or count >= GUESSES_PER_LINE:
+        # the mark is written in the script of the text ("[推测]" or "[unconfirmed]"):
+        # guesses of the other script start a line of their own
+        if line is None or count >= GUESSES_PER_LINE or _cjk(item.text) != _cjk(line.text):
             line = SummaryItem(text=item.text, sources=list(item.sources), unconfirmed=True,
                                subject=item.subject, origin=item.origin)
             out.append(line)
