@@ -10,7 +10,7 @@ from collections import deque
 from ctxd.daemon.summarizers.cues import _CJK_RUN, _CONSTRAINT, _key_terms, _trim
 from ctxd.daemon.summarizers.draft import _SHARES, _Draft, _Entry, _share_class
 from ctxd.daemon.summarizers.facts import trim_keeping_hedge
-from ctxd.daemon.summarizers.guesses import join_guesses
+from ctxd.daemon.summarizers.guesses import join_guesses, trim_guess
 from ctxd.daemon.summary import SECTIONS, UNPOINTED, Summary, SummaryItem, SummaryRequest
 
 _MESSAGE_FRAME_TOKENS = 56
@@ -291,7 +291,7 @@ def _drop_plan(
             if cls == "hedged" and e.unconfirmed:
                 # shown with its unconfirmed mark, a guess needs no hedge words to stay
                 # a guess: its opening (what it is about) is what is kept
-                short = _trim(e.text, _trim_chars(e.text, int(truncated_chars * _GUESS_SHARE)))
+                short = trim_guess(e.text, _trim_chars(e.text, int(truncated_chars * _GUESS_SHARE)))
             else:
                 chars = _trim_chars(e.text, truncated_chars)
                 short = (_trim(e.text, chars) if cls == "constraints"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from ctxd.daemon.summarizers.cues import _CJK_RUN
+from ctxd.daemon.summarizers.cues import _CJK_RUN, _trim
 from ctxd.daemon.summary import SummaryItem
 
 # guesses per line: enough to save most marks, few enough to stay readable
@@ -69,3 +69,19 @@ def split_guesses(item: SummaryItem) -> list[tuple[str, list[int]]]:
     if len(parts) < 2 or len(parts) != len(item.sources):
         return [(item.text, list(item.sources))]
     return [(part, [src]) for part, src in zip(parts, item.sources, strict=True)]
+
+
+_CLAUSE_END = re.compile(r"[,，;；:：]")
+
+
+def trim_guess(text: str, limit: int) -> str:
+    """A long guess cut to its opening, at the end of a clause when one ends in the
+    second half of the room ("我们决定把支付的报表切到只读副本…" rather than "…，不过
+    收益在生…"): its unconfirmed mark, not its hedge words, says it is a guess."""
+    short = _trim(text, limit)
+    if short == text:
+        return short
+    ends = [m.start() for m in _CLAUSE_END.finditer(text, 0, max(limit - 1, 1))]
+    if ends and ends[-1] >= limit // 2:
+        return text[: ends[-1]].rstrip() + "…"
+    return short
