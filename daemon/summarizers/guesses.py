@@ -15,7 +15,7 @@ from ctxd.daemon.summarizers.cues import _CJK_RUN, _trim
 from ctxd.daemon.summary import SummaryItem
 
 # guesses per line: enough to save most marks, few enough to stay readable
-GUESSES_PER_LINE = 4
+GUESSES_PER_LINE = 8
 # between two guesses on a line: the first one's pointer, then a separator
 _JOINT = re.compile(r" #\d+; ")
 
