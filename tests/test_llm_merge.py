@@ -146,3 +146,29 @@ def test_an_answer_without_json_falls_back_and_is_reported(llm: FakeLLM) -> None
     assert status["summarizer"] == "openai:fake-model (fallback builtin)"
     assert "holds no JSON summary" in status["summarizerLastFailure"]
     assert status["summarizerLastFailureAt"] > 0
+
+
+def test_a_model_rewording_one_joined_guess_keeps_the_others(llm: FakeLLM) -> None:
+    guesses = [
+        {"id": 1, "role": "assistant",
+         "content": "The checkout slowdown is probably due to the connection pool."},
+        {"id": 2, "role": "assistant",
+         "content": "I think the billing duplicate events come from the job queue retrying."},
+        {"id": 3, "role": "assistant",
+         "content": "The ledger memory growth may come from the read replica."},
+    ]
+    llm.script(answer(open_items=[
+        {"text": "The checkout slowdown is probably due to the connection pool.",
+         "sources": [1]},
+    ]))
+    request = req(messages=guesses)
+    request = SummaryRequest(**{**request.__dict__, "ordinals": {1: 1, 2: 2, 3: 3}})
+    summary = run(merged(llm.base_url), request)
+    assert check_summary(summary, {1, 2, 3}) == []
+    items = summary.sections["open_items"]
+    # each guess is an item of its own with its own message, all still marked
+    assert sorted(s for item in items for s in item.sources) == [1, 2, 3]
+    assert all(item.unconfirmed and len(item.sources) == 1 for item in items)
+    text = summary.render()
+    for message in guesses:
+        assert message["content"] in text

@@ -27,10 +27,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ctxd.daemon.summarizers.contract import _same_statement, contract_problems
 from ctxd.daemon.summarizers.facts import is_hedged
+from ctxd.daemon.summarizers.guesses import split_guesses
 from ctxd.daemon.summarizers.llm_prompt import _int_source, parse_json_object
 from ctxd.daemon.summarizers.llm_schema import MODEL_SECTIONS
 from ctxd.daemon.summary import SECTIONS, Summary, SummaryItem, SummaryRequest
@@ -159,9 +161,16 @@ def merge(
     """
     known = {(name, item.text): item.origin for name, item in anchor.items() if item.origin}
     sections: dict[str, list[SummaryItem]] = {}
-    for name, item in extracted.items():
-        item.origin = known.get((name, item.text)) or item.origin or EXTRACTOR
-        sections.setdefault(name, []).append(item)
+    for name, joined in extracted.items():
+        # guesses the extractor joined on one line are merged one by one: a model's
+        # wording of one of them must not replace the others
+        parts = split_guesses(joined)
+        for text, sources in parts:
+            item = joined if len(parts) == 1 else replace(
+                joined, text=text, sources=sources, subject=None
+            )
+            item.origin = known.get((name, item.text)) or item.origin or EXTRACTOR
+            sections.setdefault(name, []).append(item)
     for name in MODEL_SECTIONS:
         for item in model.get(name, []):
             problems = contract_problems(reference, {name: [item]}, span, 0)
