@@ -49,6 +49,7 @@ from ctxd.daemon.summarizers.paths import (
     _walk_strings,
 )
 from ctxd.daemon.summarizers.sentences import (
+    hedge_follows,
     introduces_list,
     is_heading,
     is_request,
@@ -56,15 +57,6 @@ from ctxd.daemon.summarizers.sentences import (
     units,
 )
 from ctxd.daemon.summary import SECTIONS, Summary, SummaryRequest
-
-
-def _hedge_follows(pieces: list[Any], index: int) -> bool:
-    """Whether the unit after `index` only hedges it ("I haven't confirmed that.")."""
-    if index + 1 >= len(pieces) or pieces[index + 1].pasted:
-        return False
-    following = pieces[index + 1].text
-    return is_hedged(following) and qualifies_previous(following, True)
-
 
 # -------------------------------------------------------------------- summarizer
 
@@ -287,7 +279,7 @@ class BuiltinSummarizer:
                     [mid],
                     # "X must stay on Y. This is unconfirmed so far.": a guess from the
                     # start, so it replaces no rule or setting stated before
-                    unconfirmed=hedged or _hedge_follows(pieces, index),
+                    unconfirmed=hedged or hedge_follows(pieces, index),
                 )
                 if entry is not None and not (entry.unconfirmed and not is_correction) \
                         and not draft.supersede(entry, mid, correction=is_correction):
@@ -374,12 +366,12 @@ class BuiltinSummarizer:
                     "decisions",
                     trim_keeping_hedge(sentence, self.max_item_chars),
                     [mid],
-                    unconfirmed=hedged or _hedge_follows(pieces, index),
+                    unconfirmed=hedged or hedge_follows(pieces, index),
                 )
                 if last is not None:
                     draft.supersede_setting(last, mid)
             elif (
-                (hedged or _hedge_follows(pieces, index))
+                (hedged or hedge_follows(pieces, index))
                 and guesses < 1
                 and not sentence.endswith(("?", "？"))
             ):

@@ -242,6 +242,14 @@ def bare_claim(text: str) -> str:
         out = head if head.endswith((".", "!", "?", "。", "！", "？", "…")) else head + stop
 
 
+def hedge_follows(pieces: list[Unit], index: int) -> bool:
+    """Whether the unit after `index` only hedges it ("I haven't confirmed that.")."""
+    if index + 1 >= len(pieces) or pieces[index + 1].pasted:
+        return False
+    following = pieces[index + 1].text
+    return is_hedged(following) and qualifies_previous(following, True)
+
+
 # ---------------------------------------------------------------------- requests
 
 # "Step 74:", "Task #3 -", "turn 53:", "第 74 步：", "3)" : the label of a numbered series
