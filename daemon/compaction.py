@@ -139,7 +139,7 @@ def render_summary_message(pins: Sequence[str], summary: Summary) -> str | None:
         legend = (
             "Summary of earlier messages (#N: N-th message):\n"
             if summary.is_small()
-            else "Summary of earlier messages (#N at the end of a line: the N-th message of "
+            else "Summary of earlier messages (#N after an item: the N-th message of "
             "this conversation; [msg N]: an archive id; search_past_messages recalls the "
             "full text):\n"
         )
