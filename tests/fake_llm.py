@@ -15,6 +15,7 @@ import re
 import ssl
 import threading
 import time
+import uuid
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -143,7 +144,10 @@ class FakeLLM:
         if tls is not None:
             self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
         self.port = self._server.server_address[1]
-        self.base_url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}/v1"
+        # A path of its own before /v1: the summarizer remembers, per endpoint URL, which
+        # structured output form it took, and a later test's server may get this port.
+        self.prefix = f"/fake-{uuid.uuid4().hex[:8]}"
+        self.base_url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}{self.prefix}/v1"
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
@@ -180,7 +184,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         fake: FakeLLM = self.server.fake  # type: ignore[attr-defined]
-        if self.path == "/v1/models":
+        if self.path.removeprefix(fake.prefix) == "/v1/models":
             self._send(200, {"object": "list", "data": fake.models})
         else:
             self._send(404, {"error": {"message": f"no route {self.path}"}})
@@ -197,6 +201,7 @@ class _Handler(BaseHTTPRequestHandler):
         # A request through a proxy names the whole URL; serving it here makes this
         # server the proxy too (tests of proxy settings need no second server).
         path = urlsplit(self.path).path if "://" in self.path else self.path
+        path = path.removeprefix(fake.prefix)
         rec = Recorded(
             path,
             {k.lower(): v for k, v in self.headers.items()},

@@ -145,7 +145,7 @@ def test_loopback_is_never_proxied(llm: FakeLLM, monkeypatch: pytest.MonkeyPatch
         monkeypatch.setenv(name, f"http://127.0.0.1:{dead}")
     req = request()
     assert summarize(summarizer(llm.base_url), req).all_sources() == given_ids(req)
-    assert llm.requests[0].target == "/v1/chat/completions"
+    assert llm.requests[0].target == f"{llm.prefix}/v1/chat/completions"
     assert is_loopback("127.0.0.1") and is_loopback("[::1]") and is_loopback("localhost")
     assert not is_loopback("10.0.0.1") and not is_loopback("llm.invalid")
 

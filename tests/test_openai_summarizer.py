@@ -591,3 +591,17 @@ def test_engine_with_fallback_still_compacts(llm: FakeLLM, tmp_path: Path) -> No
         assert len(engine.context_messages(sid)) < len(before)
     finally:
         engine.close()
+
+
+def test_a_form_refused_by_name_after_it_worked_is_learnt_again(llm: FakeLLM) -> None:
+    # the endpoint took the first form; then another server (or model) answers there and
+    # refuses any response_format by name: the forms are tried again, not given up on
+    summarizer = OpenAISummarizer(settings(llm.base_url))
+    summarize(summarizer, request())
+    assert llm.requests[0].body["response_format"]["type"] == "json_schema"
+    llm.default = "reject_response_format"
+    req = request()
+    summary = summarize(summarizer, req)
+    assert summary.all_sources() == given_ids(req)
+    assert [r.body.get("response_format", {}).get("type") for r in llm.requests[1:]] == [
+        "json_schema", "json_object", None]

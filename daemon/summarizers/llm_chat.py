@@ -24,6 +24,7 @@ from ctxd.daemon.summarizers.llm_http import (
 )
 from ctxd.daemon.summarizers.llm_schema import (
     ACCEPTED_FORMS,
+    FORMS,
     is_format_refusal,
     next_form,
     response_format,
@@ -144,6 +145,17 @@ class ChatCompletions:
             if self._adapt(response.status, detail):
                 log.info("%s: HTTP %d (%s); retrying without that option",
                          self.endpoint, response.status, detail[:120])
+                continue
+            if known and response.status in (400, 422) and is_format_refusal(
+                response.status, detail
+            ):
+                # the form this endpoint once took is now refused by name: another server
+                # or model answers there now, so its forms are learnt again
+                log.info("%s: HTTP %d to response_format %s it took before (%s); trying "
+                         "the forms again", self.endpoint, response.status, form, detail[:120])
+                ACCEPTED_FORMS.forget(self.url, model)
+                known = False
+                form = FORMS[0] if form != FORMS[0] else next_form(form) or form
                 continue
             following = next_form(form)
             if following and not known and is_format_refusal(response.status, detail):

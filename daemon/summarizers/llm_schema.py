@@ -106,6 +106,10 @@ class FormMemory:
         with self._lock:
             self._forms[(url, model)] = form
 
+    def forget(self, url: str, model: str) -> None:
+        with self._lock:
+            self._forms.pop((url, model), None)
+
 
 ACCEPTED_FORMS = FormMemory()
 
