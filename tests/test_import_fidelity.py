@@ -114,8 +114,10 @@ def test_follow_reports_a_file_of_the_other_agent_once(daemon: DaemonProcess,
     cmd = [sys.executable, "-m", "ctxd.clients.cli", "import", "codex", str(path),
            "--follow", "--interval", "0.1", "--json",
            "--connection-file", str(daemon.connection_file)]
+    # started as a script's background job is: with SIGINT ignored, which it must undo
     proc = subprocess.Popen(cmd, env=daemon.env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+                            stderr=subprocess.DEVNULL, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         first = proc.stdout.readline()  # the first round's report
         # later rounds look at the file again (every 0.1 s)

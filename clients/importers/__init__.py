@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -179,6 +180,11 @@ def cmd_import(args: argparse.Namespace, connect: Callable[[], Any]) -> int:
         return 1
     progress = Progress(sys.stderr) if sys.stderr.isatty() and not args.json else None
     finder = Finder(fmt)
+    if args.follow:
+        # A background job of a non-interactive shell starts with SIGINT ignored, and
+        # Python then installs no handler of its own: without this, Ctrl-C or `kill -INT`
+        # would not stop the follow.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         seen: dict[Path, tuple[int, float]] = {}
         unfinished: dict[Path, tuple[int, int]] = {}
