@@ -1,6 +1,6 @@
 """The store interface: everything the engine keeps, behind five small typed parts.
 
-The engine (daemon/engine.py) and the pieces it drives (the Compactor, context edits)
+The engine (daemon/engine/core.py) and the pieces it drives (the Compactor, context edits)
 reach their data only through a `Store`; nothing above this line writes SQL. The
 embedded SQLite store (`ctxd.daemon.stores.sqlite.SqliteStore`, APSW + FTS5) is the
 default and the reference: a new implementation (PostgreSQL, say) passes the same test

@@ -6,7 +6,7 @@ is one explicit transaction; in-memory state is updated only after the commit, s
 crash at any moment leaves the database as of the last acknowledged call.
 
 This module holds sessions, appends, status and compaction; the reads (the model input,
-the archive, search, pins) are in engine_reads.py, runs and approvals in engine_runs.py.
+the archive, search, pins) are in reads.py, runs and approvals in runs.py.
 What the engine keeps between requests (contexts, rendered model inputs, open runs and
 pending approvals) it keeps only on a store no other daemon writes.
 """
@@ -20,17 +20,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ctxd.daemon.archive_sizes import ArchiveSizes
 from ctxd.daemon.compactor import Compactor
 from ctxd.daemon.config import Config
 from ctxd.daemon.context_store import ContextState
-from ctxd.daemon.context_view import ContextView
-from ctxd.daemon.engine_reads import ContextReads
-from ctxd.daemon.engine_runs import RunsAndApprovals
+from ctxd.daemon.engine.archive_sizes import ArchiveSizes
+from ctxd.daemon.engine.context_view import ContextView
+from ctxd.daemon.engine.reads import ContextReads
+from ctxd.daemon.engine.run_book import RunBook
+from ctxd.daemon.engine.runs import RunsAndApprovals
 from ctxd.daemon.ids import new_id
 from ctxd.daemon.messages import PreparedBatch, check_time, prepare_batch
 from ctxd.daemon.pairing import check_tool_pairs
-from ctxd.daemon.run_book import RunBook
 from ctxd.daemon.stores.base import Store
 from ctxd.daemon.stores.sqlite import SqliteStore
 from ctxd.daemon.summarizers import make_summarizer, summarizer_status

@@ -1,7 +1,7 @@
 """The engine's reads: the model input, pages of the archive, search, and the pins that
 go into the model input. The model input comes from the engine's `ContextView`, which
 keeps each session's rendered parts between reads. A part of `Engine`
-(daemon/engine.py), which provides what is declared below.
+(daemon/engine/core.py), which provides what is declared below.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from ctxd.daemon.compaction import render_summary_message
 from ctxd.daemon.config import Config
 from ctxd.daemon.context_store import ContextState
-from ctxd.daemon.context_view import ContextView
 from ctxd.daemon.corrections import mark_superseded
+from ctxd.daemon.engine.context_view import ContextView
 from ctxd.daemon.ids import new_id
 from ctxd.daemon.ordinals import ordinals_of
 from ctxd.daemon.projection import project

@@ -1,6 +1,6 @@
 """The engine's runs and tool approvals: starting and finishing runs, asking for and
 deciding approvals, each committed and then told to the engine's `RunBook` and to
-event listeners. A part of `Engine` (daemon/engine.py), which provides what is declared
+event listeners. A part of `Engine` (daemon/engine/core.py), which provides what is declared
 below.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ctxd.daemon.approval_events import event_approval as _event_approval
+from ctxd.daemon.engine.run_book import RunBook
 from ctxd.daemon.ids import new_id
-from ctxd.daemon.run_book import RunBook
 from ctxd.daemon.runs import RUN_OUTCOMES
 from ctxd.daemon.stores.base import ArchiveStore, RunStore, Store
 from ctxd.protocol.errors import Conflict, InvalidParams, NotFound, RunActive
