@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from ctxd.daemon import fts
-from ctxd.daemon.compaction import render_summary_message, valid_boundaries
+from ctxd.daemon.compaction.rules import render_summary_message, valid_boundaries
 from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.messages import message_text, strip_archive_fields
 from ctxd.daemon.summary import Summary

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxd.daemon.compaction import render_summary_message
+from ctxd.daemon.compaction.rules import render_summary_message
 from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.messages import strip_archive_fields
 from ctxd.daemon.stores.base import Store

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ctxd.daemon.compactor import Compactor
+from ctxd.daemon.compaction.compactor import Compactor
 from ctxd.daemon.config import Config
 from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.engine.archive_sizes import ArchiveSizes

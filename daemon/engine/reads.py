@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ctxd.daemon.compaction import render_summary_message
+from ctxd.daemon.compaction.rules import render_summary_message
 from ctxd.daemon.config import Config
 from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.corrections import mark_superseded

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from ctxd.daemon.compaction import check_summary
+from ctxd.daemon.compaction.rules import check_summary
 from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.messages import for_model, strip_archive_fields

@@ -11,8 +11,8 @@ After `rederive_after` incremental compactions, the next one re-derives the summ
 from the archive (in chunks) instead of from the previous summary.
 
 This module decides when and whether an attempt runs (limits, waiting, the shared lock,
-auto-compaction's retries and pause) and drives it; `compaction_inputs` reads what leaves
-and summarizes it, `compaction_commit` commits, logs and shapes the result.
+auto-compaction's retries and pause) and drives it; `inputs` reads what leaves
+and summarizes it, `commit` commits, logs and shapes the result.
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
-from ctxd.daemon import compaction_commit as commit
-from ctxd.daemon import compaction_inputs as inputs
 from ctxd.daemon.busy import when_free
-from ctxd.daemon.compaction import rebuild_boundary, tail_boundary, valid_boundaries
-from ctxd.daemon.compaction_commit import Attempt
+from ctxd.daemon.compaction import commit, inputs
+from ctxd.daemon.compaction.commit import Attempt
+from ctxd.daemon.compaction.rules import rebuild_boundary, tail_boundary, valid_boundaries
 from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.ids import new_id
