@@ -39,7 +39,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     cfg = args.load_config(args)
     store = args.store or cfg.store
     if store == "sqlite":
-        from ctxd.daemon.schema import SCHEMA_VERSION, open_database
+        from ctxd.daemon.stores.sqlite.schema import SCHEMA_VERSION, open_database
 
         cfg.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         open_database(cfg.db_path).close()
@@ -51,8 +51,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     try:
         import psycopg
 
-        from ctxd.daemon.pg import schema
-        from ctxd.daemon.pg.connection import PgConnection
+        from ctxd.daemon.stores.postgres import schema
+        from ctxd.daemon.stores.postgres.connection import PgConnection
     except ImportError:
         raise _startup_error("the postgres store needs psycopg: pip install 'ctxd[postgres]'") \
             from None
@@ -86,7 +86,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
     try:
         import psycopg
 
-        from ctxd.daemon.pg.copy import CopyError, copy_sqlite_to_postgres
+        from ctxd.daemon.stores.postgres.copy import CopyError, copy_sqlite_to_postgres
     except ImportError:
         raise _startup_error("the postgres store needs psycopg: pip install 'ctxd[postgres]'") \
             from None

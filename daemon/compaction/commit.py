@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ctxd.daemon.compaction_log import CompactionEntry
-from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.stores.base import Store
+from ctxd.daemon.stores.sqlite.compaction_log import CompactionEntry
+from ctxd.daemon.stores.sqlite.context_store import ContextState
 from ctxd.daemon.summary import Summary
 from ctxd.protocol.errors import CompactionInProgress
 

@@ -28,9 +28,9 @@ from ctxd.daemon.compaction import commit, inputs
 from ctxd.daemon.compaction.commit import Attempt
 from ctxd.daemon.compaction.rules import rebuild_boundary, tail_boundary, valid_boundaries
 from ctxd.daemon.config import CompactionPolicy
-from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.ids import new_id
 from ctxd.daemon.stores.base import Store
+from ctxd.daemon.stores.sqlite.context_store import ContextState
 from ctxd.daemon.summary import Summarizer, Summary
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import (

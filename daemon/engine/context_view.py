@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxd.daemon.compaction.rules import render_summary_message
-from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.messages import strip_archive_fields
 from ctxd.daemon.stores.base import Store
+from ctxd.daemon.stores.sqlite.context_store import ContextState
 from ctxd.daemon.summary import Summary
 
 # sessions kept, and the approximate characters of their kept tails

@@ -22,7 +22,6 @@ from typing import Any
 
 from ctxd.daemon.compaction.compactor import Compactor
 from ctxd.daemon.config import Config
-from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.engine.archive_sizes import ArchiveSizes
 from ctxd.daemon.engine.context_view import ContextView
 from ctxd.daemon.engine.reads import ContextReads
@@ -32,7 +31,8 @@ from ctxd.daemon.ids import new_id
 from ctxd.daemon.messages import PreparedBatch, check_time, prepare_batch
 from ctxd.daemon.pairing import check_tool_pairs
 from ctxd.daemon.stores.base import Store
-from ctxd.daemon.stores.sqlite import SqliteStore
+from ctxd.daemon.stores.sqlite.context_store import ContextState
+from ctxd.daemon.stores.sqlite.store import SqliteStore
 from ctxd.daemon.summarizers import make_summarizer, summarizer_status
 from ctxd.daemon.summary import Summarizer
 from ctxd.daemon.tokens import TokenCounter

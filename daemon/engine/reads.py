@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from ctxd.daemon.compaction.rules import render_summary_message
 from ctxd.daemon.config import Config
-from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.corrections import mark_superseded
 from ctxd.daemon.engine.context_view import ContextView
 from ctxd.daemon.ids import new_id
 from ctxd.daemon.ordinals import ordinals_of
 from ctxd.daemon.projection import project
 from ctxd.daemon.stores.base import ArchiveStore, Store
+from ctxd.daemon.stores.sqlite.context_store import ContextState
 from ctxd.daemon.summary import Summary
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import InvalidParams, NotFound

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 from ctxd.daemon.approval_events import event_approval as _event_approval
 from ctxd.daemon.engine.run_book import RunBook
 from ctxd.daemon.ids import new_id
-from ctxd.daemon.runs import RUN_OUTCOMES
 from ctxd.daemon.stores.base import ArchiveStore, RunStore, Store
+from ctxd.daemon.stores.sqlite.runs import RUN_OUTCOMES
 from ctxd.protocol.errors import Conflict, InvalidParams, NotFound, RunActive
 from ctxd.protocol.handlers import serves
 from ctxd.protocol.methods import APPROVAL_LIST

@@ -1,7 +1,7 @@
 """ArchiveSearch: full-text search over the archive (SQLite FTS5), with a time budget.
 
 `ArchiveStore` (archive.py) takes it in; the PostgreSQL store keeps `search` and gives
-its own query builders, `_budget` and `_search` (daemon/pg/store.py). Queries are built
+its own query builders, `_budget` and `_search` (daemon/stores/postgres/store.py). Queries are built
 by `fts.py`, snippets by `snippets.py`.
 """
 
@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 
 import apsw
 
-from ctxd.daemon import fts
-from ctxd.daemon.snippets import Snippets
+from ctxd.daemon.stores.sqlite import fts
+from ctxd.daemon.stores.sqlite.snippets import Snippets
 from ctxd.protocol.errors import InvalidParams, SearchTooBroad
 
 # SQLite virtual-machine steps between two looks at the clock: about a millisecond of work
@@ -146,8 +146,8 @@ class ArchiveSearch:
         advanced: bool,
         deadline: float | None,
     ) -> list[dict[str, Any]]:
-        """A page of hits, each with a snippet made by daemon/snippets.py (not by FTS5's
-        snippet() in this query, whose cost grows with the square of a message's hits and
+        """A page of hits, each with a snippet made by daemon/stores/sqlite/snippets.py (not by
+        FTS5's snippet() in this query, whose cost grows with the square of a message's hits and
         which the progress handler cannot stop); past `deadline`, InterruptError."""
         where, params = search_where(
             "messages_fts MATCH ?", match, session_id, role, since, until

@@ -6,13 +6,13 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ctxd.daemon.pg.store import PostgresStore
+    from ctxd.daemon.stores.postgres.store import PostgresStore
 
 
 def store_from_config(cfg: Any) -> PostgresStore:
     """The PostgreSQL store a config names (`store = "postgres"`, `[postgres]`): the
     password comes from the environment variable `postgres.password_env` names."""
-    from ctxd.daemon.pg.store import PostgresStore
+    from ctxd.daemon.stores.postgres.store import PostgresStore
 
     pg = cfg.postgres
     password = os.environ.get(pg.password_env) if pg.password_env else None

@@ -6,12 +6,12 @@ and turns failures of the server or the connection into typed `StorageError`s. W
 PostgreSQL does differently is overridden here:
 
 - writes: a write transaction about a session locks that session's row first
-  (daemon/pg/connection.py), so writes to one session are serialized across daemons and
+  (daemon/stores/postgres/connection.py), so writes to one session are serialized across daemons and
   writes to different sessions are not; ids come from a counter advanced apart
-  (daemon/pg/ids.py): a batch's ids are consecutive and, within a session, increase in
+  (daemon/stores/postgres/ids.py): a batch's ids are consecutive and, within a session, increase in
   commit order;
 - the active context is written with INSERT .. ON CONFLICT;
-- search uses the tsvector parts of daemon/pg/tsearch.py, ranked by ts_rank, with the
+- search uses the tsvector parts of daemon/stores/postgres/tsearch.py, ranked by ts_rank, with the
   time budget as a statement_timeout.
 
 A lost connection (PostgreSQL restarted, a network cut) fails the request in flight with
@@ -34,22 +34,22 @@ from typing import Any, TypeVar
 
 from psycopg import errors as pgerr
 
-from ctxd.daemon.archive import ArchiveStore, _row_to_message
-from ctxd.daemon.archive_search import search_where, too_broad
-from ctxd.daemon.compaction_log import CompactionLog
-from ctxd.daemon.context_store import ContextState, ContextStore, PinStore
 from ctxd.daemon.messages import message_text
-from ctxd.daemon.pg import events, schema, tsearch
-from ctxd.daemon.pg.connection import (
+from ctxd.daemon.stores.postgres import events, schema, tsearch
+from ctxd.daemon.stores.postgres.connection import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_STATEMENT_TIMEOUT,
     PgConnection,
 )
-from ctxd.daemon.pg.ids import IdAllocator
-from ctxd.daemon.pg.locks import CompactionLocks
-from ctxd.daemon.pg.prefetch import READ_TAIL, READ_TAIL_RANGE
-from ctxd.daemon.pg.runs import PgRuns
-from ctxd.daemon.pg.store_ahead import ReadsAhead
+from ctxd.daemon.stores.postgres.ids import IdAllocator
+from ctxd.daemon.stores.postgres.locks import CompactionLocks
+from ctxd.daemon.stores.postgres.prefetch import READ_TAIL, READ_TAIL_RANGE
+from ctxd.daemon.stores.postgres.runs import PgRuns
+from ctxd.daemon.stores.postgres.store_ahead import ReadsAhead
+from ctxd.daemon.stores.sqlite.archive import ArchiveStore, _row_to_message
+from ctxd.daemon.stores.sqlite.archive_search import search_where, too_broad
+from ctxd.daemon.stores.sqlite.compaction_log import CompactionLog
+from ctxd.daemon.stores.sqlite.context_store import ContextState, ContextStore, PinStore
 from ctxd.protocol.errors import InvalidParams, StorageError
 
 log = logging.getLogger("ctxd.pg.store")
@@ -413,7 +413,7 @@ class PostgresStore(ReadsAhead):
             self._elsewhere.setdefault(sid, set()).add(token)
 
     def share_event(self, session_id: str, method: str, params: dict[str, Any]) -> None:
-        """Tell the other daemons of an event this one emitted (see daemon/pg/events.py).
+        """Tell the other daemons of an event this one emitted (see stores/postgres/events.py).
         Never fails the request that made the change: a lost notification is logged."""
         payload = events.reference(self.origin, session_id, method, params)
         if payload is None:
@@ -425,7 +425,7 @@ class PostgresStore(ReadsAhead):
 
     def listen(self, on_event: Callable[[dict[str, Any]], None]) -> None:
         """Call `on_event(reference)` (from a thread of its own) for every event another
-        daemon sends (daemon/pg/events.py); reconnects by itself when the server comes
+        daemon sends (daemon/stores/postgres/events.py); reconnects by itself when the server comes
         back."""
         self._on_event = on_event
         self._listener = threading.Thread(

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pgerr
 
-from ctxd.daemon.pg.conn_state import _key, _Rows, _shared, _State, _ThreadState
+from ctxd.daemon.stores.postgres.conn_state import _key, _Rows, _shared, _State, _ThreadState
 from ctxd.protocol.errors import Conflict, SessionBusy, StorageError, StorageTimeout
 
 # A write transaction about one session first locks that session's row in `sessions`

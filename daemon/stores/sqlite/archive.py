@@ -15,10 +15,10 @@ from typing import Any
 
 import apsw
 
-from ctxd.daemon import fts
-from ctxd.daemon.archive_search import ArchiveSearch
 from ctxd.daemon.messages import message_text
-from ctxd.daemon.snippets import Snippets
+from ctxd.daemon.stores.sqlite import fts
+from ctxd.daemon.stores.sqlite.archive_search import ArchiveSearch
+from ctxd.daemon.stores.sqlite.snippets import Snippets
 from ctxd.protocol.errors import InvalidParams
 
 

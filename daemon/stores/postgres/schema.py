@@ -1,4 +1,4 @@
-"""The PostgreSQL schema, as numbered migrations kept in step with daemon/schema.py's.
+"""The PostgreSQL schema, as numbered migrations kept in step with daemon/stores/sqlite/schema.py's.
 
 Migrations 1-3 here hold what SQLite's migrations 1-3 hold, so the tables and columns
 mean the same on both stores (`ctxd copy` relies on it); 4 adds an index only
@@ -10,7 +10,7 @@ guarantees:
 - one open run per session: a partial UNIQUE index, so two daemons racing to open a run
   cannot both succeed (SQLite's single writer made a plain index enough);
 - search: `messages_search` holds a tsvector built by ctxd's own tokenizer
-  (daemon/pg/tsearch.py), not PostgreSQL's parser, so Chinese and Japanese are split the
+  (stores/postgres/tsearch.py), not PostgreSQL's parser, so Chinese and Japanese are split the
   same way as in the SQLite index whatever the server's locale.
 The applied version lives in `ctxd_schema`; migrations run under a lock on that table
 so daemons starting together apply each one exactly once.
@@ -71,7 +71,7 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (session_id, tool_call_id)
     );
     -- the search index, like SQLite's messages_fts: derived data, rebuildable
-    -- (a long message is several overlapping parts, daemon/pg/tsearch.py)
+    -- (a long message is several overlapping parts, daemon/stores/postgres/tsearch.py)
     CREATE TABLE messages_search (
         message_id  BIGINT NOT NULL REFERENCES messages(id),
         part        INTEGER NOT NULL,
@@ -162,7 +162,7 @@ MIGRATIONS: list[str] = [
     ALTER TABLE conversation_context ADD COLUMN dropped_ids TEXT;
     """,
     # 4: PostgreSQL's own: a session's batches by their last message, so a tail read
-    # finds the id ranges holding the session's rows (daemon/pg/store.py, READ_TAIL)
+    # finds the id ranges holding the session's rows (daemon/stores/postgres/store.py, READ_TAIL)
     """
     CREATE INDEX batches_by_session_last ON batches(session_id, last_message_id);
     """,
@@ -170,10 +170,10 @@ MIGRATIONS: list[str] = [
     # ctxd's tables, which only ctxd's role can lock or write (advisory locks and NOTIFY
     # payloads are open to every role that may connect):
     # - id allocation: one counter row, advanced in a statement of its own, so appends
-    #   to different sessions need not wait for each other (daemon/pg/ids.py);
+    #   to different sessions need not wait for each other (daemon/stores/postgres/ids.py);
     # - one compactor per session: the session's row here, locked by the compacting
-    #   daemon for as long as it compacts (daemon/pg/locks.py);
-    # - events across daemons: a row each, the NOTIFY only a wake-up (daemon/pg/events.py)
+    #   daemon for as long as it compacts (daemon/stores/postgres/locks.py);
+    # - events across daemons: a row each, the NOTIFY only a wake-up (stores/postgres/events.py)
     """
     CREATE TABLE ctxd_ids (
         one              BOOLEAN PRIMARY KEY DEFAULT true CHECK (one),
@@ -197,7 +197,7 @@ MIGRATIONS: list[str] = [
     """,
     # 6: PostgreSQL's own: which daemon serves each open run, and which daemons live (a
     # daemon holds the row lock on its own row for as long as it lives; an open run whose
-    # daemon's row is free is adopted by another daemon, daemon/pg/runs.py). A row each,
+    # daemon's row is free is adopted by another daemon, stores/postgres/runs.py). A row each,
     # where an advisory lock per run could be held by any role that may connect.
     """
     CREATE TABLE ctxd_daemons (

@@ -15,7 +15,7 @@ import logging
 import psycopg
 from psycopg import errors as pgerr
 
-from ctxd.daemon.pg.connection import PgConnection, _storage
+from ctxd.daemon.stores.postgres.connection import PgConnection, _storage
 
 log = logging.getLogger("ctxd.pg.locks")
 

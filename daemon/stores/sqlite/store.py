@@ -15,12 +15,12 @@ from typing import Any, TypeVar
 
 import apsw
 
-from ctxd.daemon.archive import ArchiveStore
-from ctxd.daemon.compaction_log import CompactionLog
-from ctxd.daemon.context_store import ContextStore, PinStore
-from ctxd.daemon.runs import RunStore
-from ctxd.daemon.schema import open_database, transaction
-from ctxd.daemon.search import Searcher
+from ctxd.daemon.stores.sqlite.archive import ArchiveStore
+from ctxd.daemon.stores.sqlite.compaction_log import CompactionLog
+from ctxd.daemon.stores.sqlite.context_store import ContextStore, PinStore
+from ctxd.daemon.stores.sqlite.runs import RunStore
+from ctxd.daemon.stores.sqlite.schema import open_database, transaction
+from ctxd.daemon.stores.sqlite.search import Searcher
 
 T = TypeVar("T")
 

@@ -19,10 +19,10 @@ from typing import Any
 import apsw
 
 from ctxd.daemon.messages import message_text
-from ctxd.daemon.pg import schema, tsearch
-from ctxd.daemon.pg.connection import PgConnection
-from ctxd.daemon.pg.ids import CATCH_UP
-from ctxd.daemon.schema import SCHEMA_VERSION as SQLITE_VERSION
+from ctxd.daemon.stores.postgres import schema, tsearch
+from ctxd.daemon.stores.postgres.connection import PgConnection
+from ctxd.daemon.stores.postgres.ids import CATCH_UP
+from ctxd.daemon.stores.sqlite.schema import SCHEMA_VERSION as SQLITE_VERSION
 
 CHUNK_BATCHES = 200
 

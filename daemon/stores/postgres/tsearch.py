@@ -1,4 +1,4 @@
-"""Search text for PostgreSQL, split by ctxd's own tokenizer (the one daemon/fts.py uses).
+"""Search text for PostgreSQL, split by ctxd's own tokenizer (daemon/stores/sqlite/fts.py's).
 
 PostgreSQL's text-search parser classifies characters by the server's locale: under `C`
 a run of Han characters is one word or none, so `压缩` would not be found inside
@@ -20,8 +20,8 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from ctxd.daemon import fts
-from ctxd.daemon.snippets import windows
+from ctxd.daemon.stores.sqlite import fts
+from ctxd.daemon.stores.sqlite.snippets import windows
 from ctxd.protocol.errors import InvalidParams
 
 _TOKEN = re.compile(r"[^\W_]+")
@@ -171,8 +171,8 @@ def snippet(text: str, query_lexemes: set[str], width: int = 24) -> str:
     """About `width` tokens of the text around the first matched token, matches in
     **bold**, cut ends marked with `…` (what FTS5's snippet() gives on SQLite).
 
-    Only the window of the text (daemon/snippets.py's windows) holding the first match is
-    tokenized: a 3 MB tool output costs what its first 16,000 characters do."""
+    Only the window of the text (daemon/stores/sqlite/snippets.py's windows) holding the
+    first match is tokenized: a 3 MB tool output costs what its first 16,000 characters do."""
     first = None
     for start, end in windows(text):
         window = fts.index_text(text[start:end])

@@ -1,6 +1,6 @@
 """PostgresStore's requests in few round trips, and off the event loop.
 
-- Reads sent ahead (daemon/pg/prefetch.py, PgConnection's memo): an append's write
+- Reads sent ahead (daemon/stores/postgres/prefetch.py, PgConnection's memo): an append's write
   transaction takes BEGIN, the session's lock and every read made under it in one round
   trip, the ids in a second, its writes and COMMIT in a third; a status is one round
   trip, a `context/get` two.
@@ -17,11 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ctxd.daemon.pg import prefetch
+from ctxd.daemon.stores.postgres import prefetch
 
 if TYPE_CHECKING:  # the store this mixes into
-    from ctxd.daemon.context_store import ContextStore
-    from ctxd.daemon.pg.connection import PgConnection
+    from ctxd.daemon.stores.postgres.connection import PgConnection
+    from ctxd.daemon.stores.sqlite.context_store import ContextStore
 
 T = TypeVar("T")
 # worker threads serving requests off the event loop (in_lane), each with a connection
@@ -46,7 +46,7 @@ class ReadsAhead:
         engine makes under it (the context, pending approvals, the batch's tool calls,
         a repeated clientBatchId, the run named or the open one, the archive count) in
         one round trip;
-        its writes and the COMMIT in one more (daemon/pg/prefetch.py)."""
+        its writes and the COMMIT in one more (daemon/stores/postgres/prefetch.py)."""
         reads = [prefetch.context(session_id), prefetch.pending(session_id),
                  *prefetch.tool_pairs(session_id, msgs),
                  prefetch.message_count(self.archive, session_id)]

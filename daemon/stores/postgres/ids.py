@@ -3,7 +3,7 @@
 Ids are global (one sequence of message ids, one of batch ids, across sessions) and a
 batch's message ids are consecutive, as on the embedded store. What must keep an order
 is one session: its appends are serialized by the session's row lock
-(daemon/pg/connection.py), and its ids are allocated after that lock is taken, so within
+(stores/postgres/connection.py), and its ids are allocated after that lock is taken, so within
 a session ids grow in commit order (what counting on from the last count and paging by
 id rely on). Across sessions only uniqueness matters: two sessions' appends may commit in
 either order.
@@ -18,7 +18,7 @@ and its own flush carries the allocation with it.
 
 from __future__ import annotations
 
-from ctxd.daemon.pg.connection import PgConnection
+from ctxd.daemon.stores.postgres.connection import PgConnection
 
 ALLOCATE = (
     "UPDATE ctxd_ids SET next_message_id = next_message_id + ?, "

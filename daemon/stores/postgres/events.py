@@ -10,7 +10,7 @@ payload is never read. A woken daemon reads the rows it has not seen from `ctxd_
 which only ctxd's role can write, and computes the session's status itself, so its
 subscribers get the same params as the sending daemon's own subscribers, as of the
 moment the event is relayed. A `session/didAppend` is written inside the append's own
-transaction (daemon/pg/store.py); the other events are written when the daemon that made
+transaction (stores/postgres/store.py); the other events are written when the daemon that made
 the change tells its own subscribers, right after its commit.
 
 Rows are read by id; ids come from a sequence, so a row can commit after one with a
@@ -42,7 +42,7 @@ from typing import Any
 import psycopg
 
 from ctxd.daemon.approval_events import event_approval
-from ctxd.daemon.pg.connection import connect
+from ctxd.daemon.stores.postgres.connection import connect
 
 log = logging.getLogger("ctxd.pg.events")
 

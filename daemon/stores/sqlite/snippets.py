@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import apsw
 
-# the tokenizer of messages_fts (daemon/schema.py): the same words must match
+# the tokenizer of messages_fts (daemon/stores/sqlite/schema.py): the same words must match
 TOKENIZE = "unicode61 remove_diacritics 2"
 # characters snippet() sees at once: a few hundred hits at most, a few ms of work
 WINDOW = 16_000

@@ -19,8 +19,8 @@ from typing import Any
 
 import psycopg
 
-from ctxd.daemon.pg.connection import PgConnection, _storage
-from ctxd.daemon.runs import RunStore, _run
+from ctxd.daemon.stores.postgres.connection import PgConnection, _storage
+from ctxd.daemon.stores.sqlite.runs import RunStore, _run
 
 REGISTER = (
     "INSERT INTO ctxd_daemons(daemon_id, started_at) VALUES (%s, %s) "

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import apsw
 
-from ctxd.daemon.archive import ArchiveStore
+from ctxd.daemon.stores.sqlite.archive import ArchiveStore
 
 T = TypeVar("T")
 
