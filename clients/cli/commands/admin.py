@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ctxd.clients.cli_commands.output import EXIT_OK, EXIT_UNREACHABLE, fail, fit, one_line, when
-from ctxd.clients.cli_commands.running import Context
+from ctxd.clients.cli.commands.output import EXIT_OK, EXIT_UNREACHABLE, fail, fit, one_line, when
+from ctxd.clients.cli.commands.running import Context
 from ctxd.protocol.connection import pid_alive
 
 # how long `stop` waits for the daemon's answer, then for its process to exit

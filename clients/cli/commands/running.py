@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from ctxd.clients.cli_commands.output import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, Output, fail
-from ctxd.clients.cli_text import cli_message
+from ctxd.clients.cli.commands.output import EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, Output, fail
+from ctxd.clients.cli.text import cli_message
 from ctxd.clients.client import Client, DaemonNotRunning, Wire, find_daemon
 from ctxd.daemon.config import ConfigError
 from ctxd.protocol.connection import connection_file_for

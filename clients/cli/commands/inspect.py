@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from ctxd.clients.cli_commands.output import (
+from ctxd.clients.cli.commands.output import (
     EXIT_OK,
     content_text,
     fit,
@@ -20,8 +20,8 @@ from ctxd.clients.cli_commands.output import (
     text_width,
     when,
 )
-from ctxd.clients.cli_commands.running import Context, archive_pages
-from ctxd.clients.cli_text import clean_field
+from ctxd.clients.cli.commands.running import Context, archive_pages
+from ctxd.clients.cli.text import clean_field
 
 SIDE_BY_SIDE_MIN_WIDTH = 120
 

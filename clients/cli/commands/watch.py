@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from ctxd.clients.cli_commands.output import (
+from ctxd.clients.cli.commands.output import (
     EXIT_OK,
     EXIT_UNREACHABLE,
     clock,
@@ -19,7 +19,7 @@ from ctxd.clients.cli_commands.output import (
     plural,
     tool_call_text,
 )
-from ctxd.clients.cli_commands.running import Context
+from ctxd.clients.cli.commands.running import Context
 from ctxd.protocol.connection import daemon_gone
 from ctxd.protocol.methods import NOTIFICATIONS
 

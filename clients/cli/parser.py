@@ -9,7 +9,7 @@ Exit codes: 0 on success (a compaction that was not effective is still a success
 protocol error (its message is printed as `ctxd: <message>` on stderr).
 
 This module registers the commands with the parser; their bodies are in
-clients/cli_commands/ by job: output (printing), running (reaching the daemon, exit
+clients/cli/commands/ by job: output (printing), running (reaching the daemon, exit
 codes), sessions, inspect (show, search) and watch.
 """
 
@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ctxd.clients.cli_commands.inspect import cmd_search, cmd_show
-from ctxd.clients.cli_commands.running import CommonOptions, Handler, runner
-from ctxd.clients.cli_commands.sessions import (
+from ctxd.clients.cli.commands.inspect import cmd_search, cmd_show
+from ctxd.clients.cli.commands.running import CommonOptions, Handler, runner
+from ctxd.clients.cli.commands.sessions import (
     cmd_compact,
     cmd_export,
     cmd_pins_add,
@@ -32,7 +32,7 @@ from ctxd.clients.cli_commands.sessions import (
     cmd_sessions,
     cmd_status,
 )
-from ctxd.clients.cli_commands.watch import cmd_watch
+from ctxd.clients.cli.commands.watch import cmd_watch
 
 __all__ = ["register"]
 
@@ -40,7 +40,7 @@ __all__ = ["register"]
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
              common: CommonOptions) -> Callable[..., argparse.ArgumentParser]:
     """Add the inspection commands to the `ctxd` parser; returns the `add` that
-    commands_admin.register takes, so the admin commands join the same group."""
+    commands.admin.register takes, so the admin commands join the same group."""
 
     def add(name: str, handler: Handler, help: str, parent: Any = sub,
             aliases: tuple[str, ...] = ()) -> argparse.ArgumentParser:

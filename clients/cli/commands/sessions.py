@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ctxd.clients.cli_commands.output import (
+from ctxd.clients.cli.commands.output import (
     EXIT_OK,
     fields,
     fit,
@@ -18,8 +18,8 @@ from ctxd.clients.cli_commands.output import (
     table,
     when,
 )
-from ctxd.clients.cli_commands.running import Context, all_sessions, archive_pages
-from ctxd.clients.cli_text import cli_message
+from ctxd.clients.cli.commands.running import Context, all_sessions, archive_pages
+from ctxd.clients.cli.text import cli_message
 
 
 def cmd_status(ctx: Context) -> int:

@@ -167,9 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=cmd_config)
 
-    from ctxd.clients import commands, commands_admin
+    from ctxd.clients.cli.commands.admin import register as register_admin
+    from ctxd.clients.cli.parser import register as register_commands
 
-    commands_admin.register(commands.register(sub, _common))
+    register_admin(register_commands(sub, _common))
 
     from ctxd.clients import importers
 
@@ -179,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     mcp_serve.register(sub, _common, _connect, _connection_file)
 
-    from ctxd.clients.cli_commands import hook, install
+    from ctxd.clients.cli.commands import hook, install
 
     hook.register(sub, _common, _connection_file)
     install.register(sub, _common)
@@ -188,9 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     ui.register(sub, _common)
 
-    from ctxd.clients import commands_store
+    from ctxd.clients.cli.commands.store import register as register_store
 
-    commands_store.register(sub, _common, _load)
+    register_store(sub, _common, _load)
     return parser
 
 
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     args_given = sys.argv[1:] if argv is None else argv
     if args_given[:1] == ["hook"]:
         # an agent runs this on every turn and waits for it: no parser of every command
-        from ctxd.clients.cli_commands.hook import main as hook_main
+        from ctxd.clients.cli.commands.hook import main as hook_main
 
         return hook_main(args_given[1:], _connection_file)
     parser = build_parser()
@@ -222,5 +223,5 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # `python -m ctxd.clients.cli.entry`; ctxd.clients.cli runs it too
     sys.exit(main())

@@ -14,7 +14,7 @@ import time
 import unicodedata
 from typing import IO, TYPE_CHECKING, Any
 
-from ctxd.clients.cli_text import clean, clean_field, clean_json
+from ctxd.clients.cli.text import clean, clean_field, clean_json
 
 if TYPE_CHECKING:
     from rich.table import Table
