@@ -43,13 +43,13 @@ from bench.workload import (  # noqa: E402
     Message,
     turns,
 )
-from ctxd.daemon import fts  # noqa: E402
 from ctxd.daemon.config import CompactionPolicy, Config  # noqa: E402
 from ctxd.daemon.engine import Engine  # noqa: E402
 from ctxd.daemon.messages import message_text, normalize_message  # noqa: E402
+from ctxd.daemon.stores.sqlite import fts
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# the FTS5 table definition the archive uses (daemon/schema.py, messages_fts)
+# the FTS5 table definition the archive uses (daemon/stores/sqlite/schema.py, messages_fts)
 FTS_TOKENIZE = "unicode61 remove_diacritics 2"
 
 
@@ -283,7 +283,7 @@ def bench_append(sizes: Sizes, scratch: Scratch, report: Report) -> None:
 
 
 def fts_db(path: Path, tokenize: str, python_tokenizer: bool = False) -> apsw.Connection:
-    # the same pragmas as daemon/schema.py open_database
+    # the same pragmas as daemon/stores/sqlite/schema.py open_database
     conn = apsw.Connection(str(path / "fts.db"))
     conn.pragma("journal_mode", "wal")
     conn.pragma("synchronous", "normal")

@@ -1,5 +1,5 @@
 """Search snippets on one huge message full of hits: FTS5's snippet() against
-daemon/snippets.py, and a whole `archive/search` through the engine.
+daemon/stores/sqlite/snippets.py, and a whole `archive/search` through the engine.
 
 Each case is one tool output of `lines` lines, each holding the query word once
 (`line N: error timeout while reading block N of the disk image`, 69 bytes a line).
@@ -26,7 +26,7 @@ import apsw
 
 from ctxd.daemon.config import Config
 from ctxd.daemon.engine import Engine
-from ctxd.daemon.snippets import TOKENIZE, Snippets
+from ctxd.daemon.stores.sqlite.snippets import TOKENIZE, Snippets
 
 ROOT = Path(__file__).resolve().parent
 
@@ -71,7 +71,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "snippets.md")
     args = ap.parse_args()
     snippets = Snippets()
-    rows = ["| hits (lines) | message | FTS5 snippet() | daemon/snippets.py | archive/search |",
+    rows = ["| hits (lines) | message | FTS5 snippet() | daemon/stores/sqlite/snippets.py"
+            " | archive/search |",
             "|---:|---:|---:|---:|---:|"]
     for lines in args.lines:
         text = text_of(lines)

@@ -37,10 +37,10 @@ from typing import Any
 import apsw
 
 from bench.workload import Message
-from ctxd.daemon import fts
 from ctxd.daemon.config import Config
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.messages import message_text
+from ctxd.daemon.stores.sqlite import fts
 
 # the number of most recent items a "last N" reader takes (the SDK docs' limit example
 # and ctxd's default compaction threshold are both around this size)

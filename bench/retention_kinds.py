@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctxd.daemon.compaction import SUMMARY_HEADER
+from ctxd.daemon.compaction.rules import SUMMARY_HEADER
 from ctxd.daemon.config import Config
 from ctxd.daemon.engine import Engine
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from ctxd.clients.cli import main
+from ctxd.clients.cli.entry import main
 
 sys.exit(main(sys.argv[1:]))

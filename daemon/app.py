@@ -132,7 +132,7 @@ class Daemon:
             # other daemons' appends reach this one's subscribers (read only for the
             # sessions one watches); open runs may be other, live daemons' runs, so none
             # is leased here
-            from ctxd.daemon.pg.events import start_relay, watch_orphaned_runs
+            from ctxd.daemon.stores.postgres.events import start_relay, watch_orphaned_runs
 
             self.listener_watch = start_relay(engine, asyncio.get_running_loop(), hub.watched)
             self.orphan_watch = asyncio.create_task(watch_orphaned_runs(
@@ -254,7 +254,7 @@ def _open_postgres(cfg: Config, lock: PidLock) -> Engine:
     connection file and log); a server that cannot be reached is a StartupError."""
     import psycopg
 
-    from ctxd.daemon.pg.factory import store_from_config
+    from ctxd.daemon.stores.postgres.factory import store_from_config
     from ctxd.protocol.errors import StorageError
 
     try:

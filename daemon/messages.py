@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ctxd.daemon import fts
+from ctxd.daemon.stores.sqlite import fts
 from ctxd.protocol.errors import InvalidMessage, InvalidParams, PayloadTooLarge
 
 ROLES = ("system", "user", "assistant", "tool")

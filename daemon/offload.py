@@ -32,14 +32,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from ctxd.daemon.archive import ArchiveStore
-from ctxd.daemon.context_store import ContextState, bump_counts
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.messages import PreparedBatch
 from ctxd.daemon.pairing import check_tool_pairs
-from ctxd.daemon.runs import RUN_OUTCOMES
-from ctxd.daemon.schema import open_database, thread_transaction
-from ctxd.daemon.stores.sqlite import SqliteStore
+from ctxd.daemon.stores.sqlite.archive import ArchiveStore
+from ctxd.daemon.stores.sqlite.context_store import ContextState, bump_counts
+from ctxd.daemon.stores.sqlite.runs import RUN_OUTCOMES
+from ctxd.daemon.stores.sqlite.schema import open_database, thread_transaction
+from ctxd.daemon.stores.sqlite.store import SqliteStore
 
 # the requests that write nothing: they run while a large commit is under way (any other
 # request waits for it, a method added later included)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ctxd.daemon.context_store import ContextState
 from ctxd.daemon.stores.base import ArchiveStore
+from ctxd.daemon.stores.sqlite.context_store import ContextState
 from ctxd.protocol.errors import ApprovalPending, InvalidMessage
 
 

@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from ctxd.daemon import fts
-from ctxd.daemon.compaction import render_summary_message, valid_boundaries
-from ctxd.daemon.context_store import ContextState
+from ctxd.daemon.compaction.rules import render_summary_message, valid_boundaries
 from ctxd.daemon.messages import message_text, strip_archive_fields
+from ctxd.daemon.stores.sqlite import fts
+from ctxd.daemon.stores.sqlite.context_store import ContextState
 from ctxd.daemon.summary import Summary
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import SearchTooBroad

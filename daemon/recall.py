@@ -9,8 +9,8 @@ import time
 from typing import Any
 
 from ctxd.daemon.engine import Engine
-from ctxd.daemon.fts import MAX_QUERY_TERMS, check_terms
 from ctxd.daemon.messages import content_text
+from ctxd.daemon.stores.sqlite.fts import MAX_QUERY_TERMS, check_terms
 from ctxd.protocol.errors import InvalidParams, NotFound
 from ctxd.protocol.handlers import serves
 from ctxd.protocol.methods import CONTEXT_EXPLAIN, QUERY_MAX, TOOLS_CALL

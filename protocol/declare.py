@@ -28,7 +28,8 @@ CURSOR_MAX = 1024
 NAME_MAX = 200
 TITLE_MAX = 1000
 QUERY_MAX = 4 * 1024
-# terms one search weighs (daemon/fts.py enforces it; kept here as part of the contract)
+# terms one search weighs (daemon/stores/sqlite/fts.py enforces it; kept here as part of
+# the contract)
 QUERY_TERMS_MAX = 64
 INSTRUCTIONS_MAX = 16 * 1024
 REASON_MAX = 4 * 1024

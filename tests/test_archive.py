@@ -9,9 +9,9 @@ import apsw
 import pytest
 from helpers import agent_turn, make_config, tool_turn
 
-from ctxd.daemon.archive import ArchiveStore
 from ctxd.daemon.engine import Engine
-from ctxd.daemon.schema import open_database
+from ctxd.daemon.stores.sqlite.archive import ArchiveStore
+from ctxd.daemon.stores.sqlite.schema import open_database
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import (
     Conflict,

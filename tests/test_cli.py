@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from ctxd.clients.cli import main
-from ctxd.clients.cli_commands import running
-from ctxd.clients.cli_commands import watch as watch_command
+from ctxd.clients.cli.commands import running
+from ctxd.clients.cli.commands import watch as watch_command
 from ctxd.clients.client import Client, connect
 
 STARTUP_TIMEOUT = 20.0

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 from helpers import DaemonProcess
 
-from ctxd.clients.cli_commands.output import text_width
+from ctxd.clients.cli.commands.output import text_width
 
 TIMEOUT = 60
 TITLES = ["short", "请把上下文压缩一下，保留最近的对话 " * 3, "a long title " * 12, ""]

@@ -13,7 +13,7 @@ from helpers import agent_turn, make_config, tool_turn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxd.daemon.compaction import tail_boundary, valid_boundaries
+from ctxd.daemon.compaction.rules import tail_boundary, valid_boundaries
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
 from ctxd.daemon.summary import Summary, SummaryRequest

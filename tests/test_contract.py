@@ -82,8 +82,7 @@ def test_client_calls_are_generated_from_the_table(
     # the LSP and MCP servers and the CLI send through these calls, not raw names
     clients = Path(gen_methods.__file__).resolve().parent
     for path in [*clients.glob("lsp/*.py"), clients / "mcp_server.py",
-                 clients / "cli.py", *clients.glob("cli_commands/*.py"),
-                 *clients.glob("commands*.py")]:
+                 *clients.glob("cli/*.py"), *clients.glob("cli/commands/*.py")]:
         text = path.read_text(encoding="utf-8")
         assert not re.search(r"\.call\(\s*\"", text), f"{path.name} sends a raw method name"
 
@@ -258,7 +257,7 @@ def test_real_replies_and_notifications_have_the_declared_types(daemon: DaemonPr
 
 def test_both_wires_and_the_clients_share_one_envelope() -> None:
     from ctxd.clients import _zmq, client, stdio_proxy
-    from ctxd.clients.cli_commands import watch
+    from ctxd.clients.cli.commands import watch
     from ctxd.daemon.servers import rpc_core, zmq_server
     from ctxd.protocol import codec, connection, envelope
 

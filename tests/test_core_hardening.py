@@ -18,7 +18,7 @@ from fake_llm import FakeLLM
 from helpers import DaemonProcess, agent_turn, wait_for
 from websockets.sync.client import connect as ws_connect
 
-from ctxd.daemon.compaction import SUMMARY_HEADER
+from ctxd.daemon.compaction.rules import SUMMARY_HEADER
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.codec import FrameReader, frame
 from ctxd.protocol.errors import CompactionInProgress

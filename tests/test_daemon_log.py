@@ -15,7 +15,7 @@ from typing import Any
 
 from helpers import DaemonProcess
 
-from ctxd.clients import cli
+from ctxd.clients.cli import entry as cli
 from ctxd.daemon.logsetup import RATE_BURST
 from ctxd.protocol.codec import frame
 

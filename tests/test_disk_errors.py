@@ -25,8 +25,8 @@ import pytest
 from helpers import DaemonProcess, agent_turn, make_config
 from outcomes import OutcomeCounts
 
-from ctxd.daemon import context_store as cs
 from ctxd.daemon.engine import Engine
+from ctxd.daemon.stores.sqlite import context_store as cs
 from ctxd.protocol.errors import CtxdError, ErrorCode
 
 # outcome counts, for bench/fuzz_report.py

@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from outcomes import OutcomeCounts
 
-from ctxd.daemon import context_store as cs
 from ctxd.daemon.engine import Engine
+from ctxd.daemon.stores.sqlite import context_store as cs
 from ctxd.protocol.errors import (
     ApprovalPending,
     CtxdError,

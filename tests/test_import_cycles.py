@@ -99,9 +99,10 @@ def test_walk_finds_the_core() -> None:
     modules = _modules()
     graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
     # the walk sees what it must: relative, absolute and type-checking imports
-    assert "ctxd.daemon.stores.sqlite" in graph["ctxd.daemon.engine"]
-    assert "ctxd.daemon.archive" in graph["ctxd.daemon.stores.sqlite"]
-    assert "ctxd.protocol.errors" in graph["ctxd.daemon.engine"]
+    assert "ctxd.daemon.stores.sqlite.store" in graph["ctxd.daemon.engine.core"]
+    assert "ctxd.daemon.stores.sqlite.archive" in graph["ctxd.daemon.stores.sqlite.store"]
+    assert "ctxd.protocol.errors" in graph["ctxd.daemon.engine.core"]
+    assert "ctxd.daemon.engine.core" in graph["ctxd.daemon.engine"]
     assert "ctxd.daemon.engine" in graph["ctxd.daemon.dispatch"]
     assert len(modules) > 40, sorted(modules)
     assert ctxd.__file__
@@ -122,22 +123,11 @@ def test_a_cycle_is_found() -> None:
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-# The store: the SQLite modules under daemon/, the facade in daemon/stores/ and
-# PostgreSQL in daemon/pg/. It sits below the engine, so it never reaches the engine.
-STORE_MODULES = (
-    "ctxd.daemon.stores",
-    "ctxd.daemon.pg",
-    "ctxd.daemon.archive",
-    "ctxd.daemon.archive_search",
-    "ctxd.daemon.context_store",
-    "ctxd.daemon.runs",
-    "ctxd.daemon.compaction_log",
-    "ctxd.daemon.schema",
-    "ctxd.daemon.search",
-    "ctxd.daemon.fts",
-    "ctxd.daemon.snippets",
-)
-ENGINE_MODULES = ("ctxd.daemon.engine", "ctxd.daemon.engine_reads", "ctxd.daemon.engine_runs")
+# The store: the interface in daemon/stores/base.py, SQLite in daemon/stores/sqlite/ and
+# PostgreSQL in daemon/stores/postgres/. It sits below the engine, so it never reaches
+# the engine.
+STORE_MODULES = ("ctxd.daemon.stores",)  # the package and every module in it
+ENGINE_MODULES = ("ctxd.daemon.engine",)  # the package and every module in it
 
 
 def _under(name: str, prefixes: tuple[str, ...]) -> bool:
@@ -179,13 +169,16 @@ def test_protocol_imports_no_daemon_and_no_client() -> None:
 def test_no_store_imports_the_engine() -> None:
     modules = _modules()
     graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
-    assert any(_under(n, ("ctxd.daemon.pg",)) for n in graph)  # the walk sees the stores
+    # the walk sees both stores
+    assert any(_under(n, ("ctxd.daemon.stores.postgres",)) for n in graph)
+    assert any(_under(n, ("ctxd.daemon.stores.sqlite",)) for n in graph)
     bad = _forbidden(graph, STORE_MODULES, ENGINE_MODULES)
     assert not bad, "a store module reaches the engine:\n" + "\n".join(bad)
 
 
 def test_the_layer_checks_can_fail() -> None:
-    graph = {"ctxd.daemon.pg.x": {"ctxd.daemon.util"}, "ctxd.daemon.util": {"ctxd.daemon.engine"},
-             "ctxd.daemon.engine": set()}
+    graph = {"ctxd.daemon.stores.postgres.x": {"ctxd.daemon.util"},
+             "ctxd.daemon.util": {"ctxd.daemon.engine.core"},
+             "ctxd.daemon.engine.core": set()}
     assert _forbidden(graph, STORE_MODULES, ENGINE_MODULES) == [
-        "ctxd.daemon.pg.x -> ... ctxd.daemon.util -> ctxd.daemon.engine"]
+        "ctxd.daemon.stores.postgres.x -> ... ctxd.daemon.util -> ctxd.daemon.engine.core"]

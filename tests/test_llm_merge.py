@@ -13,7 +13,7 @@ import pytest
 from fake_llm import FakeLLM
 from test_openai_summarizer import settings
 
-from ctxd.daemon.compaction import check_summary
+from ctxd.daemon.compaction.rules import check_summary
 from ctxd.daemon.summarizers import (
     BuiltinSummarizer,
     FallbackSummarizer,

@@ -32,7 +32,7 @@ from web_helpers import (  # noqa: F401  (fixtures)
 )
 
 from ctxd.clients.lsp import documents as docs
-from ctxd.daemon.compaction import SUMMARY_HEADER
+from ctxd.daemon.compaction.rules import SUMMARY_HEADER
 
 RULE = "Never run migrations on Mondays; 数据库迁移必须在周五之前完成。"
 

@@ -21,7 +21,7 @@ import pytest
 from fake_llm import FakeLLM
 from helpers import agent_turn
 
-from ctxd.daemon.compaction import check_summary
+from ctxd.daemon.compaction.rules import check_summary
 from ctxd.daemon.config import Config, OpenAISummarizerConfig
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.summarizers import (

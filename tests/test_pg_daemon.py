@@ -95,7 +95,7 @@ def test_wrong_password_is_a_clear_startup_error(tmp_path: Path, pg_cluster: PgC
 def test_server_restart_gives_typed_errors_then_recovers(tmp_path: Path) -> None:
     cluster = PgCluster().start()
     try:
-        from ctxd.daemon.pg.store import PostgresStore
+        from ctxd.daemon.stores.postgres.store import PostgresStore
 
         store = PostgresStore(cluster.socket_dsn())
         with store.transaction():

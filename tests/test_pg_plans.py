@@ -16,8 +16,8 @@ import psycopg
 from helpers import make_config
 
 from ctxd.daemon.engine import Engine
-from ctxd.daemon.pg.copy import copy_sqlite_to_postgres
-from ctxd.daemon.pg.store import READ_TAIL, PostgresStore
+from ctxd.daemon.stores.postgres.copy import copy_sqlite_to_postgres
+from ctxd.daemon.stores.postgres.store import READ_TAIL, PostgresStore
 
 
 def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:

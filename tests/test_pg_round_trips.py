@@ -22,7 +22,7 @@ from helpers import make_config, tool_turn
 
 from ctxd.daemon.context_reply import ContextReplies
 from ctxd.daemon.engine import Engine
-from ctxd.daemon.pg.store import PostgresStore
+from ctxd.daemon.stores.postgres.store import PostgresStore
 from ctxd.protocol.errors import SessionBusy
 from tests.harness.netsim import DelayProxy, HostDaemon, Hosts
 from tests.pg import PASSWORD, SUPERUSER, PgCluster

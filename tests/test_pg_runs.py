@@ -11,7 +11,7 @@ from helpers import DaemonProcess
 from pg import PASSWORD, PgCluster
 from test_pg_daemons import PW_VAR, _stop_running
 
-from ctxd.daemon.pg.runs import RETAKE_GRACE
+from ctxd.daemon.stores.postgres.runs import RETAKE_GRACE
 from ctxd.protocol.errors import CtxdError
 
 

@@ -9,7 +9,7 @@ import time
 import psycopg
 import pytest
 
-from ctxd.daemon.pg import schema, tsearch
+from ctxd.daemon.stores.postgres import schema, tsearch
 
 
 @pytest.fixture

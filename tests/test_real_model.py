@@ -17,7 +17,7 @@ import pytest
 from helpers import DaemonProcess, wait_for
 from llm_server import N_CTX, RealLLM, real_llm  # noqa: F401  (the fixture)
 
-from ctxd.daemon.compaction import check_summary
+from ctxd.daemon.compaction.rules import check_summary
 from ctxd.daemon.summary import Summary, SummaryItem
 
 RULE = "Never push to the main branch, always open a pull request."

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from helpers import DaemonProcess, tool_turn
 
-from ctxd.daemon.compaction_log import CompactionEntry
 from ctxd.daemon.config import Config
 from ctxd.daemon.engine import Engine
+from ctxd.daemon.stores.sqlite.compaction_log import CompactionEntry
 from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.protocol.methods import QUERY_TERMS_MAX
 

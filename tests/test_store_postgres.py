@@ -28,8 +28,8 @@ from helpers import make_config
 from ctxd.daemon import context_edit
 from ctxd.daemon.busy import when_free
 from ctxd.daemon.engine import Engine
-from ctxd.daemon.pg import events
-from ctxd.daemon.pg.store import PostgresStore
+from ctxd.daemon.stores.postgres import events
+from ctxd.daemon.stores.postgres.store import PostgresStore
 from ctxd.protocol.errors import SessionBusy, StorageError
 
 SUITES = (test_archive, test_search, test_compaction, test_context_edit)

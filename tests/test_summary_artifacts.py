@@ -17,7 +17,7 @@ import tiktoken
 from helpers import make_config
 from summary_builders import assistant, call, result, summarize, user
 
-from ctxd.daemon.compaction import SUMMARY_HEADER
+from ctxd.daemon.compaction.rules import SUMMARY_HEADER
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
 from ctxd.daemon.summary import Summary

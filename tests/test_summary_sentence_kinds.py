@@ -14,7 +14,7 @@ from typing import Any
 from helpers import make_config
 from summary_builders import summarize as run
 
-from ctxd.daemon.compaction import SUMMARY_HEADER
+from ctxd.daemon.compaction.rules import SUMMARY_HEADER
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.summary import Summary
 

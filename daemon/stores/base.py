@@ -1,8 +1,8 @@
 """The store interface: everything the engine keeps, behind five small typed parts.
 
-The engine (daemon/engine.py) and the pieces it drives (the Compactor, context edits)
+The engine (daemon/engine/core.py) and the pieces it drives (the Compactor, context edits)
 reach their data only through a `Store`; nothing above this line writes SQL. The
-embedded SQLite store (`ctxd.daemon.stores.sqlite.SqliteStore`, APSW + FTS5) is the
+embedded SQLite store (`ctxd.daemon.stores.sqlite.store.SqliteStore`, APSW + FTS5) is the
 default and the reference: a new implementation (PostgreSQL, say) passes the same test
 suite with the same assertions.
 
@@ -55,8 +55,8 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
-from ctxd.daemon.compaction_log import CompactionEntry, CompactionRecord
-from ctxd.daemon.context_store import ContextState
+from ctxd.daemon.stores.sqlite.compaction_log import CompactionEntry, CompactionRecord
+from ctxd.daemon.stores.sqlite.context_store import ContextState
 
 Message = dict[str, Any]
 # (normalized chat message, its JSON body as stored, its token count)

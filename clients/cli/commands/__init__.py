@@ -1,0 +1,1 @@
+"""The `ctxd` commands by job; clients/cli/parser.py registers them with the parser."""

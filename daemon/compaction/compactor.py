@@ -1,0 +1,507 @@
+"""Compactor: moves the oldest active messages into the summary, safely.
+
+One attempt: snapshot the context, choose the tail boundary, summarize what leaves
+(without holding the write lock: appends go on meanwhile), then commit atomically if
+the context version is unchanged and the result really shrank the context. Messages
+appended during the summary stay in the tail, so the committed context is exactly
+summary(summarized prefix) + every later message.
+
+Drift control: each incremental summary builds on the last one, so errors compound.
+After `rederive_after` incremental compactions, the next one re-derives the summary
+from the archive (in chunks) instead of from the previous summary.
+
+This module decides when and whether an attempt runs (limits, waiting, the shared lock,
+auto-compaction's retries and pause) and drives it; `inputs` reads what leaves
+and summarizes it, `commit` commits, logs and shapes the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn, Protocol
+
+from ctxd.daemon.busy import when_free
+from ctxd.daemon.compaction import commit, inputs
+from ctxd.daemon.compaction.commit import Attempt
+from ctxd.daemon.compaction.rules import rebuild_boundary, tail_boundary, valid_boundaries
+from ctxd.daemon.config import CompactionPolicy
+from ctxd.daemon.ids import new_id
+from ctxd.daemon.stores.base import Store
+from ctxd.daemon.stores.sqlite.context_store import ContextState
+from ctxd.daemon.summary import Summarizer, Summary
+from ctxd.daemon.tokens import TokenCounter
+from ctxd.protocol.errors import (
+    ApprovalPending,
+    CompactionInProgress,
+    CtxdError,
+    SummarizerFailed,
+)
+
+log = logging.getLogger("ctxd.compactor")
+
+# auto-compaction pauses on a session after this many failures in a row, until a
+# manual compaction or a rebuild succeeds there
+MAX_AUTO_FAILURES = 3
+# a compaction waiting for another daemon's asks for the shared lock again after this
+# long, doubling up to the most (a short query each time)
+SHARED_POLL_FIRST = 0.05
+SHARED_POLL_MAX = 0.5
+
+
+def _nowhere(session_id: str) -> bool:
+    return False
+
+
+class ActiveContexts(Protocol):
+    """What a compaction needs of the active contexts (the engine keeps them): the
+    current state, its rendering and status, and the replacement after a commit."""
+
+    def require_session(self, session_id: str) -> dict[str, Any]: ...
+
+    def context_state(self, session_id: str) -> ContextState: ...
+
+    def set_context_state(self, st: ContextState) -> None: ...
+
+    def tail_messages(self, session_id: str, st: ContextState) -> list[dict[str, Any]]: ...
+
+    def render(self, session_id: str, st: ContextState) -> list[dict[str, Any]]: ...
+
+    def summary_tokens(self, session_id: str, summary: Summary) -> int: ...
+
+    def status(self, session_id: str) -> dict[str, Any]: ...
+
+
+Emit = Callable[[str, str, dict[str, Any]], None]
+
+
+class Compactor:
+    def __init__(
+        self,
+        contexts: ActiveContexts,
+        store: Store,
+        *,
+        summarizer: Summarizer,
+        tokens: TokenCounter,
+        policy: CompactionPolicy,
+        emit: Emit,
+    ) -> None:
+        self.contexts = contexts
+        self.store = store
+        self.archive = store.archive
+        self.summarizer = summarizer
+        self.tokens = tokens
+        self.policy = policy
+        self.emit = emit
+        self.running: set[str] = set()
+        # set while no compaction of the session runs: what a waiting one waits for
+        self._idle: dict[str, asyncio.Event] = {}
+        # manual compactions waiting per session: auto-compaction yields to them
+        self._waiting: dict[str, int] = {}
+        # an auto-compaction that did not shrink the context waits for this many messages
+        self._auto_retry_at: dict[str, int] = {}
+        self.auto_failures: dict[str, int] = {}
+        # a store shared with other daemons: its lock lets one compact a session at a
+        # time, and `elsewhere` says whether another daemon compacts one (the engine asks it
+        # on a shared store only)
+        self._shared_lock: Callable[[str], bool] | None = getattr(
+            store, "try_compaction_lock", None)
+        self._shared_release: Callable[[str], None] | None = getattr(
+            store, "release_compaction_lock", None)
+        self.elsewhere: Callable[[str], bool] = getattr(
+            store, "compacting_elsewhere", _nowhere)
+
+    # when
+
+    def over_limits(self, st: ContextState) -> bool:
+        return (
+            st.rendered_messages > self.policy.max_active_messages
+            or st.rendered_tokens > self.policy.max_active_tokens
+        )
+
+    def auto_paused(self, session_id: str) -> bool:
+        return self.auto_failures.get(session_id, 0) >= MAX_AUTO_FAILURES
+
+    def auto_due(self, session_id: str, status: dict[str, Any] | None = None) -> bool:
+        st = self.contexts.context_state(session_id)
+        if session_id in self.running or self._waiting.get(session_id) or not self.over_limits(st):
+            return False
+        if self.auto_paused(session_id):
+            return False
+        if status is not None:
+            if status["pendingApprovals"] or status["activeRunId"] is not None:
+                return False
+        elif self.store.runs.pending_count(session_id) or self.store.runs.open_run(session_id):
+            return False
+        retry_at = self._auto_retry_at.get(session_id)
+        return retry_at is None or st.rendered_messages >= retry_at
+
+    # entry points
+
+    async def compact(
+        self,
+        session_id: str,
+        *,
+        force: bool = False,
+        instructions: str | None = None,
+        trigger: str = "manual",
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
+        self.contexts.require_session(session_id)
+        cid = new_id("cmp")
+        begun = False
+        # a store shared by several daemons lets one of them compact a session at a time
+        locked = False  # whether this holds the session's shared compaction lock
+        if trigger != "auto":
+            # a manual compaction or rebuild asked for while another one runs (often an
+            # automatic one, here or on another daemon) waits for it, then runs on what
+            # it left
+            if session_id in self.running or not self._try_shared(session_id):
+                begun = await self._wait_for_running(session_id, cid, trigger)
+            locked = True
+        try:
+            if self.store.runs.pending_count(session_id):
+                if begun:
+                    self._progress(session_id, cid, {"kind": "end", "message": "not started"})
+                raise ApprovalPending(
+                    "a tool call awaits approval in this session; compaction waits until "
+                    "approval/resolve decides it"
+                )
+            if session_id in self.running:
+                raise CompactionInProgress(
+                    "a compaction of this session is running; wait for context/didCompact"
+                )
+            if not locked and not self._try_shared(session_id):
+                raise CompactionInProgress(
+                    "another daemon is compacting this session; wait for context/didCompact "
+                    "and try again"
+                )
+        except BaseException:
+            if locked:
+                self._release_shared(session_id)
+            raise
+        self.running.add(session_id)
+        self._idle.setdefault(session_id, asyncio.Event()).clear()
+        try:
+            under = not self.over_limits(self.contexts.context_state(session_id))
+        except BaseException:
+            self._unlock(session_id)
+            raise
+        if under and trigger == "auto":
+            # due when it was scheduled, not now: on a shared store another daemon has
+            # compacted the session since (compacting it again would only shrink the tail)
+            self._unlock(session_id)
+            log.info("auto-compaction of %s skipped: compacted meanwhile", session_id)
+            return {"effective": False, "compactionId": None, "trigger": trigger,
+                    "skipped": True}
+        try:
+            result = await self._attempt(
+                session_id, force, instructions, trigger, dry_run, cid, begun
+            )
+            if under and trigger == "manual" and not force and not result["effective"]:
+                self._say_under_limits(result)
+            if instructions and not dry_run:
+                commit.say_instructions(result)
+        except CtxdError:
+            if trigger == "auto":
+                self.auto_failures[session_id] = self.auto_failures.get(session_id, 0) + 1
+            raise
+        finally:
+            self._unlock(session_id)
+        if not dry_run:
+            if result.get("compactionId"):
+                self.auto_failures.pop(session_id, None)
+            # sent once the attempt is over, so the status it carries is final
+            self.emit(
+                session_id,
+                "context/didCompact",
+                {"sessionId": session_id, **result, "status": self.contexts.status(session_id)},
+            )
+        return result
+
+    def _unlock(self, session_id: str) -> None:
+        self.running.discard(session_id)
+        self._idle[session_id].set()
+        self._release_shared(session_id)
+
+    def _try_shared(self, session_id: str) -> bool:
+        """Take the session's compaction lock shared with other daemons (always granted
+        on a store of one daemon's own)."""
+        return self._shared_lock is None or self._shared_lock(session_id)
+
+    def _release_shared(self, session_id: str) -> None:
+        if self._shared_release is not None:
+            self._shared_release(session_id)
+
+    def _say_under_limits(self, result: dict[str, Any]) -> None:
+        """A compaction nobody forced, of a context under its limits: that is the news."""
+        p = self.policy
+        before = result["before"]
+        result["underLimits"] = True
+        result["limits"] = {"messages": p.max_active_messages, "tokens": p.max_active_tokens}
+        result["reason"] = (
+            f"the context is under its limits ({before['messages']} of "
+            f"{p.max_active_messages} messages, {before['tokens']} of {p.max_active_tokens} "
+            "tokens): nothing is due; pass force to compact it anyway"
+        )
+
+    async def _wait_for_running(self, session_id: str, cid: str, trigger: str) -> bool:
+        """Wait, at most `wait_seconds`, until no compaction of the session runs, here or
+        on another daemon sharing the store, and take the shared lock; reports the wait
+        as progress under `cid`. Returns True (progress has begun)."""
+        title = "Rebuilding context" if trigger == "rebuild" else "Compacting context"
+        self._progress(
+            session_id,
+            cid,
+            {
+                "kind": "begin",
+                "title": title,
+                "message": "waiting for the compaction already running",
+                "percentage": 0,
+            },
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.policy.wait_seconds
+        self._waiting[session_id] = self._waiting.get(session_id, 0) + 1
+        poll = SHARED_POLL_FIRST
+        try:
+            # several waiters may wake together: whoever starts first runs, the others
+            # wait on
+            while True:
+                left = deadline - loop.time()
+                try:
+                    if session_id in self.running:
+                        if left <= 0:
+                            raise TimeoutError
+                        await asyncio.wait_for(self._idle[session_id].wait(), left)
+                        continue
+                    # checked with nothing awaited since: a lock this daemon holds is
+                    # granted to it again, so only a free session may ask for it
+                    if self._try_shared(session_id):
+                        break
+                    if left <= 0:
+                        raise TimeoutError
+                    # another daemon compacts it: its end is not told here, so look again
+                    # shortly (a short query each time; the event loop serves meanwhile)
+                    await asyncio.sleep(min(poll, left))
+                    poll = min(poll * 2, SHARED_POLL_MAX)
+                except TimeoutError:
+                    self._progress(session_id, cid, {"kind": "end", "message": "timed out"})
+                    raise CompactionInProgress(
+                        f"a compaction of this session was still running after "
+                        f"{self.policy.wait_seconds:g} s of waiting; wait for "
+                        "context/didCompact and try again",
+                        {"waitedSeconds": self.policy.wait_seconds},
+                    ) from None
+                except CtxdError:  # the shared store could not be asked (StorageError)
+                    self._progress(session_id, cid, {"kind": "end", "message": "not started"})
+                    raise
+        finally:
+            self._waiting[session_id] -= 1
+            if not self._waiting[session_id]:
+                del self._waiting[session_id]
+        self._progress(
+            session_id,
+            cid,
+            {"kind": "report", "message": "the running compaction finished", "percentage": 0},
+        )
+        return True
+
+    # one attempt
+
+    async def _attempt(
+        self,
+        session_id: str,
+        force: bool,
+        instructions: str | None,
+        trigger: str,
+        dry_run: bool,
+        cid: str,
+        begun: bool = False,
+    ) -> dict[str, Any]:
+        a = Attempt(cid, session_id, trigger, time.time(), instructions, dry_run)
+        st = self.contexts.context_state(session_id)
+        before = {"messages": st.rendered_messages, "tokens": st.rendered_tokens}
+        title = "Rebuilding context" if trigger == "rebuild" else "Compacting context"
+        if not begun:
+            self._progress(session_id, cid, {"kind": "begin", "title": title, "percentage": 0})
+        rederive = inputs.rederives(self.summarizer, self.policy, st, trigger)
+        tail_region = self.contexts.tail_messages(session_id, st)
+        region = (
+            await inputs.non_system_messages(self.archive, session_id, st)
+            if trigger == "rebuild"
+            else tail_region
+        )
+        boundary = tail_boundary(
+            region,
+            keep=self.policy.keep_messages,
+            keep_tokens=self.policy.max_active_tokens // 2,
+            force=force,
+            abandoned=inputs.abandoned_calls(self.archive, region),
+            force_keep=self.policy.force_keep_messages,
+        )
+        if trigger == "rebuild" and region:
+            boundary = rebuild_boundary(region, boundary, st.tail_start_id)
+        if boundary is None:
+            return self._not_effective(
+                a,
+                before,
+                "nothing can leave the context: the tail keeps at least the latest message "
+                "and never starts between a tool call and its result"
+                + ("" if force else f", and it keeps {self.policy.keep_messages} messages "
+                   "(pass force to keep fewer)"),
+            )
+        abandoned = inputs.abandoned_calls(self.archive, region)
+        pins = [p["text"] for p in self.store.pins.list(session_id)]
+        tries = [boundary]
+        last = valid_boundaries(region, abandoned)[-1:]
+        if force and trigger == "manual" and last and last[0] > boundary:
+            # a summary that would not pay for itself (short messages, the header's
+            # cost): the shortest tail is tried once more
+            tries.append(last[0])
+        for boundary in tries:
+            summary, leaving, departing = await self._summarize_upto(
+                a, st, region, boundary, rederive, pins, before
+            )
+            grows = self.contexts.summary_tokens(session_id, summary) - st.summary_tokens
+            if grows < departing:
+                break
+        # on a shared store the session may be being written through another daemon at
+        # this moment: wait for it beside the event loop (busy.py)
+        return await when_free(self.store, lambda: self._commit(
+            a, st, summary, region[boundary]["id"], leaving, rederive))
+
+    async def _summarize_upto(
+        self,
+        a: Attempt,
+        st: ContextState,
+        region: list[dict[str, Any]],
+        boundary: int,
+        rederive: bool,
+        pins: list[str],
+        before: dict[str, int],
+    ) -> tuple[Summary, list[dict[str, Any]], int]:
+        """The summary for a tail starting at `region[boundary]`, what it summarized,
+        and the tokens of the messages leaving the context."""
+        session_id, cid = a.session_id, a.cid
+        if rederive and a.trigger != "rebuild":
+            # summarize everything before the new tail again, from the archive
+            cut = region[boundary]["id"]
+            leaving = await inputs.non_system_messages(self.archive, session_id, st, before_id=cut)
+            log.info("compaction %s of %s re-derives the summary from the archive after %d "
+                     "incremental compactions", cid, session_id, st.summary.depth)
+        else:
+            leaving = region[:boundary]
+        previous = Summary() if rederive else st.summary
+        ordinals = inputs.ordinals(self.archive, session_id, st.summary, leaving)
+        # what leaves the context now (a rebuild or re-derivation also reads messages
+        # the old summary stands for): the summary may grow by a share of it
+        start = st.tail_start_id or 0
+        departing = sum(int(m.get("tokens", 0)) for m in region[:boundary] if m["id"] >= start)
+        overhead = inputs.summary_overhead(
+            lambda s: self.contexts.summary_tokens(session_id, s), self.tokens.count_text
+        )
+        limit = inputs.size_limit(self.policy, st.summary_tokens, overhead, departing)
+        try:
+            summary = await inputs.summarize(
+                self.summarizer, self.policy, self.tokens, session_id, previous, leaving, pins,
+                a.instructions, ordinals,
+                lambda done: self._progress(
+                    session_id, cid, {"kind": "report", "percentage": done}
+                ),
+                limit,
+            )
+        except CtxdError:
+            raise
+        except Exception as exc:
+            self._failed(a, before, leaving, exc)
+        inputs.finish(summary, st.summary, previous, leaving, ordinals, cid, rederive)
+        return summary, leaving, departing
+
+    def _failed(
+        self, a: Attempt, before: dict[str, int], leaving: list[dict[str, Any]], exc: Exception
+    ) -> NoReturn:
+        """The summarizer raised: log it, tell the session, raise SummarizerFailed."""
+        reason = f"{type(exc).__name__}: {exc}"
+        with self.store.transaction():
+            commit.record(self.store, a, self._name(), before, None, False, False, leaving, reason)
+        self.emit(
+            a.session_id,
+            "context/compactionFailed",
+            {
+                "sessionId": a.session_id,
+                "trigger": a.trigger,
+                "compactionId": a.cid,
+                "error": {"code": int(SummarizerFailed.code), "message": str(exc)},
+            },
+        )
+        self._progress(a.session_id, a.cid, {"kind": "end", "message": "failed"})
+        raise SummarizerFailed(
+            f"the summarizer failed: {exc}; the context is unchanged",
+            {"compactionId": a.cid},
+        ) from None
+
+    def _commit(
+        self,
+        a: Attempt,
+        snapshot: ContextState,
+        summary: Summary,
+        tail_start_id: int,
+        leaving: list[dict[str, Any]],
+        rederived: bool,
+    ) -> dict[str, Any]:
+        session_id = a.session_id
+        with self.store.transaction(session_id):
+            o = commit.apply_summary(
+                self.store, a, snapshot, summary, tail_start_id, self.contexts.summary_tokens
+            )
+            if not a.dry_run:
+                name = self._name(summary.summarizer)
+                commit.record(
+                    self.store, a, name, o.before, o.after, o.effective, o.committed, leaving, None
+                )
+        if a.dry_run:
+            self._progress(session_id, a.cid, {"kind": "end", "message": "dry run"})
+            return commit.preview(snapshot, o, leaving, self.contexts.render(session_id, o.new))
+        if o.committed:
+            self.contexts.set_context_state(o.new)
+        if o.effective:
+            self._auto_retry_at.pop(session_id, None)
+        elif a.trigger == "auto":
+            self._retry_later(session_id, o.before)
+        result = commit.result(a, o, leaving, rederived)
+        self._progress(
+            session_id,
+            a.cid,
+            {"kind": "end", "message": "effective" if o.effective else "not effective"},
+        )
+        return result
+
+    def _not_effective(self, a: Attempt, before: dict[str, int], reason: str) -> dict[str, Any]:
+        with self.store.transaction():
+            commit.record(self.store, a, self._name(), before, before, False, False, [], None)
+        if a.trigger == "auto":
+            self._retry_later(a.session_id, before)
+        self._progress(a.session_id, a.cid, {"kind": "end", "message": "not effective"})
+        return commit.not_effective(a, before, reason)
+
+    def _retry_later(self, session_id: str, before: dict[str, int]) -> None:
+        """An auto-compaction that did not shrink the context waits for more messages."""
+        self._auto_retry_at[session_id] = before["messages"] + max(
+            4, self.policy.keep_messages // 3
+        )
+
+    def _progress(self, session_id: str, token: str, value: dict[str, Any]) -> None:
+        self.emit(
+            session_id, "$/progress", {"sessionId": session_id, "token": token, "value": value}
+        )
+
+    def _name(self, written_by: str = "") -> str:
+        """The summarizer a log entry names: the summary's own word wins (it says when a
+        fallback wrote it), else the configured one's."""
+        return written_by or getattr(self.summarizer, "name", type(self.summarizer).__name__)
+
+    def history(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
+        return [r.to_wire() for r in self.store.compactions.history(session_id, limit)]

@@ -1,0 +1,125 @@
+"""PostgresStore's requests in few round trips, and off the event loop.
+
+- Reads sent ahead (daemon/stores/postgres/prefetch.py, PgConnection's memo): an append's write
+  transaction takes BEGIN, the session's lock and every read made under it in one round
+  trip, the ids in a second, its writes and COMMIT in a third; a status is one round
+  trip, a `context/get` two.
+- Lanes: requests run on the worker thread that serves their session, each thread on
+  a connection of its own (daemon/off_loop.py says which and how).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ctxd.daemon.stores.postgres import prefetch
+
+if TYPE_CHECKING:  # the store this mixes into
+    from ctxd.daemon.stores.postgres.connection import PgConnection
+    from ctxd.daemon.stores.sqlite.context_store import ContextStore
+
+T = TypeVar("T")
+# worker threads serving requests off the event loop (in_lane), each with a connection
+LANES = 4
+SWITCH_INTERVAL = 0.0005
+
+
+class ReadsAhead:
+    conn: PgConnection
+    archive: Any  # PgArchive (store.py imports this module)
+    contexts: ContextStore
+    _lanes: list[ThreadPoolExecutor] | None
+    # session -> the last call given for it (in_lane), done when that call is
+    _session_tails: dict[str, asyncio.Future[None]]
+
+    @contextmanager
+    def append_transaction(
+        self, session_id: str, msgs: list[dict[str, Any]], client_batch_id: str | None,
+        run_id: str | None,
+    ) -> Iterator[None]:
+        """An append's write transaction: BEGIN, the session's lock and every read the
+        engine makes under it (the context, pending approvals, the batch's tool calls,
+        a repeated clientBatchId, the run named or the open one, the archive count) in
+        one round trip;
+        its writes and the COMMIT in one more (daemon/stores/postgres/prefetch.py)."""
+        reads = [prefetch.context(session_id), prefetch.pending(session_id),
+                 *prefetch.tool_pairs(session_id, msgs),
+                 prefetch.message_count(self.archive, session_id)]
+        if client_batch_id is not None:
+            reads.append(prefetch.find_batch(session_id, client_batch_id))
+        reads.append(prefetch.open_run(session_id) if run_id is None else prefetch.run(run_id))
+        with self.conn.transaction(session_id, reads):
+            # counted under the lock: with this batch, the count as of the commit, so
+            # the status that follows asks nothing (PgArchive.message_count)
+            self.archive.message_count(session_id)
+            yield
+
+    def status_reads(
+        self, session_id: str, *, context: bool, open_run: bool, pending: bool,
+    ) -> AbstractContextManager[None]:
+        """What a status reads, in one round trip (outside a transaction; the rows not
+        asked for in the block are forgotten at its end)."""
+        return self.conn.prefetch(self._status_reads(session_id, context, open_run, pending))
+
+    def _status_reads(
+        self, session_id: str, context: bool, open_run: bool, pending: bool
+    ) -> list[prefetch.Read]:
+        reads = []
+        if not self.archive.count_known(session_id):
+            reads.append(prefetch.message_count(self.archive, session_id))
+        if context:
+            reads.append(prefetch.context(session_id))
+        if open_run:
+            reads.append(prefetch.open_run(session_id))
+        if pending:
+            reads.append(prefetch.pending_count(session_id))
+        return reads
+
+    @contextmanager
+    def context_reads(self, session_id: str) -> Iterator[None]:
+        """What a `context/get` reads, in two round trips: the context row, pins, open
+        run, pending approvals and archive count; then, as that context names them, its
+        leading system messages, its tail and their size."""
+        reads = self._status_reads(session_id, True, True, True)
+        with self.conn.prefetch([*reads, prefetch.pins(session_id)]):
+            st = self.contexts.load(session_id)  # answered from what was read ahead
+            more = []
+            if st is not None and st.system_ids:
+                more.append(prefetch.messages(st.system_ids))
+            if st is not None and st.tail_start_id is not None:
+                more.append(prefetch.tail(session_id, st.tail_start_id))
+                # the reply's size bound (daemon/context_reply.py)
+                more += prefetch.stored_bytes(session_id, st.tail_start_id, st.system_ids,
+                                              st.dropped_ids)
+            with self.conn.prefetch(more):
+                yield
+
+    async def in_lane(self, session_id: str, fn: Callable[[], T]) -> T:
+        """`fn()` on a worker thread (each with a connection of its own), after every
+        call given before it about the same session: one session's calls run one after
+        another, in the order given; other sessions' run beside them on the other
+        threads, and the event loop waits on none."""
+        loop = asyncio.get_running_loop()
+        if self._lanes is None:
+            self._lanes = [ThreadPoolExecutor(LANES, thread_name_prefix="ctxd-pg-lane")]
+            # a thread waits for the interpreter's lock up to the switch interval (5 ms
+            # by default) while another runs Python: a cheap request answered on one
+            # thread would wait that long, several times, behind an append's encoding on
+            # another; the lanes' calls are short and mostly wait on the network
+            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
+        before = self._session_tails.get(session_id)
+        mine: asyncio.Future[None] = loop.create_future()
+        self._session_tails[session_id] = mine
+        try:
+            if before is not None:
+                await asyncio.wait([before])  # its outcome is its own caller's
+            return await loop.run_in_executor(self._lanes[0], fn)
+        finally:
+            mine.set_result(None)
+            if self._session_tails.get(session_id) is mine:
+                del self._session_tails[session_id]

@@ -1,0 +1,457 @@
+"""ArchiveStore: the append-only record of every message, and its full-text index.
+
+Nothing here updates or deletes an archived row (triggers would refuse it anyway).
+The caller owns transactions: `append` runs inside the engine's write transaction so
+the archive and the active context's counters change together or not at all.
+Searching the index is `ArchiveSearch` (archive_search.py), which this class takes in.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import apsw
+
+from ctxd.daemon.messages import message_text
+from ctxd.daemon.stores.sqlite import fts
+from ctxd.daemon.stores.sqlite.archive_search import ArchiveSearch
+from ctxd.daemon.stores.sqlite.snippets import Snippets
+from ctxd.protocol.errors import InvalidParams
+
+
+def strict_json(value: Any, what: str) -> str:
+    """JSON text for storage; NaN, Infinity and lone surrogates are refused, since every
+    reader must be able to parse what the archive returns."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        text.encode("utf-8")
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise InvalidParams(f"{what} is not storable as JSON: {exc}", {"param": what}) from None
+    return text
+
+
+# ids per `IN (...)` lookup: well under SQLite's bound-parameter limit
+_CHUNK = 500
+_CALL_IDS = (
+    "SELECT tool_call_id, call_message_id FROM tool_calls "
+    "WHERE session_id = ? AND tool_call_id IN ({})"
+)
+
+
+def lookup_statements(
+    sql: str, session_id: str, keys: Iterable[str]
+) -> list[tuple[str, tuple[Any, ...]]]:
+    """The statements `_lookup` sends for the keys (a store may send them ahead)."""
+    wanted = sorted(set(keys))
+    out = []
+    for i in range(0, len(wanted), _CHUNK):
+        chunk = wanted[i : i + _CHUNK]
+        out.append((sql.format(",".join("?" * len(chunk))), (session_id, *chunk)))
+    return out
+
+
+_RESULT_IDS = (
+    "SELECT tool_call_id, result_message_id FROM tool_results "
+    "WHERE session_id = ? AND tool_call_id IN ({})"
+)
+
+
+def _within_bytes(rows: Iterable[Sequence[Any]], max_bytes: int | None) -> Iterator[Sequence[Any]]:
+    """Rows while their bodies add up to at most `max_bytes` (the first one always).
+    Stops reading at the first row past the bound, so a page of large messages is never
+    loaded beyond it."""
+    used = 0
+    for row in rows:
+        if max_bytes is not None:
+            size = len(row[2].encode("utf-8", "surrogatepass"))
+            if used and used + size > max_bytes:
+                return
+            used += size
+        yield row
+
+
+def _row_to_message(row: Sequence[Any]) -> dict[str, Any]:
+    msg_id, batch_id, body, tokens, created_at = row
+    msg = json.loads(body)
+    msg["id"] = msg_id
+    msg["batchId"] = batch_id
+    msg["tokens"] = tokens
+    msg["createdAt"] = created_at
+    return msg
+
+
+# a session's messages from an id on (its tail), and within a range of ids
+READ_FROM = (
+    "SELECT id, batch_id, body, tokens, created_at FROM messages "
+    "WHERE session_id = ? AND id >= ? ORDER BY id"
+)
+READ_RANGE = (
+    "SELECT id, batch_id, body, tokens, created_at FROM messages "
+    "WHERE session_id = ? AND id >= ? AND id <= ? ORDER BY id"
+)
+
+
+class ArchiveStore(ArchiveSearch):
+    def __init__(self, conn: apsw.Connection) -> None:
+        self.conn = conn
+        self.snippets = Snippets()
+
+    # sessions
+
+    def create_session(
+        self,
+        session_id: str,
+        title: str | None,
+        metadata: dict | None,
+        created_at: float | None = None,
+    ) -> float:
+        """`created_at`: the session's own start (an imported transcript's), else now."""
+        now = time.time() if created_at is None else created_at
+        self.conn.execute(
+            "INSERT INTO sessions(id, title, metadata, created_at) VALUES (?, ?, ?, ?)",
+            (session_id, title, strict_json(metadata, "metadata") if metadata else None, now),
+        )
+        return now
+
+    def get_session(self, session_id: str) -> dict[str, Any] | None:
+        row = self.conn.execute(
+            "SELECT id, title, metadata, created_at FROM sessions WHERE id = ?", (session_id,)
+        ).fetchone()
+        return self._session(row) if row else None
+
+    def list_sessions(
+        self, limit: int, after: tuple[float, str] | None, title: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Newest first; `after` is the (created_at, id) of the last session already seen;
+        `title` keeps only titles containing it (LIKE: ASCII letters in either case)."""
+        where: list[str] = []
+        args: list[Any] = []
+        if after is not None:
+            where.append("(created_at, id) < (?, ?)")
+            args += [after[0], after[1]]
+        if title:
+            escaped = title.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            where.append("title LIKE ? ESCAPE '\\'")
+            args.append(f"%{escaped}%")
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        rows = self.conn.execute(
+            "SELECT id, title, metadata, created_at FROM sessions "
+            f"{clause}ORDER BY created_at DESC, id DESC LIMIT ?",
+            (*args, limit),
+        )
+        return [self._session(r) for r in rows]
+
+    def last_message_at(self, session_id: str) -> float | None:
+        for (created_at,) in self.conn.execute(
+            "SELECT created_at FROM messages WHERE session_id = ? ORDER BY id DESC LIMIT 1",
+            (session_id,),
+        ):
+            return float(created_at)
+        return None
+
+    def sizes_at(
+        self, session_id: str, times: list[float], start: tuple[int, int, int] = (0, 0, 0)
+    ) -> tuple[list[tuple[int, int]], tuple[int, int, int]]:
+        """(messages, tokens) of the session's archive at each of `times`, in one pass.
+
+        `start` is (last id, messages, tokens) already counted, from the second value
+        returned by an earlier call whose times all came before these: the scan goes on
+        from there. Archived rows never change, so such a checkpoint stays true."""
+        last_id, count, tokens = start
+        if not times:
+            return [], start
+        order = sorted(range(len(times)), key=lambda i: times[i])
+        out: list[tuple[int, int]] = [(0, 0)] * len(times)
+        k = 0
+        for mid, created_at, n in self.conn.execute(
+            "SELECT id, created_at, tokens FROM messages WHERE session_id = ? AND id > ? "
+            "ORDER BY id",
+            (session_id, last_id),
+        ):
+            while k < len(order) and created_at > times[order[k]]:
+                out[order[k]] = (count, tokens)
+                k += 1
+            if k == len(order):
+                break
+            last_id, count, tokens = mid, count + 1, tokens + n
+        for i in order[k:]:
+            out[i] = (count, tokens)
+        return out, (last_id, count, tokens)
+
+    @staticmethod
+    def _session(row: Sequence[Any]) -> dict[str, Any]:
+        sid, title, metadata, created_at = row
+        return {
+            "sessionId": sid,
+            "title": title,
+            "metadata": json.loads(metadata) if metadata else {},
+            "createdAt": created_at,
+        }
+
+    def session_ids_without_context(self) -> list[str]:
+        return [
+            r[0]
+            for r in self.conn.execute(
+                "SELECT s.id FROM sessions s LEFT JOIN conversation_context c "
+                "ON c.session_id = s.id WHERE c.session_id IS NULL"
+            )
+        ]
+
+    # batches
+
+    def find_batch(self, session_id: str, client_batch_id: str) -> tuple[int, str, int, int] | None:
+        row = self.conn.execute(
+            "SELECT id, digest, first_message_id, last_message_id FROM batches "
+            "WHERE session_id = ? AND client_batch_id = ?",
+            (session_id, client_batch_id),
+        ).fetchone()
+        return tuple(row) if row else None  # type: ignore[return-value]
+
+    def append(
+        self,
+        session_id: str,
+        messages: Sequence[tuple[dict[str, Any], str, int]],
+        *,
+        digest: str,
+        run_id: str | None,
+        client_batch_id: str | None,
+        index_texts: Sequence[str] | None = None,
+    ) -> tuple[int, list[int], float]:
+        """Write one batch: (normalized message, JSON body, tokens) each. Returns
+        (batch id, message ids, created_at). Must run inside a transaction.
+        `index_texts` are the messages' `fts.index_text`, when computed beforehand."""
+        now = time.time()
+        last_message, last_batch = self.conn.execute(
+            "SELECT (SELECT max(id) FROM messages), (SELECT max(id) FROM batches)"
+        ).fetchone()
+        first = (last_message or 0) + 1
+        ids = list(range(first, first + len(messages)))
+        batch_id = (last_batch or 0) + 1
+        self._insert_batch(
+            session_id, messages, ids, batch_id, digest, run_id, client_batch_id, now
+        )
+        self.conn.executemany(
+            "INSERT INTO messages_fts(rowid, body) VALUES (?, ?)",
+            [
+                (i, fts.index_text(message_text(m)) if index_texts is None else text)
+                for i, (m, _, _), text in zip(
+                    ids, messages, index_texts or [None] * len(ids), strict=True
+                )
+            ],
+        )
+        self._index_tool_calls(session_id, messages, ids)
+        return batch_id, ids, now
+
+    def _insert_batch(
+        self,
+        session_id: str,
+        messages: Sequence[tuple[dict[str, Any], str, int]],
+        ids: Sequence[int],
+        batch_id: int,
+        digest: str,
+        run_id: str | None,
+        client_batch_id: str | None,
+        now: float,
+    ) -> None:
+        """The `batches` row and the `messages` rows of an append (the same statements
+        on PostgreSQL)."""
+        self.conn.execute(
+            "INSERT INTO batches(id, session_id, client_batch_id, run_id, digest, "
+            "first_message_id, last_message_id, created_at) VALUES (?,?,?,?,?,?,?,?)",
+            (batch_id, session_id, client_batch_id, run_id, digest, ids[0], ids[-1], now),
+        )
+        self.conn.executemany(
+            "INSERT INTO messages(id, session_id, batch_id, role, body, tokens, created_at) "
+            "VALUES (?,?,?,?,?,?,?)",
+            [
+                # a message that brings its own time (an imported one) keeps it
+                (i, session_id, batch_id, m["role"], body, tokens, m.get("createdAt", now))
+                for i, (m, body, tokens) in zip(ids, messages, strict=True)
+            ],
+        )
+
+    def _index_tool_calls(
+        self,
+        session_id: str,
+        messages: Sequence[tuple[dict[str, Any], str, int]],
+        ids: Sequence[int],
+    ) -> None:
+        """The rows of `tool_calls` and `tool_results` for an appended batch (the same
+        statements on PostgreSQL)."""
+        calls = [
+            (session_id, c["id"], i)
+            for i, (m, _, _) in zip(ids, messages, strict=True)
+            for c in m.get("tool_calls") or ()
+        ]
+        if calls:
+            self.conn.executemany(
+                "INSERT INTO tool_calls(session_id, tool_call_id, call_message_id) VALUES (?,?,?)",
+                calls,
+            )
+        results = [
+            (session_id, m["tool_call_id"], i)
+            for i, (m, _, _) in zip(ids, messages, strict=True)
+            if m["role"] == "tool"
+        ]
+        if results:
+            self.conn.executemany(
+                "INSERT INTO tool_results(session_id, tool_call_id, result_message_id) "
+                "VALUES (?,?,?)",
+                results,
+            )
+
+    # tool call bookkeeping for validation
+
+    def existing_tool_calls(self, session_id: str, call_ids: Iterable[str]) -> set[str]:
+        return set(self._lookup(_CALL_IDS, session_id, call_ids))
+
+    def answered_tool_calls(self, session_id: str, call_ids: Iterable[str]) -> set[str]:
+        return set(self._lookup(_RESULT_IDS, session_id, call_ids))
+
+    def call_message_ids(self, session_id: str, call_ids: Iterable[str]) -> dict[str, int]:
+        """The archive id of the assistant message that made each tool call."""
+        return self._lookup(_CALL_IDS, session_id, call_ids)
+
+    def _lookup(self, sql: str, session_id: str, keys: Iterable[str]) -> dict[str, Any]:
+        """`sql` ("... tool_call_id IN ({})") for the keys, a chunk per statement."""
+        out: dict[str, Any] = {}
+        for statement, params in lookup_statements(sql, session_id, keys):
+            for key, value in self.conn.execute(statement, params):
+                out[key] = value
+        return out
+
+    def batches_of_closed_runs(self, batch_ids: set[int]) -> set[int]:
+        """Which of these batches belong to a run that is no longer open."""
+        wanted = list(batch_ids)
+        closed: set[int] = set()
+        for i in range(0, len(wanted), _CHUNK):
+            chunk = wanted[i : i + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            closed.update(
+                bid
+                for (bid,) in self.conn.execute(
+                    "SELECT b.id FROM batches b JOIN runs r ON r.id = b.run_id "  # noqa: S608
+                    f"WHERE b.id IN ({marks}) AND r.status != 'open'",
+                    chunk,
+                )
+            )
+        return closed
+
+    # reading
+
+    def read(
+        self, session_id: str, after_id: int, limit: int, max_bytes: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Up to `limit` messages after `after_id`, oldest first; with `max_bytes`, no more
+        than that many bytes of stored JSON (but always one message, so paging moves)."""
+        rows = self.conn.execute(
+            "SELECT id, batch_id, body, tokens, created_at FROM messages "
+            "WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?",
+            (session_id, after_id, limit),
+        )
+        return [_row_to_message(r) for r in _within_bytes(rows, max_bytes)]
+
+    def read_before(
+        self,
+        session_id: str,
+        before_id: int,
+        after_id: int,
+        limit: int,
+        max_bytes: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """The latest `limit` messages with after_id < id < before_id, oldest first; with
+        `max_bytes`, the latest that fit it (always one)."""
+        rows = self.conn.execute(
+            "SELECT id, batch_id, body, tokens, created_at FROM messages "
+            "WHERE session_id = ? AND id > ? AND id < ? ORDER BY id DESC LIMIT ?",
+            (session_id, after_id, before_id, limit),
+        )
+        kept = list(_within_bytes(rows, max_bytes))
+        return [_row_to_message(r) for r in reversed(kept)]
+
+    def has_between(self, session_id: str, after_id: int, before_id: int | None) -> bool:
+        """Whether the session has a message with after_id < id (< before_id)."""
+        row = self.conn.execute(
+            "SELECT 1 FROM messages WHERE session_id = ? AND id > ? AND id < ? LIMIT 1",
+            (session_id, after_id, before_id if before_id is not None else 1 << 62),
+        ).fetchone()
+        return row is not None
+
+    def read_from(
+        self, session_id: str, from_id: int, to_id: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Every message of the session with from_id <= id (<= to_id)."""
+        if to_id is None:
+            rows = self.conn.execute(READ_FROM, (session_id, from_id))
+        else:
+            rows = self.conn.execute(READ_RANGE, (session_id, from_id, to_id))
+        return [_row_to_message(r) for r in rows]
+
+    def stored_bytes(
+        self, session_id: str, from_id: int, also: Sequence[int] = (),
+        less: Sequence[int] = (),
+    ) -> int:
+        """Bytes of stored JSON of the session's messages with id >= from_id, and of
+        those in `also`, less those in `less`: what a context reply carries. SQLite
+        reads each row's length from its header (`octet_length`), never the content."""
+        total = int(self.conn.execute(
+            "SELECT coalesce(sum(octet_length(body)), 0) FROM messages "
+            "WHERE session_id = ? AND id >= ?",
+            (session_id, from_id),
+        ).fetchone()[0])
+        for ids, sign in ((also, 1), (less, -1)):
+            for i in range(0, len(ids), 500):
+                chunk = list(ids[i : i + 500])
+                marks = ",".join("?" * len(chunk))
+                total += sign * int(self.conn.execute(
+                    "SELECT coalesce(sum(octet_length(body)), 0) FROM messages "  # noqa: S608
+                    f"WHERE session_id = ? AND id IN ({marks})",
+                    [session_id, *chunk],
+                ).fetchone()[0])
+        return total
+
+    def get_many(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        for i in range(0, len(ids), 500):
+            chunk = list(ids[i : i + 500])
+            marks = ",".join("?" * len(chunk))
+            for row in self.conn.execute(
+                f"SELECT id, batch_id, body, tokens, created_at FROM messages "  # noqa: S608
+                f"WHERE id IN ({marks})",
+                chunk,
+            ):
+                out[row[0]] = _row_to_message(row)
+        return out
+
+    def message_count(self, session_id: str) -> int:
+        return int(
+            self.conn.execute(
+                "SELECT count(*) FROM messages WHERE session_id = ?", (session_id,)
+            ).fetchone()[0]
+        )
+
+    def count_between(self, session_id: str, lo: int, hi: int) -> int:
+        """Messages of the session with lo <= id <= hi (the summary's per-session ordinals
+        count on from a known one, so this only walks the new stretch)."""
+        return int(
+            self.conn.execute(
+                "SELECT count(*) FROM messages WHERE session_id = ? AND id >= ? AND id <= ?",
+                (session_id, lo, hi),
+            ).fetchone()[0]
+        )
+
+    def sums_from(self, session_id: str, from_id: int) -> tuple[int, int]:
+        row = self.conn.execute(
+            "SELECT count(*), coalesce(sum(tokens), 0) FROM messages "
+            "WHERE session_id = ? AND id >= ?",
+            (session_id, from_id),
+        ).fetchone()
+        return int(row[0]), int(row[1])
+
+    def last_id(self, session_id: str) -> int | None:
+        return self.conn.execute(
+            "SELECT max(id) FROM messages WHERE session_id = ?", (session_id,)
+        ).fetchone()[0]

@@ -1,0 +1,53 @@
+"""The embedded store: one SQLite file through APSW, full-text search with FTS5.
+
+The default, and the reference for other implementations (see `base`). Its parts are the
+modules that hold their SQL: archive.py, context_store.py, runs.py, compaction_log.py;
+schema.py creates and migrates the file; search.py runs searches on reader connections
+beside the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import apsw
+
+from ctxd.daemon.stores.sqlite.archive import ArchiveStore
+from ctxd.daemon.stores.sqlite.compaction_log import CompactionLog
+from ctxd.daemon.stores.sqlite.context_store import ContextStore, PinStore
+from ctxd.daemon.stores.sqlite.runs import RunStore
+from ctxd.daemon.stores.sqlite.schema import open_database, transaction
+from ctxd.daemon.stores.sqlite.search import Searcher
+
+T = TypeVar("T")
+
+
+class SqliteStore:
+    def __init__(
+        self, db_path: Path, *, durability: str = "normal", search_budget_seconds: float = 0
+    ) -> None:
+        self.db_path = db_path
+        self.conn: apsw.Connection = open_database(db_path, durability=durability)
+        self.archive = ArchiveStore(self.conn)
+        self.contexts = ContextStore(self.conn)
+        self.pins = PinStore(self.conn)
+        self.runs = RunStore(self.conn)
+        self.compactions = CompactionLog(self.conn)
+        self.searcher = Searcher(db_path, search_budget_seconds)
+
+    def transaction(self, session_id: str | None = None) -> AbstractContextManager[None]:
+        # one writer: every write is serialized, whichever session it is about
+        return transaction(self.conn)
+
+    async def search_async(self, query: str, **kw: Any) -> tuple[list[dict[str, Any]], str]:
+        return await self.searcher.search(query, **kw)
+
+    async def read_async(self, fn: Callable[[ArchiveStore], T]) -> T:
+        return await self.searcher.read(fn)
+
+    def close(self) -> None:
+        self.searcher.close()
+        self.conn.close()
