@@ -11,6 +11,7 @@ from ctxd.daemon.summarizers.cues import _CJK_RUN, _CONSTRAINT, _key_terms, _tri
 from ctxd.daemon.summarizers.draft import _SHARES, _Draft, _Entry, _share_class
 from ctxd.daemon.summarizers.facts import trim_keeping_hedge
 from ctxd.daemon.summarizers.guesses import join_guesses, trim_guess
+from ctxd.daemon.summarizers.settings import compact_setting
 from ctxd.daemon.summary import SECTIONS, UNPOINTED, Summary, SummaryItem, SummaryRequest
 
 _MESSAGE_FRAME_TOKENS = 56
@@ -339,11 +340,32 @@ def _drop_plan(
     # items the instructions ask for: those are kept first
     for keep_focus in (False, True):
         for level in (0, 1, 2, 3):
+            if level == 1 and not keep_focus:
+                # past the routine lines, a long sentence that sets a value gives up its
+                # reasons (subject and value stay, the archive has the rest) before any
+                # excerpt, artifact or guess is lost
+                ops.extend(_compact_settings(entries, est))
             drain(
                 [e for e in every if favoured(e) == keep_focus and tier(e) == level],
                 trims[level] if not keep_focus else {},
             )
         ops.extend(("drop", e, "") for e in floors if favoured(e) == keep_focus)
+    return ops
+
+
+def _compact_settings(
+    entries: dict[str, list[_Entry]], est: dict[int, float]
+) -> list[tuple[str, _Entry, str]]:
+    """Trims that write long settings in force as subject and value, oldest first."""
+    ops: list[tuple[str, _Entry, str]] = []
+    for e in sorted(entries["constraints"], key=_Entry.recency):
+        if e.status != "current" or e.unconfirmed:
+            continue
+        short = compact_setting(e.text, e.setting)
+        if short is None:
+            continue
+        est[id(e)] = _estimate(_line(e, short))
+        ops.append(("trim", e, short))
     return ops
 
 
