@@ -3,7 +3,8 @@
 Each hedged item costs its unconfirmed mark, a list dash, a newline and a pointer; in
 Chinese that is about 10 of the 25 tokens of a short guess. Guesses kept side by side
 share one line and one mark instead, each still followed by the `#N` of the message it
-came from: "- [推测] A #12; B #40; C #57". The next compaction reads such a line back
+came from: "- [unconfirmed] A #12; B #40; C #57", "- [推测] 甲 #12;乙 #40;丙 #57" (a
+Chinese guess's full stop left out: the pointer ends it). The next compaction reads such a line back
 as the separate guesses it was made of, so each is kept or dropped on its own.
 """
 
@@ -16,8 +17,12 @@ from ctxd.daemon.summary import SummaryItem
 
 # guesses per line: enough to save most marks, few enough to stay readable
 GUESSES_PER_LINE = 8
-# between two guesses on a line: the first one's pointer, then a separator
-_JOINT = re.compile(r" #\d+; ")
+# between two guesses on a line: the first one's pointer, then a separator (without
+# the space in Chinese, where it costs a token of its own)
+_JOINT = re.compile(r" #\d+; ?")
+# the full stop a Chinese guess ends in: its pointer and the separator end it as well,
+# and on a line of twenty guesses the stops are a guess's worth of tokens
+_CJK_STOP = "。"
 
 
 def _cjk(text: str) -> bool:
@@ -53,7 +58,11 @@ def join_guesses(items: list[SummaryItem], ordinals: dict[int, int]) -> list[Sum
             out.append(line)
             count = 1
             continue
-        line.text = f"{line.text} #{ordinals[line.sources[-1]]}; {item.text}"
+        if _cjk(item.text):
+            head = line.text.removesuffix(_CJK_STOP)
+            line.text = f"{head} #{ordinals[line.sources[-1]]};{item.text.removesuffix(_CJK_STOP)}"
+        else:
+            line.text = f"{line.text} #{ordinals[line.sources[-1]]}; {item.text}"
         line.sources.append(item.sources[0])
         line.subject = None
         count += 1
