@@ -193,7 +193,7 @@ class BuiltinSummarizer:
                     draft.add_artifact(item.subject or item.text, item.text, item.sources)
                     continue
                 # a line of joined guesses is read back as the guesses it holds
-                for text, sources in split_guesses(item):
+                for text, sources in split_guesses(item, previous.ordinals):
                     draft.add(
                         name, text, sources, item.status,
                         unconfirmed=item.unconfirmed, was=item.was, subject=item.subject,

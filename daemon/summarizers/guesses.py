@@ -20,6 +20,7 @@ GUESSES_PER_LINE = 8
 # between two guesses on a line: the first one's pointer, then a separator (without
 # the space in Chinese, where it costs a token of its own)
 _JOINT = re.compile(r" #\d+; ?")
+_POINTER = re.compile(r" #(\d+); ?")
 # the full stop a Chinese guess ends in: its pointer and the separator end it as well,
 # and on a line of twenty guesses the stops are a guess's worth of tokens
 _CJK_STOP = "。"
@@ -34,8 +35,8 @@ def _joinable(item: SummaryItem, ordinals: dict[int, int]) -> bool:
         item.unconfirmed
         and item.status == "current"
         and not item.was
-        and len(item.sources) == 1
-        and item.sources[0] in ordinals
+        and bool(item.sources)
+        and all(s in ordinals for s in item.sources)
         and _JOINT.search(item.text) is None
     )
 
@@ -63,21 +64,46 @@ def join_guesses(items: list[SummaryItem], ordinals: dict[int, int]) -> list[Sum
             line.text = f"{head} #{ordinals[line.sources[-1]]};{item.text.removesuffix(_CJK_STOP)}"
         else:
             line.text = f"{line.text} #{ordinals[line.sources[-1]]}; {item.text}"
-        line.sources.append(item.sources[0])
+        # a guess stated in several messages brings all of them: the pointer after it
+        # names the last, and reading the line back splits the sources there
+        line.sources.extend(item.sources)
         line.subject = None
         count += 1
     return out
 
 
-def split_guesses(item: SummaryItem) -> list[tuple[str, list[int]]]:
-    """The guesses a joined line holds, each with its own message; any other item as
-    it is."""
+def split_guesses(
+    item: SummaryItem, ordinals: dict[int, int] | None = None
+) -> list[tuple[str, list[int]]]:
+    """The guesses a joined line holds, each with its own messages; any other item as
+    it is. A guess of several messages is told apart by its pointer, the ordinal of
+    the last of them (`ordinals`: the summary's, archive id -> ordinal)."""
     if not item.unconfirmed:
         return [(item.text, list(item.sources))]
     parts = _JOINT.split(item.text)
-    if len(parts) < 2 or len(parts) != len(item.sources):
+    if len(parts) < 2:
         return [(item.text, list(item.sources))]
-    return [(part, [src]) for part, src in zip(parts, item.sources, strict=True)]
+    if len(parts) == len(item.sources):
+        return [(part, [src]) for part, src in zip(parts, item.sources, strict=True)]
+    if not ordinals:
+        return [(item.text, list(item.sources))]
+    ends = [int(m.group(1)) for m in _POINTER.finditer(item.text)]
+    ends.append(ordinals.get(item.sources[-1], -1))
+    out: list[tuple[str, list[int]]] = []
+    taken: list[int] = []
+    sources = iter(item.sources)
+    for part, end in zip(parts, ends, strict=True):
+        for src in sources:
+            taken.append(src)
+            if ordinals.get(src) == end:
+                break
+        if not taken or ordinals.get(taken[-1]) != end:
+            return [(item.text, list(item.sources))]  # not a line this module wrote
+        out.append((part, taken))
+        taken = []
+    if next(sources, None) is not None:
+        return [(item.text, list(item.sources))]
+    return out
 
 
 _CLAUSE_END = re.compile(r"[,，;；:：]")

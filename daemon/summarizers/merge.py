@@ -164,7 +164,7 @@ def merge(
     for name, joined in extracted.items():
         # guesses the extractor joined on one line are merged one by one: a model's
         # wording of one of them must not replace the others
-        parts = split_guesses(joined)
+        parts = split_guesses(joined, extracted.ordinals)
         for text, sources in parts:
             item = joined if len(parts) == 1 else replace(
                 joined, text=text, sources=sources, subject=None
