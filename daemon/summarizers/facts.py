@@ -24,12 +24,12 @@ _HEDGE = _Cue(
     r"|(?:haven[’']?t|have not|hasn[’']?t|has not|didn[’']?t|did not) (?:yet )?"
     r"(?:confirmed|verified|checked|tested)|may not hold|not hold)\b"
     r"|推测|猜测|(?<!不)可能|也许|或许|大概|似乎|好像|估计|不确定|未确认|尚未确认|没确认|还没确认"
-    r"|未验证|还没验证|没有验证|尚未验证|不一定|我猜|假设",
+    r"|未验证|还没验证|没有验证|尚未验证|不一定|我猜|假设|待确认|待验证",
     "probab|possib|perhaps|presumabl|likely|maybe|might|may|could be|seem|appear|i think"
     "|i believe|i suspect|i guess|guess|not sure|unsure|unconfirmed|unverified|hypothes"
     "|not confirmed|not yet|not verified|not certain|not proven|confirmed|verified|checked"
     "|tested|not hold|推测|猜测|可能|也许|或许|大概|似乎|好像|估计|不确定|确认|验证|不一定"
-    "|我猜|假设",
+    "|我猜|假设|应该是",
 )
 # A sentence that only qualifies the one before it: "I haven't confirmed that.",
 # "不过这只是推测。", "This is unconfirmed so far."
@@ -44,13 +44,21 @@ _CONFIRMED = _Cue(
 )
 
 
+# "应该是缓存的问题" guesses; "应该是 30 秒", "应该是周二" set a value, and "不对，…应该是…"
+# or "负责人应该是张三" correct one: those are firm
+_SHOULD_BE = re.compile(r"应该是(?!\s*(?:[0-9A-Za-z]|周[一二三四五六日天]|星期|礼拜))")
+_SHOULD_BE_FIRM = re.compile(r"不对|搞错|错了|负责|而是|改成|改为|改到")
+
+
 def is_hedged(text: str) -> bool:
-    return _HEDGE.search(text)
+    if _HEDGE.search(text):
+        return True
+    return "应该是" in text and bool(_SHOULD_BE.search(text)) and not _SHOULD_BE_FIRM.search(text)
 
 
 def is_hedge_only(sentence: str, hedged: bool | None = None) -> bool:
     """A short sentence whose job is to qualify the previous one."""
-    if not (_HEDGE.search(sentence) if hedged is None else hedged):
+    if not (is_hedged(sentence) if hedged is None else hedged):
         return False
     cjk = sum(len(r) for r in _CJK_RUN.findall(sentence))
     short = len(sentence) <= 70 if not cjk else cjk <= 18

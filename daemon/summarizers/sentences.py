@@ -104,7 +104,8 @@ _CLAUSE_CUT = re.compile(
     r"|(?:,|，)\s*(?=(?:但是?|不过|可是)\S)"
     # "never touch vendor/, I suspect the cache is stale": a guess after a comma
     r"|(?:,|;|，|；)\s*(?=(?:i (?:suspect|think|guess|believe)|maybe|perhaps|probably)\b"
-    r"|我猜|我觉得|我怀疑|我估计|可能|也许|或许|估计)",
+    r"|我猜|我觉得|我怀疑|我估计|可能|也许|或许|估计|好像|似乎|大概|不确定|还没确认|未确认"
+    r"|待确认|应该是(?!\s*(?:[0-9A-Za-z]|周|星期|礼拜)))",
     re.IGNORECASE,
 )
 
@@ -170,9 +171,11 @@ def _prose_units(text: str) -> list[Unit]:
 # A hedge that opens a claim of its own: "I suspect the cache is stale", "我猜是缓存的问题".
 _OWN_CLAIM = re.compile(
     r"^\W*(?:(?:but|and|so|also)\s+)?(?:i (?:suspect|think|believe|guess|assume|reckon|feel)"
+    r"|(?:i[’']?m |i am )?not sure(?: (?:whether|if))?|unsure whether"
     r"|maybe|perhaps|probably|possibly|presumably|my (?:guess|hunch|theory) is"
     r"|it (?:might|may|could) be(?: that)?"
-    r"|我猜|我觉得|我估计|我怀疑|我认为|可能|也许|或许|大概|估计|应该是)"
+    r"|我猜|我觉得|我估计|我怀疑|我认为|可能|也许|或许|大概|估计|应该是|好像|似乎|不确定"
+    r"|还没确认|未确认|待确认)"
     r"\s*(?:that\s+)?(?!(?:that|this|it|so|这|那|只是)\b)(?P<rest>\S.*)$",
     re.IGNORECASE,
 )
@@ -187,12 +190,27 @@ _HEDGE_WORDS = re.compile(
 )
 
 
+_CJK_REFERENCE = re.compile(r"^\W*(?:这|那)(?:个|些|种|次)?(?P<rest>[\u4e00-\u9fff].*)$", re.S)
+# what a sentence that qualifies the one before names: the claim itself
+_CJK_META = re.compile(
+    r"^\W*(?:这|那)(?:个|些|种)?(?:结论|说法|推测|判断|猜测|假设|结果|想法|分析|观点|数据|点"
+    r"|一点|只是|是|也|还|并|其实|个?问题还)"
+)
+
+
 def qualifies_previous(sentence: str, hedged: bool | None = None) -> bool:
     """Whether a hedged sentence is about the one before it ("I haven't confirmed
     that.", "不过这只是推测。") rather than a guess of its own ("I suspect the cache is
     stale, but it's unconfirmed.")."""
     if not is_hedge_only(sentence, hedged):
         return False
+    ref = _CJK_REFERENCE.match(sentence)
+    if ref is not None and not _CJK_META.match(sentence):
+        # "这个超时可能是连接池导致的" names a thing of its own: a guess, not a hedge on
+        # the sentence before ("这一点尚未确认", "这个结论不一定成立" are)
+        rest = _HEDGE_WORDS.sub(" ", ref.group("rest"))
+        if sum(len(r) for r in _CJK_CHARS.findall(rest)) >= 4:
+            return False
     m = _OWN_CLAIM.match(sentence)
     if m is None:
         return True
