@@ -6,8 +6,8 @@
 - Items to find again in the model input later: user rules (sentences with deontic
   force, EN and ZH, and the lines of an AGENTS.md / CLAUDE.md preamble sent as a user
   message), files the agent's tools wrote (Edit/Write/MultiEdit, Codex `apply_patch`
-  headers, shell redirections), ids the tools produced (commit hashes from git output, PR
-  URLs, CI run and job ids).
+  headers, shell redirections), ids the tools produced (commits made or pushed, branches
+  created, PR URLs, CI run and job ids; not the commits a `git log` lists).
 - Summary lines: the sections and items of the summary message the model reads, and the
   tests applied to them (rule cue, boilerplate, superseded marks).
 """
@@ -130,7 +130,7 @@ class Item:
     """Something said or done in a message that should stay findable in the model input
     after the message left the verbatim tail."""
 
-    kind: str  # rule/sentence, rule/preamble, file, id/commit, id/pr, id/ci
+    kind: str  # rule/sentence, rule/preamble, file, id/commit, id/branch, id/pr, id/ci
     key: str  # what is searched for
     msg_index: int  # index of its (last) message in the transcript
     alts: tuple[str, ...] = ()  # other spellings that count as present
@@ -267,17 +267,21 @@ def edited_files(msgs: list[dict[str, Any]], cwd: str) -> list[Item]:
     return sorted(found.values(), key=lambda it: it.msg_index)
 
 
+# Ids a tool produced (the issue's "commits, PRs, branches, job and run ids returned by
+# tools"): the commit `git commit` made, the head a push sent, a branch it created, a PR
+# URL, a CI run or job. A `git log` / `git show` listing of commits that were already
+# there is evidence, not something the call produced: not counted.
 _COMMIT_LINE = re.compile(r"^\[[^\]\s]+(?: \([^)]*\))? ([0-9a-f]{7,40})\]", re.MULTILINE)
-_COMMIT_LOG = re.compile(r"^commit ([0-9a-f]{40})\b", re.MULTILINE)
-_ONELINE = re.compile(r"^(?:\* )?([0-9a-f]{7,12}) \S", re.MULTILINE)
 _PUSH = re.compile(r"\b([0-9a-f]{7,40})\.\.\.?([0-9a-f]{7,40})\s+\S+\s+->\s")
+_NEW_BRANCH = re.compile(r"Switched to a new branch '([^']+)'|\[new branch\]\s+(\S+)")
 _PR_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/pull/(\d+)")
 _RUN_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/actions/runs/(\d+)(?:/job/(\d+))?")
 _RUN_ID = re.compile(r"\b(?:run|job)(?: ID| id|_id)?[:#]?\s+(\d{7,})\b", re.IGNORECASE)
 
 
 def tool_ids(msgs: list[dict[str, Any]]) -> list[Item]:
-    """Ids tool results produced: commit hashes from git output, PR and CI run/job ids."""
+    """Ids tool results produced: commits made or pushed, branches created, PR and CI
+    run/job ids (not commits a log merely lists)."""
     commands: dict[str, str] = {}
     found: dict[str, Item] = {}
     for i, m in enumerate(msgs):
@@ -289,14 +293,12 @@ def tool_ids(msgs: list[dict[str, Any]]) -> list[Item]:
         text = text_of(m)
         command = commands.get(m.get("tool_call_id", ""), "")
         if "git" in command:
-            hashes = _COMMIT_LINE.findall(text) + _COMMIT_LOG.findall(text)
-            if "--oneline" in command or "log" in command:
-                hashes += _ONELINE.findall(text)
-            for a, b in _PUSH.findall(text):
-                hashes += [a, b]
+            hashes = _COMMIT_LINE.findall(text) + [b for _, b in _PUSH.findall(text)]
             for h in hashes:
                 alts = (h[:7],) if len(h) > 7 else ()
                 found.setdefault(h, Item("id/commit", h, i, alts))
+            for a, b in _NEW_BRANCH.findall(text):
+                found.setdefault(f"branch:{a or b}", Item("id/branch", a or b, i))
         for url in re.finditer(_PR_URL, text):
             n = url.group(1)
             found.setdefault(url.group(0), Item("id/pr", url.group(0), i, (f"pull/{n}",)))

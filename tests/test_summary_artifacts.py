@@ -299,8 +299,11 @@ def test_commits_a_log_and_a_push_return() -> None:
         assistant(6, None, call("p1", "Bash", command="git push origin main")),
         result(7, "p1", "To github.com:acme/shop.git\n   a1b2c3d..e5f6a7b  main -> main\n"),
     ])
+    # the push made e5f6a7b; the log only listed commits that were there: one line of
+    # evidence, newest first, each hash exact
     assert artifacts(summary) == [
-        "commit e5f6a7b", "commit a1b2c3d", "commit b2c3d4e", "commit c3d4e5f",
+        "commit e5f6a7b", "commit a1b2c3d",
+        "git log: a1b2c3d fix the 导出 encoding; b2c3d4e add retries; c3d4e5f init",
     ]
 
 

@@ -396,11 +396,16 @@ def _shell_ops(script: str) -> list[tuple[str, str]]:
 
 _COMMIT = re.compile(r"^\[[^\]\s]+(?: \(root-commit\))? ([0-9a-f]{7,40})\]", re.MULTILINE)
 _COMMIT_WORD = re.compile(r"\bcommit ([0-9a-f]{7,40})\b")
-# `git log`: "commit <sha>" lines, or "<sha> subject" with --oneline
+# `git log`: "commit <sha>" lines (the subject further down, indented), or "<sha>
+# subject" with --oneline
 _COMMIT_LOG = re.compile(r"^commit ([0-9a-f]{40})\b", re.MULTILINE)
-_ONELINE = re.compile(r"^(?:\* )?([0-9a-f]{7,12}) \S", re.MULTILINE)
-# commits a log lists, at most, newest first
-_LOGGED = 10
+_LOG_SUBJECT = re.compile(r"^    (\S[^\n]*)", re.MULTILINE)
+_ONELINE = re.compile(r"^(?:[*|/\\ ]+)?([0-9a-f]{7,12}) +(?P<subject>\S[^\n]*)", re.MULTILINE)
+# A listing of existing commits is evidence, not something the call produced: it is
+# kept as one line, newest first, as many commits as fit in this many characters
+_LOG_LINE_CHARS = 720
+_LOG_SUBJECT_MIN = 12
+_LOG_TARGET = "git:log"
 _PUSHED = re.compile(
     r"^\s*[+ ]?\s*([0-9a-f]{7,40})\.\.\.?([0-9a-f]{7,40})\s+\S+ -> \S+", re.M
 )
@@ -418,7 +423,7 @@ _CI_URL = re.compile(
     r"|https?://[^\s\"'<>)\]]+/-/(pipelines|jobs)/(\d+)"
 )
 _JOB = re.compile(
-    r"\b(job|run|pipeline|build|workflow run|deployment|task)(?:[ _-]?id)?\s*[:=#]?\s*"
+    r"\b(job|run|pipeline|build|workflow run|deployment|task)(?:[ _-]?id)?[ \t]*[:=#]?[ \t]*"
     r"([0-9a-f]{6,}|\d{4,})\b",
     re.IGNORECASE,
 )
@@ -486,11 +491,14 @@ def result_ids(result: str, creates: bool, command: str = "") -> list[tuple[str,
     for m in _PUSHED.finditer(head):
         out += [(m.group(1), f"commit {m.group(1)}"), (m.group(2), f"commit {m.group(2)}")]
     if "git" in command and ("log" in command or "show" in command):
-        logged = [m.group(1) for m in _COMMIT_LOG.finditer(head)]
+        logged = _full_log(head)
         if "oneline" in command or "--format" in command or "--pretty" in command:
-            logged += [m.group(1) for m in _ONELINE.finditer(head)]
-        # oldest first, so the newest ends up listed first
-        out += [(sha, f"commit {sha}") for sha in reversed(logged[:_LOGGED])]
+            logged += [(m.group(1), m.group("subject")) for m in _ONELINE.finditer(head)]
+        if len(logged) == 1:
+            # `git log -1`, `git show HEAD`: the one commit asked about, named alone
+            out.append((logged[0][0], f"commit {logged[0][0]}"))
+        elif logged:
+            out.append((_LOG_TARGET, log_line(logged)))
     if not out:
         for m in _COMMIT_WORD.finditer(head[:2000]):
             out.append((m.group(1), f"commit {m.group(1)}"))
@@ -520,6 +528,36 @@ def result_ids(result: str, creates: bool, command: str = "") -> list[tuple[str,
     if creates:
         out += _created(head, urls_named)
     return out
+
+
+def _full_log(head: str) -> list[tuple[str, str]]:
+    """(sha, subject) of each "commit <sha>" entry of a full `git log` / `git show`."""
+    found = list(_COMMIT_LOG.finditer(head))
+    out = []
+    for i, m in enumerate(found):
+        body = head[m.end() : found[i + 1].start() if i + 1 < len(found) else len(head)]
+        subject = _LOG_SUBJECT.search(body)
+        out.append((m.group(1), subject.group(1) if subject else ""))
+    return out
+
+
+def log_line(commits: list[tuple[str, str]]) -> str:
+    """"git log: 2406dea fix(ui): updated dashboard…; ac184b8 covers keep…": the commits
+    a listing shows, newest first, short hashes exact and subjects cut so that as many
+    as can be fit in one line; those past it are counted."""
+    room = _LOG_LINE_CHARS - len("git log: ")
+    shown = commits
+    while len(shown) > 1 and len(shown) * (7 + 2 + _LOG_SUBJECT_MIN) > room:
+        shown = shown[:-1]
+    per = max(room // len(shown) - 9, 0)
+    parts = []
+    for sha, subject in shown:
+        subject = " ".join(subject.split())
+        if len(subject) > per:
+            subject = subject[: max(per - 1, 0)].rstrip() + "…" if per > 1 else ""
+        parts.append(f"{sha[:7]} {subject}".rstrip())
+    more = len(commits) - len(shown)
+    return "git log: " + "; ".join(parts) + (f"; +{more} older" if more else "")
 
 
 def _created(head: str, urls_named: set[str]) -> list[tuple[str, str]]:
