@@ -680,14 +680,21 @@ def _creates(name: str, script: str | None) -> bool:
 def artifacts_of(name: str, args: Any, result: str) -> list[tuple[str, str]]:
     """(target, text) for what a successful call produced: files it wrote, moved or
     deleted; commits, branches, PRs, CI runs and jobs, and created resources its result
-    names. Empty for a call whose result reports a non-zero exit."""
+    names. For a call whose result reports a non-zero exit, only the commits it made."""
     if result_failed(result):
-        return []
+        return made_commits(result)
     result = _unwrap(result)
     script = _shell_script(args) if isinstance(args, dict) else None
     out = _file_ops(name, args, result, script)
     out += result_ids(result, _creates(name, script), script or "")
     return _unique(out)
+
+
+def made_commits(result: str) -> list[tuple[str, str]]:
+    """The commits a failed call made all the same: "git commit && git push" whose push
+    was rejected still made the commit its "[main c83eea1] …" line names."""
+    head = _unwrap(result)[:_RESULT_HEAD]
+    return _unique([(m.group(1), f"commit {m.group(1)}") for m in _COMMIT.finditer(head)])
 
 
 def _unique(found: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -35,6 +35,7 @@ from ctxd.daemon.summarizers.facts import (
     artifacts_of,
     is_confirmation,
     is_hedged,
+    made_commits,
     trim_keeping_hedge,
 )
 from ctxd.daemon.summarizers.fit import fit
@@ -447,10 +448,11 @@ class BuiltinSummarizer:
         # Tool frameworks often report failure as a bare first line ("Failed to ...").
         failed = _is_error_text(text, anchored=True) or bool(_FAILURE_START.match(first_line))
         record.outcome = "error" if failed else "ok"
-        if not failed:
-            # exact: a path or an id cut short names something else
-            for target, what in artifacts_of(record.name, record.raw, text):
-                draft.add_artifact(target, what, [*record.sources])
+        # exact: a path or an id cut short names something else; a failed call still
+        # made the commits its output names
+        made = made_commits(text) if failed else artifacts_of(record.name, record.raw, text)
+        for target, what in made:
+            draft.add_artifact(target, what, [*record.sources])
         if failed:
             line = _error_excerpt(text) or first_line
             draft.add(

@@ -93,7 +93,7 @@ def trim_keeping_hedge(text: str, limit: int) -> str:
 
 # what a call produced is read in artifacts.py, what a setting is and when a later
 # statement replaces it in settings.py; summarizers reach both from here too
-from ctxd.daemon.summarizers.artifacts import artifacts_of  # noqa: E402, F401
+from ctxd.daemon.summarizers.artifacts import artifacts_of, made_commits  # noqa: E402, F401
 from ctxd.daemon.summarizers.settings import (  # noqa: E402, F401
     Setting,
     same_subject,
