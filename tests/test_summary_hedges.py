@@ -126,6 +126,10 @@ def test_a_long_chinese_setting_has_a_short_form_of_subject_and_value() -> None:
     assert compact_setting(plain, setting_of(plain, True)) is None
     rule = "数据库迁移必须在周五之前完成，熊猫团队负责审核，这是和财务团队上周达成的一致意见。"
     assert compact_setting(rule, setting_of(rule, True)) is None
+    # another setting in the same sentence is more than a reason: kept whole
+    two = ("经过和运维团队的讨论并结合最近两周的线上监控数据，库存的批处理大小需要调整到 800 条，"
+           "熊猫团队负责审核。")
+    assert compact_setting(two, setting_of(two, True)) is None
 
 
 def test_under_the_budget_a_long_setting_gives_up_its_reasons_before_a_guess() -> None:

@@ -504,6 +504,8 @@ def compact_setting(text: str, setting: Setting | None) -> str | None:
         return None
     if not _CJK_RUN.search(text) or _CONSTRAINT.search(text):
         return None
+    if other_parts(text, setting):
+        return None  # "…改到 500 条，熊猫团队负责审核": who reviews is more than a reason
     subject = _OPINION_LEAD.sub("", setting.label).strip(_PUNCT)
     if len(subject) < 2:
         return None
