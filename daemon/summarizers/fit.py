@@ -6,6 +6,7 @@ import heapq
 import re
 import string
 from collections import deque
+from collections.abc import Callable
 
 from ctxd.daemon.summarizers.cues import _CJK_RUN, _CONSTRAINT, _key_terms, _trim
 from ctxd.daemon.summarizers.draft import _SHARES, _Draft, _Entry, _share_class
@@ -344,7 +345,7 @@ def _drop_plan(
                 # past the routine lines, a long sentence that sets a value gives up its
                 # reasons (subject and value stay, the archive has the rest) before any
                 # excerpt, artifact or guess is lost
-                ops.extend(_compact_settings(entries, est))
+                ops.extend(_compact_settings(entries, est, favoured))
             drain(
                 [e for e in every if favoured(e) == keep_focus and tier(e) == level],
                 trims[level] if not keep_focus else {},
@@ -354,12 +355,14 @@ def _drop_plan(
 
 
 def _compact_settings(
-    entries: dict[str, list[_Entry]], est: dict[int, float]
+    entries: dict[str, list[_Entry]], est: dict[int, float],
+    favoured: Callable[[_Entry], bool],
 ) -> list[tuple[str, _Entry, str]]:
-    """Trims that write long settings in force as subject and value, oldest first."""
+    """Trims that write long settings in force as subject and value, oldest first; not
+    those the instructions ask for, which stay whole."""
     ops: list[tuple[str, _Entry, str]] = []
     for e in sorted(entries["constraints"], key=_Entry.recency):
-        if e.status != "current" or e.unconfirmed:
+        if e.status != "current" or e.unconfirmed or favoured(e):
             continue
         short = compact_setting(e.text, e.setting)
         if short is None:
