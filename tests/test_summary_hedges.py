@@ -14,7 +14,8 @@ from summary_builders import summarize as run
 
 from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
 from ctxd.daemon.summarizers.guesses import join_guesses, split_guesses
-from ctxd.daemon.summarizers.settings import compact_setting, setting_of
+from ctxd.daemon.summarizers.settings import setting_of
+from ctxd.daemon.summarizers.short_settings import compact_setting
 from ctxd.daemon.summary import Summary, SummaryItem, SummaryRequest
 
 

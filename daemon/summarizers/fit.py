@@ -12,7 +12,7 @@ from ctxd.daemon.summarizers.cues import _CJK_RUN, _CONSTRAINT, _key_terms, _tri
 from ctxd.daemon.summarizers.draft import _SHARES, _Draft, _Entry, _share_class
 from ctxd.daemon.summarizers.facts import trim_keeping_hedge
 from ctxd.daemon.summarizers.guesses import join_guesses, trim_guess
-from ctxd.daemon.summarizers.settings import compact_setting
+from ctxd.daemon.summarizers.short_settings import compact_setting
 from ctxd.daemon.summary import SECTIONS, UNPOINTED, Summary, SummaryItem, SummaryRequest
 
 _MESSAGE_FRAME_TOKENS = 56
