@@ -24,14 +24,14 @@ from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
 from ctxd.daemon.busy import when_free
-from ctxd.daemon.compaction import commit, inputs
+from ctxd.daemon.compaction import commit, inputs, preambles
 from ctxd.daemon.compaction.commit import Attempt
 from ctxd.daemon.compaction.rules import rebuild_boundary, tail_boundary, valid_boundaries
 from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.ids import new_id
 from ctxd.daemon.stores.base import Store
 from ctxd.daemon.stores.sqlite.context_store import ContextState
-from ctxd.daemon.summary import Summarizer, Summary
+from ctxd.daemon.summary import Summarizer, Summary, SummaryItem
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import (
     ApprovalPending,
@@ -403,7 +403,14 @@ class Compactor:
         overhead = inputs.summary_overhead(
             lambda s: self.contexts.summary_tokens(session_id, s), self.tokens.count_text
         )
-        limit = inputs.size_limit(self.policy, st.summary_tokens, overhead, departing)
+        # instruction preambles move into the summary message word for word: outside
+        # the summary's own bound, and what they take there leaves the tail with them
+        kept = self._preambles(previous, leaving)
+        count = self.tokens.count_text
+        old_p = preambles.tokens_of(st.summary, count)
+        moved = max(0, preambles.tokens_of(Summary(preambles=kept), count) - old_p)
+        limit = inputs.size_limit(self.policy, st.summary_tokens - old_p, overhead,
+                                  max(0, departing - moved))
         try:
             summary = await inputs.summarize(
                 self.summarizer, self.policy, self.tokens, session_id, previous, leaving, pins,
@@ -412,13 +419,24 @@ class Compactor:
                     session_id, cid, {"kind": "report", "percentage": done}
                 ),
                 limit,
+                [p.text for p in kept],
             )
         except CtxdError:
             raise
         except Exception as exc:
             self._failed(a, before, leaving, exc)
+        summary.preambles = kept
+        preambles.drop_repeated(summary)
         inputs.finish(summary, st.summary, previous, leaving, ordinals, cid, rederive)
         return summary, leaving, departing
+
+    def _preambles(self, previous: Summary, leaving: list[dict[str, Any]]) -> list[SummaryItem]:
+        """The instruction preambles the new summary carries (none when
+        `instructions_max_tokens` is 0: their rules are then filed as any other)."""
+        bound = self.policy.instructions_max_tokens
+        if bound <= 0:
+            return []
+        return preambles.carry(previous.preambles, leaving, bound, self.tokens.count_text)
 
     def _failed(
         self, a: Attempt, before: dict[str, int], leaving: list[dict[str, Any]], exc: Exception

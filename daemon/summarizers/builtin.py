@@ -10,11 +10,12 @@ fails.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ctxd.daemon.messages import content_text, message_id
 from ctxd.daemon.summarizers.artifacts_fold import fold_unlisted
-from ctxd.daemon.summarizers.boilerplate import clean
+from ctxd.daemon.summarizers.boilerplate import clean, repeats
 from ctxd.daemon.summarizers.cues import (
     _CALL_ID_NOTE,
     _CJK_RUN,
@@ -120,7 +121,9 @@ class BuiltinSummarizer:
             for _, m in messages
             if m.get("role") == "tool" and m.get("tool_call_id") is not None
         }
-        self._load_previous(draft, request.previous, answered)
+        # rules the summary message carries word for word in a preamble need no item
+        said = repeats(request.verbatim)
+        self._load_previous(draft, request.previous, answered, said)
         folds = Folds()
         folds.load(draft)
 
@@ -135,7 +138,7 @@ class BuiltinSummarizer:
             limit = self.max_paths_per_message * 2
             if role == "user":
                 # boilerplate (the run's environment, IDE tabs) names no file of the work
-                text = self._read_user(draft, mid, text, folds)
+                text = self._read_user(draft, mid, text, folds, said)
             elif role == "assistant":
                 self._read_assistant(draft, mid, text)
                 for n, call in enumerate(msg.get("tool_calls") or []):
@@ -181,9 +184,13 @@ class BuiltinSummarizer:
 
     # ------------------------------------------------------------------ reading
 
-    def _load_previous(self, draft: _Draft, previous: Summary, answered: set[str]) -> None:
+    def _load_previous(
+        self, draft: _Draft, previous: Summary, answered: set[str], said: Callable[[str], bool]
+    ) -> None:
         for name in SECTIONS:
             for item in previous.sections.get(name) or []:
+                if name == "constraints" and item.status == "current" and said(item.text):
+                    continue
                 if name == "open_items":
                     note = _CALL_ID_NOTE.search(item.text)
                     # The call this item waited on has its result now; it is no longer open.
@@ -201,14 +208,15 @@ class BuiltinSummarizer:
         draft.supersessions.update(previous.supersessions)
 
     def _read_user(
-        self, draft: _Draft, mid: int, text: str, folds: Folds | None = None
+        self, draft: _Draft, mid: int, text: str, folds: Folds | None = None,
+        said: Callable[[str], bool] | None = None,
     ) -> str:
         """File the sentences of a user message; returns the text that is not
         boilerplate."""
         cleaned = clean(text)
         for rule in cleaned.rules:
             # a rule of an AGENTS.md / CLAUDE.md block: verbatim, one item per line
-            if is_deontic(rule):
+            if is_deontic(rule) and not (said and said(rule)):
                 draft.add(
                     "constraints", trim_keeping_hedge(rule, self.max_constraint_chars), [mid]
                 )
