@@ -41,7 +41,7 @@ from ctxd.daemon.summarizers.facts import (
 from ctxd.daemon.summarizers.fit import fit
 from ctxd.daemon.summarizers.folding import Folds
 from ctxd.daemon.summarizers.guesses import split_guesses
-from ctxd.daemon.summarizers.kinds import is_deontic, user_kind
+from ctxd.daemon.summarizers.kinds import is_deontic, is_document, user_kind
 from ctxd.daemon.summarizers.paths import (
     _PATH_KEYS,
     _find_paths,
@@ -239,6 +239,7 @@ class BuiltinSummarizer:
         # statement ("X is caused by Y. I haven't confirmed that.") binds to it alone
         goal_unit = -2
         pieces = units(text)
+        document = is_document(text)
         for index, unit in enumerate(pieces):
             if unit.pasted:
                 # pasted output is evidence: its error line is kept below, nothing of it
@@ -278,7 +279,9 @@ class BuiltinSummarizer:
                 continue
             if is_confirmation(sentence, hedged):
                 draft.confirm(sentence, last)
-            kind = user_kind(sentence, slow, may_correct, may_set)
+            # a quoted line is someone else's words: part of the request, no rule
+            kind = None if unit.quoted else user_kind(
+                sentence, slow, may_correct, may_set, document)
             if kind is not None:
                 is_correction = kind == "correction"
                 entry = draft.add(

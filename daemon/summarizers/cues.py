@@ -91,7 +91,9 @@ _CONSTRAINT = _Cue(
 
 # "Make sure the tests still pass" is as often a one-off request as a standing rule, so
 # a sentence with no stronger cue is kept as a constraint but is the first to go.
-_WEAK_CONSTRAINT = _Cue(r"\b(?:make sure|ensure)\b|确保", "make sure|ensure|确保")
+# "Read the setup notes to ensure the environment is ready" says what for, not a rule
+_WEAK_CONSTRAINT = _Cue(r"(?<!\bto\s)\b(?:make sure|ensure)\b|(?<!以)确保",
+                        "make sure|ensure|确保")
 
 # An imperative that sets a choice ("Use port 8080.", "Set the timeout to 30 s.") is a
 # rule about how, where "Add an endpoint" or "Set up CI" is a request for what; only the

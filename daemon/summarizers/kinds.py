@@ -30,22 +30,37 @@ _SETS_VALUE = re.compile(
 )
 
 
+# a user message with this many lines is a document (a spec, a plan, a review pasted
+# in): what its lines set describes the work, it is no standing setting of the user's
+DOCUMENT_LINES = 12
+
+
+def is_document(text: str) -> bool:
+    return sum(1 for line in text.splitlines() if line.strip()) >= DOCUMENT_LINES
+
+
 def is_deontic(rule: str) -> bool:
     low = rule.lower()
     return _CONSTRAINT.search(rule, low) or _WEAK_CONSTRAINT.search(rule, low)
 
 
-def user_kind(sentence: str, slow: str, may_correct: bool, may_set: bool) -> str | None:
+def user_kind(
+    sentence: str, slow: str, may_correct: bool, may_set: bool, document: bool = False
+) -> str | None:
     """"correction" or "rule" when a sentence of the user is a constraint, else None.
 
     A rule has deontic force (must, never, only, do not, 必须, 不要...) or sets how
     something is (a setting, "use port 8080"); a request to do something ("please
     check X", "Step 74: run the tests", "请看一下…") is a task, whatever numbers it
-    names.
+    names. In a `document` (see is_document) only deontic force makes a rule: "Set
+    market.status = PROPOSED", "chainId: 420420417" or "不是太弱，而是太强" there
+    describe what to build or argue a point; they set and correct nothing.
     """
     if sentence.endswith(("?", "？")):
         # "why don't they show in the viewer?" asks; it sets no rule
         return None
+    if document:
+        return "rule" if is_deontic(sentence) else None
     body = strip_series(sentence)
     if is_request(sentence):
         # "run the cleanup at 04:00" sets when it runs; "please check m74.py" sets
