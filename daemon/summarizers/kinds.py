@@ -24,7 +24,7 @@ from ctxd.daemon.summarizers.sentences import introduces_list, is_request, strip
 # 2000") still changes a setting
 _SETS_VALUE = re.compile(
     r"\b(?:set|raise|lower|increase|decrease|reduce|bump|change|switch|limit|cap|use"
-    r"|should be|must be|from now on)\b"
+    r"|should (?:now )?be|must be|needs? to be|has to be|go with|from now on)\b"
     r"|设为|设置为|设成|改到|改成|改为|调整|调到|换成|改用|使用|用|统一",
     re.IGNORECASE,
 )
@@ -37,6 +37,19 @@ DOCUMENT_LINES = 12
 
 def is_document(text: str) -> bool:
     return sum(1 for line in text.splitlines() if line.strip()) >= DOCUMENT_LINES
+
+
+# the longest sentence read as a bare setting (words; CJK characters count one each)
+_SETTING_WORDS = 10
+_SETTING_CJK = 24
+_CJK_CHAR = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
+
+
+def _short(sentence: str) -> bool:
+    cjk = len(_CJK_CHAR.findall(sentence))
+    if cjk:
+        return cjk + len(_CJK_CHAR.sub(" ", sentence).split()) <= _SETTING_CJK
+    return len(sentence.split()) <= _SETTING_WORDS
 
 
 def is_deontic(rule: str) -> bool:
@@ -84,7 +97,10 @@ def user_kind(
         return None
     if _IMPERATIVE.match(body):
         return "rule"
-    if setting_of(body) is not None:
+    if setting_of(body) is not None and (_SETS_VALUE.search(sentence) or _short(body)):
+        # a bare "subject value" ("export batch 500", "连接池上限 100") is a setting
+        # only as a short line: in a long sentence a number is part of what it tells
+        # ("Most people can't invest because the minimum is 10,000+")
         return "rule"
     if may_set and _SETTING.search(sentence, slow):
         return "rule"
