@@ -334,7 +334,20 @@ def marks_superseded(line: SummaryLine, source: str = "") -> bool:
         return True
     if line.section.lower().startswith(_ARROW_IS_RESULT) and " → " in line.raw:
         return bool(re.search(r"\(was |\(原为", line.raw))
-    return bool(SUPERSEDED.search(line.raw)) and norm(line.text) not in source
+    if not SUPERSEDED.search(line.raw):
+        return False
+    # guesses joined on one line ("A #37; B #41") are each a statement of their own: an
+    # arrow one of them quotes from the transcript ("Intake → Plan → Deliver") is no
+    # mark, whatever the other one says; an excerpt cut short ("…") is checked as far as
+    # it goes
+    return any(
+        SUPERSEDED.search(piece) and norm(piece.rstrip().rstrip("…")) not in source
+        for piece in _JOINED.split(line.text)
+    )
+
+
+# where two joined guesses meet on a summary line: the first one's pointer and a ";"
+_JOINED = re.compile(r"\s#\d+(?:-\d+)?;\s*")
 PASTED = re.compile(
     r"Traceback|^\s*at \S+ \(|File \"[^\"]+\", line \d+|\[Image #?\d+\]|\blen=\d+"
     r"|\[image [^\]]*sha256|```|\bERROR\b|Exit code:? \d|^\s*\d+\s*[|→]|\$ \S|<\w+>.*</\w+>"
