@@ -94,20 +94,24 @@ def test_quoted_lines_are_someone_elses_words() -> None:
     ]
 
 
-def test_to_ensure_says_what_for() -> None:
+def test_to_ensure_and_to_avoid_say_what_for() -> None:
     summary = run(users(
         "Read references/dev-environment-setup.md to ensure the dev environment is ready.",
         "先阅读部署文档，以确保环境就绪。",
         "Make sure the migrations run before the tests.",
         "确保迁移先于测试运行。",
+        "Reuse the existing command presets to avoid reinventing workflows.",
+        "Avoid heavy animations.",
     ))
     assert texts(summary, "constraints") == [
         "Make sure the migrations run before the tests.",
         "确保迁移先于测试运行。",
+        "Avoid heavy animations.",
     ]
     assert texts(summary, "goals") == [
         "Read references/dev-environment-setup.md to ensure the dev environment is ready.",
         "先阅读部署文档，以确保环境就绪。",
+        "Reuse the existing command presets to avoid reinventing workflows.",
     ]
 
 

@@ -74,7 +74,8 @@ class _CueSet:
 # 别忘了 are reminders of a task, not rules, so they stay with the request. 务必 is not
 # the one in 服务必须 ("the service must"): stripped, it would cut the subject in half.
 _CONSTRAINT = _Cue(
-    r"\b(?:must(?:n[’']?t| not)?|always|avoid|should(?:n[’']?t| not)|no longer"
+    # "…presets to avoid reinventing workflows" says what for, "avoid X" is a rule
+    r"\b(?:must(?:n[’']?t| not)?|always|(?<!\bto\s)avoid|should(?:n[’']?t| not)|no longer"
     # "I never said that" tells what happened; "rave-only" names a kind of thing
     r"|never(?!\s+(?:said|told|asked|meant|wanted|did|had|was|were|knew|saw|got|thought)\b)"
     r"|(?<!-)only(?!-)"
