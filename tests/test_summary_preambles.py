@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_llm import FakeLLM
 from helpers import DaemonProcess
 
 from ctxd.daemon.config import ConfigError, load_config
@@ -206,3 +207,33 @@ def test_the_bound_is_a_checked_config_key(tmp_path: Path) -> None:
     assert load_config(environ={}).compaction.instructions_max_tokens == 8000
     with pytest.raises(ConfigError, match="compaction.instructions_max_tokens"):
         load_config(environ={"CTXD_INSTRUCTIONS_MAX_TOKENS": "-1"})
+
+
+def test_with_a_model_summarizer_the_preamble_is_carried_the_same(tmp_path: Path) -> None:
+    """The carrying is the compaction's, not the built-in summarizer's: a model writing
+    beside the extractor (a loopback fake endpoint) gets the same block, and no item
+    repeating one of its lines."""
+    with FakeLLM("good") as llm:
+        config = tmp_path / "ctxd.toml"
+        config.write_text(
+            'summarizer = "openai"\n[openai]\n'
+            f'base_url = "{llm.base_url}"\nmodel = "fake-model"\ntimeout_seconds = 5\n'
+        )
+        d = DaemonProcess(tmp_path, "--config", str(config)).start()
+        try:
+            with d.client() as c:
+                sid = c.call("session/create", {})["sessionId"]
+                c.call("messages/append", {"sessionId": sid,
+                                           "messages": [user(CODEX_AGENTS), *turns(1, 8)]})
+                compact(c, sid)
+                assert llm.requests, "the model was asked"
+                text = summary_message(c, sid)
+                assert kept_blocks(text) == ["From #1:\n" + CODEX_KEPT]
+                # nothing after the block says one of its lines again
+                assert "activate any existing venv" not in text.split(CODEX_KEPT, 1)[1]
+                explained = c.call("context/explain", {"sessionId": sid})
+                assert explained["brokenPointers"] == 0
+                assert explained["items"][0]["section"] == "preambles"
+                assert explained["provenance"]["summarizer"].startswith("openai:fake-model")
+        finally:
+            d.stop()
