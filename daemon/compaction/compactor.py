@@ -31,7 +31,7 @@ from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.ids import new_id
 from ctxd.daemon.stores.base import Store
 from ctxd.daemon.stores.sqlite.context_store import ContextState
-from ctxd.daemon.summary import Summarizer, Summary, SummaryItem
+from ctxd.daemon.summary import Summarizer, Summary
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import (
     ApprovalPending,
@@ -403,14 +403,13 @@ class Compactor:
         overhead = inputs.summary_overhead(
             lambda s: self.contexts.summary_tokens(session_id, s), self.tokens.count_text
         )
-        # instruction preambles move into the summary message word for word: outside
-        # the summary's own bound, and what they take there leaves the tail with them
-        kept = self._preambles(previous, leaving)
-        count = self.tokens.count_text
-        old_p = preambles.tokens_of(st.summary, count)
-        moved = max(0, preambles.tokens_of(Summary(preambles=kept), count) - old_p)
-        limit = inputs.size_limit(self.policy, st.summary_tokens - old_p, overhead,
-                                  max(0, departing - moved))
+        # instruction preambles move into the summary message word for word, outside
+        # the summary's own bound (preambles.py)
+        kept, carried, leaving_tokens = preambles.plan(
+            self.policy.instructions_max_tokens, st.summary, previous, leaving, departing,
+            self.tokens.count_text)
+        limit = inputs.size_limit(self.policy, st.summary_tokens - carried, overhead,
+                                  leaving_tokens)
         try:
             summary = await inputs.summarize(
                 self.summarizer, self.policy, self.tokens, session_id, previous, leaving, pins,
@@ -429,14 +428,6 @@ class Compactor:
         preambles.drop_repeated(summary)
         inputs.finish(summary, st.summary, previous, leaving, ordinals, cid, rederive)
         return summary, leaving, departing
-
-    def _preambles(self, previous: Summary, leaving: list[dict[str, Any]]) -> list[SummaryItem]:
-        """The instruction preambles the new summary carries (none when
-        `instructions_max_tokens` is 0: their rules are then filed as any other)."""
-        bound = self.policy.instructions_max_tokens
-        if bound <= 0:
-            return []
-        return preambles.carry(previous.preambles, leaving, bound, self.tokens.count_text)
 
     def _failed(
         self, a: Attempt, before: dict[str, int], leaving: list[dict[str, Any]], exc: Exception

@@ -67,6 +67,26 @@ def carry(
     return list(by_key.values())
 
 
+def plan(
+    max_tokens: int,
+    current: Summary,
+    previous: Summary,
+    leaving: list[dict[str, Any]],
+    departing: int,
+    count: Callable[[str], int],
+) -> tuple[list[SummaryItem], int, int]:
+    """What a compaction carries, and how it counts: the preambles of the new summary
+    (none when `max_tokens` is 0: their rules are then filed as any other), the tokens
+    the current summary message spends on its own, and the tokens of what leaves the
+    context (`departing`) less what the new preambles add, since they move into the
+    summary message whole instead of being summarized: the summary's share is
+    counted on the rest."""
+    kept = carry(previous.preambles, leaving, max_tokens, count) if max_tokens > 0 else []
+    carried = tokens_of(current, count)
+    added = max(0, tokens_of(Summary(preambles=kept), count) - carried)
+    return kept, carried, max(0, departing - added)
+
+
 def tokens_of(summary: Summary, count: Callable[[str], int]) -> int:
     """Tokens the preambles take in the summary message (0 without any)."""
     if not summary.preambles:
