@@ -237,3 +237,33 @@ def test_with_a_model_summarizer_the_preamble_is_carried_the_same(tmp_path: Path
                 assert explained["provenance"]["summarizer"].startswith("openai:fake-model")
         finally:
             d.stop()
+
+
+def test_a_copy_resent_into_the_tail_is_read_once(daemon: DaemonProcess) -> None:
+    with daemon.client() as c:
+        sid = c.call("session/create", {"title": "resent"})["sessionId"]
+        c.call("messages/append", {"sessionId": sid,
+                                   "messages": [user(CODEX_AGENTS), *turns(1, 8)]})
+        compact(c, sid)
+        assert kept_blocks(summary_message(c, sid)) == ["From #1:\n" + CODEX_KEPT]
+        # a new version arrives and stays in the tail: the old one is not carried
+        # beside it, and the model reads the new one once, in its message
+        c.call("messages/append", {"sessionId": sid,
+                                   "messages": [user(CODEX_AGENTS_V2), *turns(20, 2)]})
+        r = compact(c, sid)
+        assert r["after"]["messages"] == 1 + 5  # the summary message, then the tail
+        msgs = c.call("context/get", {"sessionId": sid})["messages"]
+        assert msgs[1] == {"role": "user", "content": CODEX_AGENTS_V2}
+        text = summary_message(c, sid)
+        assert "Standing instructions" not in text and "<INSTRUCTIONS>" not in text
+        everything = "\n".join(str(m["content"]) for m in msgs)
+        assert everything.count("Squash commits before merging.") == 1
+        assert "conventional commit" not in everything
+        # once that message leaves too, its version is carried
+        c.call("messages/append", {"sessionId": sid, "messages": turns(30, 8)})
+        compact(c, sid)
+        assert kept_blocks(summary_message(c, sid)) == [
+            "From #18:\n"  # AGENTS.md, 8 turns, then the new version
+            + CODEX_KEPT.replace("Use conventional commit messages.",
+                                 "Squash commits before merging.")
+        ]

@@ -406,8 +406,8 @@ class Compactor:
         # instruction preambles move into the summary message word for word, outside
         # the summary's own bound (preambles.py)
         kept, carried, leaving_tokens = preambles.plan(
-            self.policy.instructions_max_tokens, st.summary, previous, leaving, departing,
-            self.tokens.count_text)
+            self.policy.instructions_max_tokens, st.summary, previous, leaving,
+            region[boundary:], departing, self.tokens.count_text)
         limit = inputs.size_limit(self.policy, st.summary_tokens - carried, overhead,
                                   leaving_tokens)
         try:

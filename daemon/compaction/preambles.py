@@ -72,6 +72,7 @@ def plan(
     current: Summary,
     previous: Summary,
     leaving: list[dict[str, Any]],
+    staying: list[dict[str, Any]],
     departing: int,
     count: Callable[[str], int],
 ) -> tuple[list[SummaryItem], int, int]:
@@ -80,8 +81,14 @@ def plan(
     the current summary message spends on its own, and the tokens of what leaves the
     context (`departing`) less what the new preambles add, since they move into the
     summary message whole instead of being summarized: the summary's share is
-    counted on the rest."""
+    counted on the rest. A preamble sent again in the messages `staying` in the tail is
+    not carried: the model reads its latest copy there, once (it is carried again when
+    that message leaves)."""
     kept = carry(previous.preambles, leaving, max_tokens, count) if max_tokens > 0 else []
+    if kept:
+        resent = {p.key for m in staying if m.get("role") == "user"
+                  for p in preambles(content_text(m.get("content")))}
+        kept = [p for p in kept if p.subject not in resent]
     carried = tokens_of(current, count)
     added = max(0, tokens_of(Summary(preambles=kept), count) - carried)
     return kept, carried, max(0, departing - added)
