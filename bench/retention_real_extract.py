@@ -149,6 +149,22 @@ DEONTIC = re.compile(
     r"|必须|必須|不要|禁止|务必|務必|只能|不得",
     re.IGNORECASE,
 )
+# The rest of the summarizer's reading of force and correction (daemon/summarizers/cues.py,
+# written out here so that another checkout is measured the same way): "avoid", "ensure",
+# "no longer", "shouldn't", 不能 / 不准 / 一定要 / 确保..., and the cue words of a correction
+# ("no, …", "instead", "actually", 不对, 改成). A constraint item with neither these nor
+# DEONTIC nor a correction mark is one that should not be there.
+FORCE = re.compile(
+    r"(?<!\bto\s)\b(?:avoid|ensure)\b|\bno longer\b|\bshould(?:n[’']?t| not)\b"
+    r"|不能|不准|不许|不許|请勿|請勿|一定要|(?<!以)确保|(?<!以)確保|务必|務必|不要|禁止|必须|必須|只能",
+    re.IGNORECASE,
+)
+CORRECTION_CUE = re.compile(
+    r"\bactually\b|\binstead\b|\bno\s?[,，!]|^\s*nope\b|\bchange\b[^.。!?]{0,60}?\bto\b"
+    r"|\bswitch(?:ed)? to\b|\bi meant\b|\brather than\b|\bscratch that\b|\bwrong\b"
+    r"|不对|不對|改成|改为|改為|换成|換成|不是[^。]{0,30}而是|应该是|應該是|搞错|搞錯",
+    re.IGNORECASE,
+)
 PREAMBLE = re.compile(r"AGENTS\.md|CLAUDE\.md|<user_instructions>|<INSTRUCTIONS>")
 _SPLIT = re.compile(r"\n+|(?<=[.!?])\s+|(?<=[。！？；])")
 _BULLET = re.compile(r"^\s*(?:(?:[-*•+>]|\d+[.)])\s+|#+\s*)")
@@ -336,7 +352,20 @@ def marks_superseded(line: SummaryLine, source: str = "") -> bool:
         return True
     if line.section.lower().startswith(_ARROW_IS_RESULT) and " → " in line.raw:
         return bool(re.search(r"\(was |\(原为", line.raw))
-    return bool(SUPERSEDED.search(line.raw)) and norm(line.text) not in source
+    if not SUPERSEDED.search(line.raw):
+        return False
+    # guesses joined on one line ("A #37; B #41") are each a statement of their own: an
+    # arrow one of them quotes from the transcript ("Intake → Plan → Deliver") is no
+    # mark, whatever the other one says; an excerpt cut short ("…") is checked as far as
+    # it goes
+    return any(
+        SUPERSEDED.search(piece) and norm(piece.rstrip().rstrip("…")) not in source
+        for piece in _JOINED.split(line.text)
+    )
+
+
+# where two joined guesses meet on a summary line: the first one's pointer and a ";"
+_JOINED = re.compile(r"\s#\d+(?:-\d+)?;\s*")
 PASTED = re.compile(
     r"Traceback|^\s*at \S+ \(|File \"[^\"]+\", line \d+|\[Image #?\d+\]|\blen=\d+"
     r"|\[image [^\]]*sha256|```|\bERROR\b|Exit code:? \d|^\s*\d+\s*[|→]|\$ \S|<\w+>.*</\w+>"

@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING
 from bench.retention_real_extract import (
     BOILERPLATE,
     CORRECTION,
+    CORRECTION_CUE,
     DEONTIC,
+    FORCE,
     Item,
     SummaryLine,
     in_section,
@@ -125,6 +127,8 @@ def _summary_row(name: str, rs: list[Replay]) -> list[str]:
     lines = [ln for r in rs for ln, _ in r.lines.values()]
     cons = [ln for ln in lines if in_section(ln, "constraints")]
     no_rule = [ln for ln in cons if not DEONTIC.search(ln.text) and not CORRECTION.search(ln.raw)]
+    no_force = [ln for ln in no_rule
+                if not FORCE.search(ln.text) and not CORRECTION_CUE.search(ln.text)]
     goals = [ln for ln in lines if in_section(ln, "goals")]
     sup = [(ln, sec) for r in rs for ln, sec in r.lines.values() if marks_superseded(ln, r.source)]
     auto_no = sum(not_a_correction(*_parts(r, ln, sec)) is not None
@@ -137,6 +141,7 @@ def _summary_row(name: str, rs: list[Replay]) -> list[str]:
         str(len(lines)),
         str(len(cons)),
         _pct(len(no_rule), len(cons)),
+        _pct(len(no_force), len(cons)),
         str(len(sup)),
         _pct(auto_no, len(sup)),
         _pct(boiler, len(lines)),
@@ -229,11 +234,15 @@ def render(replays: list[Replay], skipped: list[str]) -> str:
     out += _per_policy(
         "Summary items (distinct over all compactions)",
         ["transcript", "items", "constraint items", "constraint items with no rule",
-         "superseded-marked", "of which no correction (automatic)", "boilerplate items",
+         "no force nor correction cue", "superseded-marked",
+         "of which no correction (automatic)", "boilerplate items",
          "boilerplate Goals items"],
         _summary_row, replays)
     out += [
-        "*No rule*: no deontic cue and no correction mark. *Superseded-marked*: "
+        "*No rule*: no deontic cue and no correction mark. *No force nor correction "
+        "cue*: of those, the items with none of the summarizer's other cues either "
+        "(avoid, ensure, no longer, shouldn't, 不能, 不准, 一定要, 确保...; a correction's "
+        "\"no, …\", \"instead\", \"actually\", 不对, 改成...). *Superseded-marked*: "
         "`[superseded]`, `(was …)` or ` → `. Automatic estimate of *no correction*: the "
         "old and new text are identical, differ only in numbers (a numbered series), or "
         "either is pasted output. *Boilerplate*: transcript markup (environment context, "
@@ -269,7 +278,8 @@ def totals(replays: list[Replay]) -> str:
         (["policy", "files", "1 after", "2 after", "at the end, 3+ after", "tool ids",
           "within 3 compactions"], _files_row),
         (["policy", "items", "constraint items", "constraint items with no rule",
-          "superseded-marked", "of which no correction (automatic)", "boilerplate items",
+          "no force nor correction cue", "superseded-marked",
+         "of which no correction (automatic)", "boilerplate items",
           "boilerplate Goals items"], _summary_row),
     )
     for head, row in sections:

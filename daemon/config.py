@@ -31,6 +31,11 @@ class CompactionPolicy:
     force_keep_messages: int = 6
     # rebuild summarizes the archive in chunks of this many messages
     rebuild_chunk_messages: int = 200
+    # an instruction preamble sent as a user message (AGENTS.md, CLAUDE.md,
+    # user_instructions) is kept verbatim after it leaves the tail, up to this many
+    # tokens (Codex itself reads at most 32 KiB of AGENTS.md, about 8,000 tokens; 0:
+    # kept only as the rules the summary files)
+    instructions_max_tokens: int = 8_000
     # drift bound: after this many incremental compactions the next one re-derives the
     # summary from the archive (0 turns it off)
     rederive_after: int = 8
@@ -310,6 +315,13 @@ def _check_sizes(policy: CompactionPolicy, sources: dict[str, str]) -> None:
             f"{where}: compaction.summary_share: expected a number above 0 and at most 1 "
             f"(the share of the replaced messages' tokens a summary may take), got "
             f"{policy.summary_share!r}"
+        )
+    if policy.instructions_max_tokens < 0:
+        where = sources.get("compaction.instructions_max_tokens", "defaults")
+        raise ConfigError(
+            f"{where}: compaction.instructions_max_tokens: expected an integer of at least "
+            f"0 (the tokens of an instruction preamble kept verbatim), got "
+            f"{policy.instructions_max_tokens!r}"
         )
     if policy.force_keep_messages < 1:
         where = sources.get("compaction.force_keep_messages", "defaults")

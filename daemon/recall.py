@@ -163,7 +163,9 @@ def explain(engine: Engine, session_id: str) -> dict[str, Any]:
     ordinals = engine.ordinals(session_id, [i for i in ids if i in found] + ends)
     items = []
     broken = 0
-    for section, item in st.summary.items():
+    # the instruction preambles the summary message carries verbatim come first, as there
+    carried = [("preambles", p) for p in st.summary.preambles]
+    for section, item in [*carried, *st.summary.items()]:
         sources = []
         for sid in item.sources:
             m = found.get(sid)

@@ -10,6 +10,10 @@ an artifact (a file the agent's tools wrote, a commit, a PR, a job id) names its
 `subject`, the path or id. What the model reads cites sources by their ordinal in the
 session (`#12` at the end of a line), a fraction of what a global archive id costs;
 `ordinals` maps them.
+
+Beside the sections, `preambles` holds the standing instructions a front end sent as
+a user message (an AGENTS.md, a CLAUDE.md, a user_instructions block), verbatim and
+outside the summary's budget: the agents themselves resend them with every request.
 """
 
 from __future__ import annotations
@@ -170,6 +174,10 @@ class Summary:
     ordinals: dict[int, int] = field(default_factory=dict)
     # archive id of a superseded statement -> archive id of the one that replaced it
     supersessions: dict[int, int] = field(default_factory=dict)
+    # instruction preambles that left the tail, the latest copy of each: `subject` names
+    # it (its heading or tag), `text` is verbatim (up to a bound, see
+    # compaction/preambles.py), `sources` the message it was last sent in
+    preambles: list[SummaryItem] = field(default_factory=list)
 
     def items(self) -> list[tuple[str, SummaryItem]]:
         return [(name, item) for name in SECTIONS for item in self.sections.get(name, [])]
@@ -178,10 +186,19 @@ class Summary:
         return sum(len(v) for v in self.sections.values())
 
     def all_sources(self) -> set[int]:
-        return {s for _, item in self.items() for s in item.sources}
+        return {s for _, item in self.items() for s in item.sources} | {
+            s for item in self.preambles for s in item.sources
+        }
 
     def is_empty(self) -> bool:
-        return self.item_count() == 0
+        return self.item_count() == 0 and not self.preambles
+
+    def render_preambles(self) -> str:
+        """The preambles as the model reads them: each under the pointer of the message
+        that sent it last, verbatim."""
+        return "\n\n".join(
+            f"From {_pointer(p.sources, self.ordinals)}:\n{p.text}" for p in self.preambles
+        )
 
     def is_small(self) -> bool:
         """A handful of short lines: the summary of a short context (a few rules, a few
@@ -224,6 +241,7 @@ class Summary:
             "depth": self.depth,
             "ordinals": {str(k): v for k, v in self.ordinals.items()},
             "supersessions": {str(k): v for k, v in self.supersessions.items()},
+            **({"preambles": [p.to_dict() for p in self.preambles]} if self.preambles else {}),
         }
 
     @classmethod
@@ -244,6 +262,7 @@ class Summary:
             depth=int(d.get("depth") or 0),
             ordinals={int(k): int(v) for k, v in (d.get("ordinals") or {}).items()},
             supersessions={int(k): int(v) for k, v in (d.get("supersessions") or {}).items()},
+            preambles=[SummaryItem.from_dict(p) for p in d.get("preambles") or ()],
         )
 
 
@@ -270,6 +289,9 @@ class SummaryRequest:
     # previous summary plus a share of the leaving messages): a summarizer that honours
     # it (`honours_size_limit`) keeps the user's hard constraints whole past it
     size_limit_tokens: int | None = None
+    # what the summary message carries word for word anyway (the instruction
+    # preambles): an item only repeating a line of one is not needed
+    verbatim: list[str] = field(default_factory=list)
 
 
 class Summarizer(Protocol):

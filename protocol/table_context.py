@@ -322,7 +322,9 @@ CONTEXT_EXPLAIN = Method(
     "`origin` (who wrote it when a model and the built-in extractor summarized "
     "together: `extractor`, `model` or `model+extractor`), "
     "`subject` (the path or id an artifact names), `value` (what a setting sets) and "
-    "`was` (the value it replaced)); `brokenPointers` (count); `pins`; `provenance` "
+    "`was` (the value it replaced)); first the instruction preambles the summary message "
+    "carries verbatim (`section` `preambles`, `subject`: its heading or tag); "
+    "`brokenPointers` (count); `pins`; `provenance` "
     "(`compactionIds`, `coversFrom`, `coversTo` (archive ids), `coversFromOrdinal`, "
     "`coversToOrdinal` (their `#N`), `summarizer`).",
     "Shows where every line of the summary came from.",

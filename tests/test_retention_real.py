@@ -18,7 +18,15 @@ from typing import Any
 import pytest
 
 from bench.retention_real import Replay, replay
-from bench.retention_real_extract import BOILERPLATE, in_section, load
+from bench.retention_real_extract import (
+    BOILERPLATE,
+    SummaryLine,
+    in_section,
+    load,
+    marks_superseded,
+    norm,
+    summary_lines,
+)
 from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.engine import Engine
 
@@ -98,3 +106,29 @@ def test_goals_hold_no_transcript_markup_target_of_issue_19(seen: Seen) -> None:
     assert goals, "the summaries had goals"
     markup = [ln.raw for ln in goals if BOILERPLATE.search(ln.text)]
     assert not markup, f"{len(markup)} of {len(goals)} Goals items are markup: {markup[:3]}"
+
+
+def test_joined_guesses_quoting_an_arrow_are_no_correction() -> None:
+    """bench/retention_real.py counts the summarizer's correction marks; an arrow the
+    transcript wrote, inside one of two guesses joined on a line, is none of them."""
+    source = norm(
+        "Intake → Plan → Deliver workflow with measurable hypotheses and acceptance "
+        "criteria. it doesnt add the correct file tree, it seems to be hard coded with "
+        "this cwd. The export batch is 500 rows."
+    )
+    joined = ("- [unconfirmed] Intake → Plan → Deliver workflow with measurable hypotheses "
+              "and acceptance criteria. #37; it doesnt add the correct file tree, it seems "
+              "to be h… #52")
+    cut = "- [unconfirmed] Intake → Plan → Deliver workflow with measura… #37"
+    real = "- The export batch is 500 rows → 2000 rows. #60"
+    was = "- The export batch is 2000 rows. (was 500 rows) #60"
+    both = "- [unconfirmed] Intake → Plan → Deliver workflow. #37; batch 500 → 2000 #61"
+
+    def line(raw: str, section: str = "Open items") -> SummaryLine:
+        return next(iter(summary_lines(f"Summary of earlier messages\n## {section}\n{raw}")))
+
+    assert not marks_superseded(line(joined), source)
+    assert not marks_superseded(line(cut), source)
+    assert marks_superseded(line(real, "Constraints and user corrections"), source)
+    assert marks_superseded(line(was, "Constraints and user corrections"), source)
+    assert marks_superseded(line(both), source)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
 from ctxd.daemon.busy import when_free
-from ctxd.daemon.compaction import commit, inputs
+from ctxd.daemon.compaction import commit, inputs, preambles
 from ctxd.daemon.compaction.commit import Attempt
 from ctxd.daemon.compaction.rules import rebuild_boundary, tail_boundary, valid_boundaries
 from ctxd.daemon.config import CompactionPolicy
@@ -403,7 +403,13 @@ class Compactor:
         overhead = inputs.summary_overhead(
             lambda s: self.contexts.summary_tokens(session_id, s), self.tokens.count_text
         )
-        limit = inputs.size_limit(self.policy, st.summary_tokens, overhead, departing)
+        # instruction preambles move into the summary message word for word, outside
+        # the summary's own bound (preambles.py)
+        kept, carried, leaving_tokens = preambles.plan(
+            self.policy.instructions_max_tokens, st.summary, previous, leaving,
+            region[boundary:], departing, self.tokens.count_text)
+        limit = inputs.size_limit(self.policy, st.summary_tokens - carried, overhead,
+                                  leaving_tokens)
         try:
             summary = await inputs.summarize(
                 self.summarizer, self.policy, self.tokens, session_id, previous, leaving, pins,
@@ -412,11 +418,14 @@ class Compactor:
                     session_id, cid, {"kind": "report", "percentage": done}
                 ),
                 limit,
+                [p.text for p in kept],
             )
         except CtxdError:
             raise
         except Exception as exc:
             self._failed(a, before, leaving, exc)
+        summary.preambles = kept
+        preambles.drop_repeated(summary)
         inputs.finish(summary, st.summary, previous, leaving, ordinals, cid, rederive)
         return summary, leaving, departing
 

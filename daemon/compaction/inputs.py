@@ -132,10 +132,12 @@ async def summarize(
     ordinals: dict[int, int],
     report: Callable[[int], None],
     size_limit: int | None = None,
+    verbatim: list[str] | None = None,
 ) -> Summary:
     """The summary of `previous` and `leaving`, chunk by chunk; `report` gets the
     percentage done after each chunk when there are several. `size_limit` bounds the
-    final summary below the budget (see `size_limit`)."""
+    final summary below the budget (see `size_limit`); `verbatim` is what the summary
+    message carries word for word anyway (see SummaryRequest)."""
     # a summarizer may say how much it takes at once (the built-in one takes large
     # batches: one hop to its worker thread instead of one per 200 messages)
     chunk = max(1, getattr(summarizer, "chunk_messages", 0) or policy.rebuild_chunk_messages)
@@ -159,6 +161,7 @@ async def summarize(
             count_tokens=tokens.count_text,
             ordinals=ordinals,
             size_limit_tokens=limit,
+            verbatim=list(verbatim or ()),
         ))
         summary = await run_summarizer(summarizer, request)
         problems = check_summary(summary, allowed)

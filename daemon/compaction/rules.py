@@ -124,6 +124,7 @@ def check_summary(summary: Summary, allowed_ids: set[int]) -> list[str]:
 
 
 SUMMARY_HEADER = "Context carried over from earlier in this conversation."
+PREAMBLES_TITLE = "Standing instructions, as the user last sent them (always apply):"
 
 
 def render_summary_message(pins: Sequence[str], summary: Summary) -> str | None:
@@ -133,7 +134,11 @@ def render_summary_message(pins: Sequence[str], summary: Summary) -> str | None:
     parts = [SUMMARY_HEADER]
     if pins:
         parts.append("Pinned (always applies):\n" + "\n".join(f"- {p}" for p in pins))
-    if not summary.is_empty():
+    if summary.preambles:
+        # what the front end sent as standing instructions stays word for word, as it
+        # would if the agent resent it with this request
+        parts.append(PREAMBLES_TITLE + "\n" + summary.render_preambles())
+    if summary.item_count():
         # a small summary (a few short rules, a short context compacted by hand) gets a
         # short legend: the long one alone would cost more than the messages it replaces
         legend = (

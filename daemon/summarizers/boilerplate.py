@@ -11,6 +11,7 @@ when a front end sent them as a user message.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ctxd.daemon.summarizers.cues import _CONSTRAINT, _WEAK_CONSTRAINT
@@ -154,6 +155,79 @@ def _rule_lines(block: str) -> list[str]:
                 text = f"{text} {'; '.join(items)}"
         out.append(text)
     return out
+
+
+@dataclass
+class Preamble:
+    """A block of standing instructions a front end sent as a user message, verbatim:
+    what an agent itself resends with every request (Codex's AGENTS.md, Claude Code's
+    CLAUDE.md)."""
+
+    # what makes two copies the same preamble: its heading or tag ("AGENTS.md
+    # instructions for /repo", "user_instructions", "claudeMd"); a later copy with the
+    # same key is a new version of it
+    key: str
+    text: str
+
+
+# Codex's heading over its <INSTRUCTIONS> block ("# AGENTS.md instructions for /repo")
+_CODEX_HEADING = re.compile(r"(?:^|\n)[ \t]*(#{1,6}[ \t]*\S*(?:agents|claude)\.md\b[^\n]*)\s*\Z",
+                            re.IGNORECASE)
+
+
+def _key(heading: str) -> str:
+    return re.sub(r"\s+", " ", heading.lstrip("#").strip())
+
+
+def preambles(text: str) -> list[Preamble]:
+    """The instruction preambles of a user message, each verbatim (line endings made
+    plain): an AGENTS.md / CLAUDE.md / user_instructions block, or a CLAUDE.md inside
+    a system reminder, or a whole message that is an AGENTS.md ("# AGENTS.md …" over
+    it). A skill's instructions and a "## Rules" heading over a request are not one:
+    they bind for a task, not the session."""
+    if not text or _CONTINUATION.match(text) or _SKILL.match(text):
+        return []
+    text = text.replace("\r\n", "\n")
+    out: list[Preamble] = []
+    if "<" in text:
+        for m in _REMINDER.finditer(text):
+            if _CLAUDE_MD.search(m.group(1)):
+                out.append(Preamble("claudeMd", m.group(1).strip()))
+        for m in _RULE_TAGS.finditer(text):
+            if not _rule_lines(m.group(2)):
+                continue
+            head = _CODEX_HEADING.search(text, 0, m.start())
+            if head is not None:
+                block = text[head.start(1) : m.end()]
+                out.append(Preamble(_key(head.group(1)), block.strip()))
+            else:
+                out.append(Preamble(m.group(1).lower(), m.group(0).strip()))
+        if out:
+            return out
+        text = _DROPPED.sub("\n", text)
+    heading = _RULES_HEADING.search(text)
+    if heading and heading.group("file") and not text[: heading.start()].strip():
+        out.append(Preamble(_key(heading.group(0)), _LEFTOVER_TAG.sub("", text).strip()))
+    return out
+
+
+_SPACE = re.compile(r"\s+")
+
+
+def _norm(s: str) -> str:
+    return _SPACE.sub(" ", s).strip().casefold()
+
+
+def repeats(texts: list[str]) -> Callable[[str], bool]:
+    """Whether a text only repeats a line of one of `texts` (preambles the summary
+    message carries word for word: an item saying it again costs tokens, says nothing)."""
+    normed = [_norm(t) for t in texts]
+
+    def said(text: str) -> bool:
+        t = _norm(text)
+        return bool(t) and any(t in p for p in normed)
+
+    return said
 
 
 def clean(text: str) -> Cleaned:

@@ -10,11 +10,12 @@ fails.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ctxd.daemon.messages import content_text, message_id
 from ctxd.daemon.summarizers.artifacts_fold import fold_unlisted
-from ctxd.daemon.summarizers.boilerplate import clean
+from ctxd.daemon.summarizers.boilerplate import clean, repeats
 from ctxd.daemon.summarizers.cues import (
     _CALL_ID_NOTE,
     _CJK_RUN,
@@ -41,7 +42,7 @@ from ctxd.daemon.summarizers.facts import (
 from ctxd.daemon.summarizers.fit import fit
 from ctxd.daemon.summarizers.folding import Folds
 from ctxd.daemon.summarizers.guesses import split_guesses
-from ctxd.daemon.summarizers.kinds import is_deontic, user_kind
+from ctxd.daemon.summarizers.kinds import is_deontic, is_document, user_kind
 from ctxd.daemon.summarizers.paths import (
     _PATH_KEYS,
     _find_paths,
@@ -121,7 +122,9 @@ class BuiltinSummarizer:
             for _, m in messages
             if m.get("role") == "tool" and m.get("tool_call_id") is not None
         }
-        self._load_previous(draft, request.previous, answered)
+        # rules the summary message carries word for word in a preamble need no item
+        said = repeats(request.verbatim)
+        self._load_previous(draft, request.previous, answered, said)
         folds = Folds()
         folds.load(draft)
 
@@ -136,7 +139,7 @@ class BuiltinSummarizer:
             limit = self.max_paths_per_message * 2
             if role == "user":
                 # boilerplate (the run's environment, IDE tabs) names no file of the work
-                text = self._read_user(draft, mid, text, folds)
+                text = self._read_user(draft, mid, text, folds, said)
             elif role == "assistant":
                 self._read_assistant(draft, mid, text)
                 for n, call in enumerate(msg.get("tool_calls") or []):
@@ -182,9 +185,13 @@ class BuiltinSummarizer:
 
     # ------------------------------------------------------------------ reading
 
-    def _load_previous(self, draft: _Draft, previous: Summary, answered: set[str]) -> None:
+    def _load_previous(
+        self, draft: _Draft, previous: Summary, answered: set[str], said: Callable[[str], bool]
+    ) -> None:
         for name in SECTIONS:
             for item in previous.sections.get(name) or []:
+                if name == "constraints" and item.status == "current" and said(item.text):
+                    continue
                 if name == "open_items":
                     note = _CALL_ID_NOTE.search(item.text)
                     # The call this item waited on has its result now; it is no longer open.
@@ -202,14 +209,15 @@ class BuiltinSummarizer:
         draft.supersessions.update(previous.supersessions)
 
     def _read_user(
-        self, draft: _Draft, mid: int, text: str, folds: Folds | None = None
+        self, draft: _Draft, mid: int, text: str, folds: Folds | None = None,
+        said: Callable[[str], bool] | None = None,
     ) -> str:
         """File the sentences of a user message; returns the text that is not
         boilerplate."""
         cleaned = clean(text)
         for rule in cleaned.rules:
             # a rule of an AGENTS.md / CLAUDE.md block: verbatim, one item per line
-            if is_deontic(rule):
+            if is_deontic(rule) and not (said and said(rule)):
                 draft.add(
                     "constraints", trim_keeping_hedge(rule, self.max_constraint_chars), [mid]
                 )
@@ -232,6 +240,7 @@ class BuiltinSummarizer:
         # statement ("X is caused by Y. I haven't confirmed that.") binds to it alone
         goal_unit = -2
         pieces = units(text)
+        document = is_document(text)
         for index, unit in enumerate(pieces):
             if unit.pasted:
                 # pasted output is evidence: its error line is kept below, nothing of it
@@ -271,7 +280,9 @@ class BuiltinSummarizer:
                 continue
             if is_confirmation(sentence, hedged):
                 draft.confirm(sentence, last)
-            kind = user_kind(sentence, slow, may_correct, may_set)
+            # a quoted line is someone else's words: part of the request, no rule
+            kind = None if unit.quoted else user_kind(
+                sentence, slow, may_correct, may_set, document)
             if kind is not None:
                 is_correction = kind == "correction"
                 entry = draft.add(

@@ -74,7 +74,8 @@ class _CueSet:
 # 别忘了 are reminders of a task, not rules, so they stay with the request. 务必 is not
 # the one in 服务必须 ("the service must"): stripped, it would cut the subject in half.
 _CONSTRAINT = _Cue(
-    r"\b(?:must(?:n[’']?t| not)?|always|avoid|should(?:n[’']?t| not)|no longer"
+    # "…presets to avoid reinventing workflows" says what for, "avoid X" is a rule
+    r"\b(?:must(?:n[’']?t| not)?|always|(?<!\bto\s)avoid|should(?:n[’']?t| not)|no longer"
     # "I never said that" tells what happened; "rave-only" names a kind of thing
     r"|never(?!\s+(?:said|told|asked|meant|wanted|did|had|was|were|knew|saw|got|thought)\b)"
     r"|(?<!-)only(?!-)"
@@ -91,7 +92,9 @@ _CONSTRAINT = _Cue(
 
 # "Make sure the tests still pass" is as often a one-off request as a standing rule, so
 # a sentence with no stronger cue is kept as a constraint but is the first to go.
-_WEAK_CONSTRAINT = _Cue(r"\b(?:make sure|ensure)\b|确保", "make sure|ensure|确保")
+# "Read the setup notes to ensure the environment is ready" says what for, not a rule
+_WEAK_CONSTRAINT = _Cue(r"(?<!\bto\s)\b(?:make sure|ensure)\b|(?<!以)确保",
+                        "make sure|ensure|确保")
 
 # An imperative that sets a choice ("Use port 8080.", "Set the timeout to 30 s.") is a
 # rule about how, where "Add an endpoint" or "Set up CI" is a request for what; only the

@@ -24,10 +24,32 @@ from ctxd.daemon.summarizers.sentences import introduces_list, is_request, strip
 # 2000") still changes a setting
 _SETS_VALUE = re.compile(
     r"\b(?:set|raise|lower|increase|decrease|reduce|bump|change|switch|limit|cap|use"
-    r"|should be|must be|from now on)\b"
+    r"|should (?:now )?be|must be|needs? to be|has to be|go with|from now on)\b"
     r"|设为|设置为|设成|改到|改成|改为|调整|调到|换成|改用|使用|用|统一",
     re.IGNORECASE,
 )
+
+
+# a user message with this many lines is a document (a spec, a plan, a review pasted
+# in): what its lines set describes the work, it is no standing setting of the user's
+DOCUMENT_LINES = 12
+
+
+def is_document(text: str) -> bool:
+    return sum(1 for line in text.splitlines() if line.strip()) >= DOCUMENT_LINES
+
+
+# the longest sentence read as a bare setting (words; CJK characters count one each)
+_SETTING_WORDS = 10
+_SETTING_CJK = 24
+_CJK_CHAR = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
+
+
+def _short(sentence: str) -> bool:
+    cjk = len(_CJK_CHAR.findall(sentence))
+    if cjk:
+        return cjk + len(_CJK_CHAR.sub(" ", sentence).split()) <= _SETTING_CJK
+    return len(sentence.split()) <= _SETTING_WORDS
 
 
 def is_deontic(rule: str) -> bool:
@@ -35,17 +57,23 @@ def is_deontic(rule: str) -> bool:
     return _CONSTRAINT.search(rule, low) or _WEAK_CONSTRAINT.search(rule, low)
 
 
-def user_kind(sentence: str, slow: str, may_correct: bool, may_set: bool) -> str | None:
+def user_kind(
+    sentence: str, slow: str, may_correct: bool, may_set: bool, document: bool = False
+) -> str | None:
     """"correction" or "rule" when a sentence of the user is a constraint, else None.
 
     A rule has deontic force (must, never, only, do not, 必须, 不要...) or sets how
     something is (a setting, "use port 8080"); a request to do something ("please
     check X", "Step 74: run the tests", "请看一下…") is a task, whatever numbers it
-    names.
+    names. In a `document` (see is_document) only deontic force makes a rule: "Set
+    market.status = PROPOSED", "chainId: 420420417" or "不是太弱，而是太强" there
+    describe what to build or argue a point; they set and correct nothing.
     """
     if sentence.endswith(("?", "？")):
         # "why don't they show in the viewer?" asks; it sets no rule
         return None
+    if document:
+        return "rule" if is_deontic(sentence) else None
     body = strip_series(sentence)
     if is_request(sentence):
         # "run the cleanup at 04:00" sets when it runs; "please check m74.py" sets
@@ -69,7 +97,10 @@ def user_kind(sentence: str, slow: str, may_correct: bool, may_set: bool) -> str
         return None
     if _IMPERATIVE.match(body):
         return "rule"
-    if setting_of(body) is not None:
+    if setting_of(body) is not None and (_SETS_VALUE.search(sentence) or _short(body)):
+        # a bare "subject value" ("export batch 500", "连接池上限 100") is a setting
+        # only as a short line: in a long sentence a number is part of what it tells
+        # ("Most people can't invest because the minimum is 10,000+")
         return "rule"
     if may_set and _SETTING.search(sentence, slow):
         return "rule"

@@ -95,6 +95,8 @@ class Unit:
     pasted: bool = False
     # an item of a list ("- ...", "2. ..."): under "Do NOT:" it is one of the rules
     item: bool = False
+    # a quoted line ("> ..."): someone else's words the person brought in
+    quoted: bool = False
 
 
 # A clause after "but" / "however" / "不过" that carries its own guess: cut off from a
@@ -157,10 +159,11 @@ def _prose_units(text: str) -> list[Unit]:
             pasted = []
         body = _BULLET.sub("", line.strip()).strip()
         item = body != line.strip()
+        quoted = line.lstrip().startswith(">")
         for sentence in _SENT_SPLIT.split(body):
             sentence = sentence.strip()
             if sentence:
-                out += (Unit(c, item=item) for c in _cut_hedged_clause(sentence))
+                out += (Unit(c, item=item, quoted=quoted) for c in _cut_hedged_clause(sentence))
     if pasted:
         out.append(Unit("\n".join(pasted), pasted=True))
     return out
