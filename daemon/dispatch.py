@@ -31,7 +31,8 @@ from ctxd.daemon.offload import READS, LargeWrites
 from ctxd.daemon.scheduler import Scheduler
 from ctxd.daemon.servers.base import Connection, EventHub
 from ctxd.daemon.servers.page_keys import PageKeys
-from ctxd.protocol import auth
+from ctxd.protocol import auth, types
+from ctxd.protocol.declare import Method
 from ctxd.protocol.errors import SearchTooBroad, SessionBusy, Unauthorized
 from ctxd.protocol.handlers import HANDLERS, serves
 from ctxd.protocol.handlers import Handler as RegisteredHandler
@@ -102,16 +103,32 @@ _ENCODED_WIRES = JSON_WIRES | MSGPACK_WIRES
 
 def _large_reply(result: Any) -> bool:
     """A result carrying this much text is encoded beside the loop."""
-    if not isinstance(result, dict):
+    if isinstance(result, dict):
+        msgs = result.get("messages")
+        if msgs is None and isinstance(result.get("context"), dict):
+            msgs = result["context"].get("messages")
+    elif isinstance(result, msgspec.Struct):
+        msgs = getattr(result, "messages", None)
+        context = getattr(result, "context", None)
+        if msgs is None and context is not None:
+            msgs = getattr(context, "messages", None)
+    else:
         return False
-    msgs = result.get("messages")
-    if msgs is None and isinstance(result.get("context"), dict):
-        msgs = result["context"].get("messages")
     return isinstance(msgs, list) and text_size(msgs) >= OFFLOAD_TEXT_CHARS
 
 
-async def _wrap_later(result: Any, key: str) -> dict[str, Any]:
-    return {key: await result}
+def _wrapper(method: Method) -> Callable[[Any], msgspec.Struct] | None:
+    """For a method with `wrap`: its result Struct made of the handler's return value."""
+    if method.wrap is None:
+        return None
+    result_type = method.returns
+    (attr,) = [f.name for f in msgspec.structs.fields(result_type)
+               if f.encode_name == method.wrap]
+    return lambda value: result_type(**{attr: value})
+
+
+async def _wrap_later(result: Any, wrap: Callable[[Any], msgspec.Struct]) -> msgspec.Struct:
+    return wrap(await result)
 
 
 class Dispatcher:
@@ -164,7 +181,7 @@ class Dispatcher:
         if handler.connection:
             return fn  # type: ignore[no-any-return]
         lead = () if handler.owner is not None else (self.engine,)
-        wrap = method.wrap
+        wrap = _wrapper(method)
         # the params Struct's fields are the handler's keyword names
         as_kwargs = msgspec.structs.asdict
 
@@ -173,14 +190,13 @@ class Dispatcher:
         def call(conn: Connection, p: Any) -> Any:
             if off_loop:
                 kw = as_kwargs(p)
-                return self.off_loop.run(conn, p.session_id, lambda: fn(**kw),
-                                         None if wrap is None else lambda r: {wrap: r})
+                return self.off_loop.run(conn, p.session_id, lambda: fn(**kw), wrap)
             result = fn(*lead, **as_kwargs(p))
             if wrap is None:
                 return result
             if inspect.isawaitable(result):
                 return _wrap_later(result, wrap)
-            return {wrap: result}
+            return wrap(result)
 
         return call
 
@@ -389,7 +405,7 @@ class Dispatcher:
     # handlers with more than one line
 
     @serves(INITIALIZE, connection=True)
-    def initialize(self, conn: Connection, p: InitializeParams) -> dict[str, Any]:
+    def initialize(self, conn: Connection, p: InitializeParams) -> types.InitializeResult:
         page_key = None
         if not conn.authenticated and (p.page_login is not None or p.page_key is not None):
             page_key = self.page_keys.log_in(conn, p.page_login, p.page_key)
@@ -405,25 +421,23 @@ class Dispatcher:
                 raise Unauthorized("wrong token; read it from the daemon's connection file")
             conn.authenticated = True
         conn.client_name = p.client_name
-        result = self._server_info()
-        if p.nonce is not None:
+        return types.InitializeResult(
+            server_name=SERVER_NAME,
+            version=__version__,
+            protocol_version=PROTOCOL_VERSION,
+            capabilities=self._capabilities(),
             # mutual authentication: the client checks this before sending anything else
-            result["nonceMac"] = auth.daemon_proof(self.token, p.nonce)
-        if page_key is not None:
-            result["pageKey"] = page_key
-        return result
+            nonce_mac=None if p.nonce is None else auth.daemon_proof(self.token, p.nonce),
+            page_key=page_key,
+        )
 
     @serves(HEARTBEAT, connection=True)
-    def heartbeat(self, conn: Connection, p: HeartbeatParams) -> dict[str, Any]:
+    def heartbeat(self, conn: Connection, p: HeartbeatParams) -> types.HeartbeatResult:
         # any request renews the lease of a ZeroMQ client's runs: nothing else to do
-        return {"leaseSeconds": self.run_lease}
+        return types.HeartbeatResult(lease_seconds=self.run_lease)
 
-    def _server_info(self) -> dict[str, Any]:
+    def _capabilities(self) -> dict[str, Any]:
         return {
-            "serverName": SERVER_NAME,
-            "version": __version__,
-            "protocolVersion": PROTOCOL_VERSION,
-            "capabilities": {
                 "wires": self.wires,
                 "notifications": sorted(NOTIFICATIONS),
                 "tools": [recall.SEARCH_TOOL_NAME],
@@ -433,30 +447,29 @@ class Dispatcher:
                 "tokenEncoding": self.engine.tokens.encoding_name,
                 "search": {"languages": ["en", "zh"], "advanced": True},
                 "runLeaseSeconds": self.run_lease,
-            },
         }
 
     @serves(TOOLS_LIST, connection=True)
-    def list_tools(self, conn: Connection, p: ToolsListParams) -> dict[str, Any]:
-        return {"tools": [recall.SEARCH_TOOL_SCHEMA]}
+    def list_tools(self, conn: Connection, p: ToolsListParams) -> types.ToolsListResult:
+        return types.ToolsListResult(tools=[recall.SEARCH_TOOL_SCHEMA])
 
     @serves(SHUTDOWN, connection=True)
-    def shutdown(self, conn: Connection, p: ShutdownParams) -> dict[str, Any]:
+    def shutdown(self, conn: Connection, p: ShutdownParams) -> types.Empty:
         if self.on_shutdown is not None:
             # a moment for this reply to leave: a ZeroMQ socket closed at once drops it
             asyncio.get_running_loop().call_later(SHUTDOWN_REPLY_DELAY, self.on_shutdown)
-        return {}
+        return types.Empty()
 
     @serves(SESSION_SUBSCRIBE, connection=True)
-    def subscribe(self, conn: Connection, p: SessionSubscribeParams) -> dict[str, Any]:
+    def subscribe(self, conn: Connection, p: SessionSubscribeParams) -> types.Empty:
         self.engine.get_session(p.session_id)  # raises for an unknown session
         conn.subscriptions.add(p.session_id)
-        return {}
+        return types.Empty()
 
     @serves(SESSION_UNSUBSCRIBE, connection=True)
-    def unsubscribe(self, conn: Connection, p: SessionUnsubscribeParams) -> dict[str, Any]:
+    def unsubscribe(self, conn: Connection, p: SessionUnsubscribeParams) -> types.Empty:
         conn.subscriptions.discard(p.session_id)
-        return {}
+        return types.Empty()
 
     @serves(MESSAGES_APPEND, connection=True)
     def append(self, conn: Connection, p: MessagesAppendParams) -> Any:
@@ -572,12 +585,12 @@ class Dispatcher:
         return await self.engine.rebuild(p.session_id, dry_run=bool(p.dry_run))
 
     @serves(RUN_START, connection=True)
-    def run_start(self, conn: Connection, p: RunStartParams) -> dict[str, Any]:
+    def run_start(self, conn: Connection, p: RunStartParams) -> types.RunStartResult:
         run = self.scheduler.start_run(p.session_id, self._held)
         # interrupted when the connection closes; on ZeroMQ, which never says so, when the
         # client stays silent past its lease (see ZmqServer)
         conn.open_runs.add(run["runId"])
-        return {"runId": run["runId"], "run": run}
+        return types.RunStartResult(run_id=run["runId"], run=run)
 
     def _held(self, run_id: str) -> bool:
         return any(run_id in c.open_runs for c in self._live)
@@ -615,12 +628,14 @@ class Dispatcher:
         return approval
 
     @serves(APPROVAL_REQUEST, connection=True)
-    def approval_request(self, conn: Connection, p: ApprovalRequestParams) -> dict[str, Any]:
+    def approval_request(
+        self, conn: Connection, p: ApprovalRequestParams
+    ) -> types.ApprovalRequestResult:
         self._claim(conn, p.run_id)
         approval = self.engine.request_approval(
             p.session_id, p.run_id, p.tool_call_id, p.tool_name, p.arguments
         )
-        return {"approvalId": approval["approvalId"], "approval": approval}
+        return types.ApprovalRequestResult(approval_id=approval["approvalId"], approval=approval)
 
 
 def _last_failure(summarizer: object) -> dict[str, Any] | None:

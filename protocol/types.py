@@ -158,7 +158,9 @@ class Empty(_Wire):
     """`{}`."""
 
 
-class InitializeResult(_Wire):
+class InitializeResult(_Wire, omit_defaults=True):
+    """`nonceMac` and `pageKey` only when the login asked for them."""
+
     server_name: str
     version: str
     protocol_version: str
