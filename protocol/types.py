@@ -245,9 +245,9 @@ class PopResult(_Wire):
 
 class ExplainResult(_Wire):
     session_id: str
+    pins: list[Pin]
     items: list[dict[str, JSON]]
     broken_pointers: int
-    pins: list[Pin]
     provenance: dict[str, JSON] | None
 
 

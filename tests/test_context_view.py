@@ -150,7 +150,7 @@ def test_a_caller_changing_its_messages_changes_no_later_read(engine: Engine) ->
         m["extra"] = 1
     tail = engine.tail_messages(sid, engine.context_state(sid))
     tail.clear()
-    popped = context_edit.pop(engine, sid, 1)["messages"]
+    popped = context_edit.pop(engine, sid, 1).messages
     popped[0]["content"] = "changed"
     assert [m["content"] for m in engine.get_context(sid)["messages"]][::2] == ["rules"]
     context_edit.clear(engine, sid)

@@ -104,7 +104,7 @@ def test_context_edits_read_what_another_daemon_wrote_meanwhile(
 
     popped = _while_waiting(a, lambda: context_edit.pop(a, sid, 1), b, sid, pg_dsn, b_appends)
     # the pop took the newest message, the one B appended while A waited
-    assert [m["id"] for m in popped["messages"]] == late
+    assert [m["id"] for m in popped.messages] == late
     for e in (a, b):
         got = e.get_context(sid)
         assert [m["content"] for m in got["messages"]] == ["m0", "m1", "m2", "m3"]

@@ -310,9 +310,9 @@ def test_pointers_are_session_ordinals_mapped_exactly_in_explain(tmp_path: Path)
                 assert asyncio.run(engine.compact(sid))["effective"]
         ordinal = {mid: n for n, mid in enumerate(ids, start=1)}
         out = explain(engine, sid)
-        assert out["brokenPointers"] == 0
+        assert out.broken_pointers == 0
         checked = 0
-        for item in out["items"]:
+        for item in out.items:
             for src in item["sources"]:
                 assert src["ordinal"] == ordinal[src["id"]]
                 checked += 1
@@ -320,7 +320,7 @@ def test_pointers_are_session_ordinals_mapped_exactly_in_explain(tmp_path: Path)
         rendered = engine.context_state(sid).summary.render()
         assert "- Set the importer batch size to 532. (was 528) #65" in rendered
         assert "[msg" not in rendered
-        current = [i for i in out["items"] if i["section"] == "constraints"
+        current = [i for i in out.items if i["section"] == "constraints"
                    and i["status"] == "current"]
         assert [(i["subject"], i["value"], i["was"]) for i in current] == [
             ("importer batch size", "532", "528")
@@ -348,7 +348,7 @@ def test_search_marks_a_superseded_statement_and_ranks_its_correction_above(
         assert [h["messageId"] for h in hits] == [new, old]
         assert hits[1]["supersededBy"] == new and "supersededBy" not in hits[0]
         out = call_tool(engine, sid, "search_past_messages", {"query": "importer batch size"})
-        assert f"superseded by msg {new}" in out["content"]
+        assert f"superseded by msg {new}" in out.content
 
         zh = engine.create_session()["sessionId"]
         [old] = engine.append(zh, [{"role": "user", "content":
