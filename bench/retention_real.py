@@ -56,6 +56,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 import ctxd
 from ctxd.daemon.config import CompactionPolicy, Config
 from ctxd.daemon.engine import Engine
@@ -157,9 +159,10 @@ class Checker:
         self.departing = 0  # items[:departing] have left the tail
         self.failure: BaseException | None = None
 
-    def __call__(self, session_id: str, method: str, params: dict[str, Any]) -> None:
+    def __call__(self, session_id: str, method: str, params: Any) -> None:
         if session_id != self.sid or method != "$/progress":
             return
+        params = msgspec.to_builtins(params)  # the engine's event Struct, in its wire form
         kind = params["value"].get("kind")
         try:
             st = self.e.context_state(self.sid)

@@ -16,7 +16,7 @@ from ctxd.daemon.stores.sqlite.context_store import ContextState
 from ctxd.protocol.errors import ApprovalPending
 from ctxd.protocol.handlers import serves
 from ctxd.protocol.methods import CONTEXT_CLEAR, CONTEXT_POP
-from ctxd.protocol.types import ClearResult, PopResult, Size
+from ctxd.protocol.types import ClearResult, DidChange, PopResult, Size
 
 if TYPE_CHECKING:
     from ctxd.daemon.engine import Engine
@@ -45,7 +45,7 @@ def clear(engine: Engine, session_id: str) -> ClearResult:
     engine.emit(
         session_id,
         "context/didChange",
-        {"sessionId": session_id, "change": "clear", "messageIds": [], "status": status},
+        DidChange(session_id=session_id, change="clear", message_ids=[], status=status),
     )
     return ClearResult(before=before, status=status)
 
@@ -68,12 +68,8 @@ def pop(engine: Engine, session_id: str, count: int) -> PopResult:
     engine.emit(
         session_id,
         "context/didChange",
-        {
-            "sessionId": session_id,
-            "change": "pop",
-            "messageIds": [m["id"] for m in popped],
-            "status": status,
-        },
+        DidChange(session_id=session_id, change="pop", message_ids=[m["id"] for m in popped],
+                  status=status),
     )
     # copies: the tail's dicts are kept for later reads
     return PopResult(messages=[dict(m) for m in popped], status=status)

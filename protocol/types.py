@@ -145,7 +145,9 @@ class Truncated(_Wire):
     to_id: int | None
 
 
-class ErrorObject(_Wire):
+class ErrorObject(_Wire, omit_defaults=True):
+    """`data` only when the error has some."""
+
     code: int
     message: str
     data: dict[str, JSON] | None = None
@@ -346,6 +348,7 @@ class DidChange(_Wire):
 class CompactionFailed(_Wire):
     session_id: str
     trigger: Literal["auto", "manual", "rebuild"]
+    compaction_id: str | None
     error: ErrorObject
 
 
@@ -371,7 +374,9 @@ class DidMissEvents(_Wire):
     missed: int
 
 
-class ProgressValue(_Wire):
+class ProgressValue(_Wire, omit_defaults=True):
+    """Only the members given."""
+
     kind: Literal["begin", "report", "end"]
     title: str | None = None
     message: str | None = None
@@ -379,8 +384,8 @@ class ProgressValue(_Wire):
 
 
 class Progress(_Wire):
-    token: str
     session_id: str
+    token: str
     value: ProgressValue
 
 

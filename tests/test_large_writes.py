@@ -34,7 +34,7 @@ def test_the_loop_serves_reads_while_a_large_batch_commits_and_writes_wait(
     tmp_path: Path,
 ) -> None:
     engine = Engine(Config(data_dir=tmp_path))
-    events: list[tuple[str, dict[str, Any]]] = []
+    events: list[tuple[str, Any]] = []
     engine.add_listener(lambda sid, method, params: events.append((method, params)))
     d = Dispatcher(engine, EventHub(), token="t")
     big_conn, other = _client(), _client()
@@ -74,7 +74,7 @@ def test_the_loop_serves_reads_while_a_large_batch_commits_and_writes_wait(
         assert status["estimatedTokens"] > 1_000_000
         page = engine.read_archive(sid, 0, 10)["messages"]
         assert _digest(page) == _digest([*messages, {"content": "after"}])
-        appended = [p["messageIds"] for m, p in events if m == "session/didAppend"]
+        appended = [p.message_ids for m, p in events if m == "session/didAppend"]
         assert appended == [ids, small_result["messageIds"]]
         # the search index holds the batch too
         word = messages[2]["content"].split()[7]

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import psycopg
 import pytest
 import test_archive
@@ -130,7 +131,8 @@ def test_events_too_large_for_a_notification_still_cross(
     assert b.store.listening.wait(30), "B never listened"
     local: list[tuple] = []
     relayed: list[tuple] = []
-    a.add_listener(lambda sid, m, p: local.append((m, p)))
+    # A's own events are Structs; B's relayed ones are rebuilt in their wire form
+    a.add_listener(lambda sid, m, p: local.append((m, msgspec.to_builtins(p))))
     b.add_listener(lambda sid, m, p: relayed.append((m, p)))
     sid = a.create_session()["sessionId"]
     a.append(sid, [{"role": "user", "content": f"m{i}"} for i in range(1200)])
@@ -221,7 +223,8 @@ def test_a_compaction_waiting_for_another_daemons_ends_its_progress_when_the_ser
         a.append(sid, [{"role": "user", "content": f"turn {i}"},
                        {"role": "assistant", "content": f"answer {i}"}])
     progress: list[dict] = []
-    b.add_listener(lambda s, m, p: progress.append(p["value"]) if m == "$/progress" else None)
+    b.add_listener(lambda s, m, p: progress.append(msgspec.to_builtins(p)["value"])
+                   if m == "$/progress" else None)
     assert a.store.try_compaction_lock(sid)
     pid = b.store.conn.execute("SELECT pg_backend_pid()").fetchone()[0]
 

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import msgspec
+
 from ctxd.daemon.compaction.compactor import Compactor
 from ctxd.daemon.config import Config
 from ctxd.daemon.engine.archive_sizes import ArchiveSizes
@@ -45,10 +47,13 @@ from ctxd.protocol.methods import (
     SESSION_GET,
     SESSION_LIST,
 )
+from ctxd.protocol.types import DidAppend
 
 log = logging.getLogger("ctxd.engine")
 
-EventListener = Callable[[str, str, dict[str, Any]], None]
+# (session id, notification name, payload): the payload Struct of protocol/types.py, or a
+# dict in its wire form (an event another daemon sent, rebuilt by the relay)
+EventListener = Callable[[str, str, "msgspec.Struct | dict[str, Any]"], None]
 
 
 # "not known: ask the store" (None is a known answer: no open run)
@@ -137,10 +142,11 @@ class Engine(ContextReads, RunsAndApprovals):
     def add_listener(self, listener: EventListener) -> None:
         self._listeners.append(listener)
 
-    def emit(self, session_id: str, method: str, params: dict[str, Any]) -> None:
+    def emit(self, session_id: str, method: str, params: msgspec.Struct) -> None:
         self.emit_local(session_id, method, params)
         if self._share_event is not None:
-            self._share_event(session_id, method, params)
+            # other daemons are told in the wire form (stores/postgres/events.py)
+            self._share_event(session_id, method, msgspec.to_builtins(params))
 
     @contextmanager
     def as_committed(self, session_id: str) -> Iterator[None]:
@@ -161,7 +167,9 @@ class Engine(ContextReads, RunsAndApprovals):
         they emit reach the subscribers on `loop`, in the order emitted."""
         self._loop, self._loop_thread = loop, threading.get_ident()
 
-    def emit_local(self, session_id: str, method: str, params: dict[str, Any]) -> None:
+    def emit_local(
+        self, session_id: str, method: str, params: msgspec.Struct | dict[str, Any]
+    ) -> None:
         """To this daemon's subscribers only (an event another daemon shared)."""
         if self._loop is not None and threading.get_ident() != self._loop_thread:
             self._loop.call_soon_threadsafe(self.emit_local, session_id, method, params)
@@ -401,13 +409,8 @@ class Engine(ContextReads, RunsAndApprovals):
         self.emit(
             session_id,
             "session/didAppend",
-            {
-                "sessionId": session_id,
-                "batchId": batch_id,
-                "messageIds": ids,
-                "runId": run_id,
-                "status": status,
-            },
+            DidAppend(session_id=session_id, batch_id=batch_id, message_ids=ids, run_id=run_id,
+                      status=status),
         )
         return {"batchId": batch_id, "messageIds": ids, "status": status}
 
