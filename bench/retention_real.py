@@ -272,7 +272,7 @@ def attempts(engine: Engine, sid: str, begins: dict[str, tuple[int, dict[int, in
     out: list[Attempt] = []
     log = engine.compaction_log(sid, limit=100_000)
     for entry in reversed(log):
-        e = entry.to_wire() if hasattr(entry, "to_wire") else dict(entry)
+        e = msgspec.to_builtins(entry)  # its wire form: camelCase keys
         began = begins.get(e["compactionId"])
         if began is None or e.get("afterTokens") is None or e.get("error"):
             continue

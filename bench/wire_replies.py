@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 # random ids: a prefix, an underscore and the random part
 _ID = re.compile(r"^(ses|run|apr|pin|cmp|cpt|prg)_[0-9A-Za-z_-]+$")
+_CLOCK = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d")
 # keys whose values are times or durations
 _TIMES = {"createdAt", "startedAt", "finishedAt", "resolvedAt", "lastCompactedAt",
           "lastActivityAt", "durationMs", "at", "nonceMac", "pageKey", "nextCursor",
@@ -47,6 +48,8 @@ def mask(value: Any, key: str = "") -> Any:
         return f"<{type(value).__name__}>"
     if isinstance(value, str) and _ID.match(value):
         return f"<{value.split('_', 1)[0]}>"
+    if isinstance(value, str):
+        return _CLOCK.sub("<time>", value)  # a time written into a text
     if isinstance(value, float):
         return ["float", value]
     return value

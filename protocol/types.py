@@ -253,7 +253,7 @@ class ExplainResult(_Wire):
     provenance: dict[str, JSON] | None
 
 
-class Compaction(_Wire):
+class Compaction(_Wire, kw_only=True):
     compaction_id: str
     trigger: str
     started_at: float
@@ -268,9 +268,11 @@ class Compaction(_Wire):
     summarized_to: int | None
     summarizer: str | None
     error: str | None
+    # what the caller asked the summarizer to keep (a manual compaction's instructions)
+    instructions: str | None = None
+    # the archive's size when it ran (None only inside the daemon, before it is counted)
     archive_messages: int | None
     archive_tokens: int | None
-    instructions: str | None = None
 
 
 class CompactionsResult(_Wire):

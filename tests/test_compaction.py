@@ -147,7 +147,7 @@ def test_not_effective_compaction_changes_nothing(engine: Engine) -> None:
     assert after["compactionCount"] == 0
     assert engine.context_messages(sid) == ctx_before
     log = engine.compaction_log(sid)
-    assert len(log) == 1 and log[0]["effective"] is False and log[0]["committed"] is False
+    assert len(log) == 1 and log[0].effective is False and log[0].committed is False
 
 
 def test_force_compaction_works_on_short_contexts(engine: Engine) -> None:
@@ -291,7 +291,7 @@ def test_a_failed_or_invalid_summary_leaves_the_context_untouched(tmp_path: Path
         asyncio.run(engine.compact(sid))
     assert engine.context_messages(sid) == before
     log = engine.compaction_log(sid)
-    assert log[0]["error"] and not log[0]["committed"]
+    assert log[0].error and not log[0].committed
     engine.close()
 
 

@@ -147,7 +147,7 @@ def test_three_auto_failures_pause_until_a_manual_success(tmp_path: Path) -> Non
     assert engine.status(sid)["autoCompactionPaused"] is True
     assert not engine.auto_compaction_due(sid)
     log = engine.compaction_log(sid)
-    assert len(log) == 3 and all("HTTP 500" in row["error"] for row in log)
+    assert len(log) == 3 and all("HTTP 500" in (row.error or "") for row in log)
     summarizer.fail = False
     assert asyncio.run(engine.compact(sid))["effective"]
     assert engine.status(sid)["autoCompactionPaused"] is False

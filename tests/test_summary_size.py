@@ -450,8 +450,8 @@ def test_instructions_keep_matching_items_and_are_logged(tmp_path: Path, zh: boo
         assert special not in plain
         assert special in focused
         log = engine.compaction_log(sids[1])
-        assert log[0]["instructions"] == special
-        assert engine.compaction_log(sids[0])[0]["instructions"] is None
+        assert log[0].instructions == special
+        assert engine.compaction_log(sids[0])[0].instructions is None
     finally:
         engine.close()
 
@@ -463,7 +463,7 @@ def test_instructions_on_a_context_too_small_say_so(engine: Engine) -> None:
     assert out["effective"] is False and out["compactionId"] is None
     assert out["instructionsApplied"] is False
     assert "instructions were not applied" in out["reason"]
-    assert engine.compaction_log(sid)[0]["instructions"] == "keep the deployment rules"
+    assert engine.compaction_log(sid)[0].instructions == "keep the deployment rules"
     applied = engine.create_session()["sessionId"]
     engine.append(applied, EN_SESSION)
     ok = asyncio.run(engine.compact(applied, force=True, instructions="keep the CSV rules"))

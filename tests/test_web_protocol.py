@@ -83,22 +83,22 @@ def test_compaction_history_carries_archive_sizes(engine: Engine) -> None:
     size_then = engine.archive_count(sid)
     tokens_then = sum(m["tokens"] for m in engine.read_archive(sid, 0, 5000)["messages"])
     # counted now, then continued from this checkpoint for the next compaction
-    assert [(r["archiveMessages"], r["archiveTokens"])
+    assert [(r.archive_messages, r.archive_tokens)
             for r in engine.compaction_history(sid)] == [(size_then, tokens_then)]
     for i in range(20, 30):
         engine.append(sid, agent_turn(i))
     engine.compact_sync(sid, force=True)
     rows = engine.compaction_history(sid, 10)
-    assert len(rows) == 2 and rows[0]["startedAt"] >= rows[1]["startedAt"]
-    assert (rows[1]["archiveMessages"], rows[1]["archiveTokens"]) == (size_then, tokens_then)
-    assert rows[0]["archiveMessages"] == engine.archive_count(sid)
+    assert len(rows) == 2 and rows[0].started_at >= rows[1].started_at
+    assert (rows[1].archive_messages, rows[1].archive_tokens) == (size_then, tokens_then)
+    assert rows[0].archive_messages == engine.archive_count(sid)
     everything = engine.read_archive(sid, 0, 5000)["messages"]
-    assert rows[0]["archiveTokens"] == sum(m["tokens"] for m in everything)
+    assert rows[0].archive_tokens == sum(m["tokens"] for m in everything)
     # a fresh engine (no cache) counts the same
     fresh = Engine(engine.config)
     try:
         assert fresh.compaction_history(sid, 10) == rows
     finally:
         fresh.close()
-    assert rows[1]["beforeMessages"] > rows[1]["afterMessages"]
+    assert rows[1].before_messages > (rows[1].after_messages or 0)
     assert validate_params("context/compactions", {"sessionId": sid}).limit == 50

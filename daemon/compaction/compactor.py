@@ -41,7 +41,7 @@ from ctxd.protocol.errors import (
     CtxdError,
     SummarizerFailed,
 )
-from ctxd.protocol.types import CompactionFailed, ErrorObject, Progress, ProgressValue
+from ctxd.protocol.types import Compaction, CompactionFailed, ErrorObject, Progress, ProgressValue
 
 log = logging.getLogger("ctxd.compactor")
 
@@ -510,5 +510,5 @@ class Compactor:
         fallback wrote it), else the configured one's."""
         return written_by or getattr(self.summarizer, "name", type(self.summarizer).__name__)
 
-    def history(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
-        return [r.to_wire() for r in self.store.compactions.history(session_id, limit)]
+    def history(self, session_id: str, limit: int = 50) -> list[Compaction]:
+        return self.store.compactions.history(session_id, limit)

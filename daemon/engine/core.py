@@ -47,7 +47,7 @@ from ctxd.protocol.methods import (
     SESSION_GET,
     SESSION_LIST,
 )
-from ctxd.protocol.types import DidAppend
+from ctxd.protocol.types import Compaction, DidAppend
 
 log = logging.getLogger("ctxd.engine")
 
@@ -521,10 +521,10 @@ class Engine(ContextReads, RunsAndApprovals):
         """For library users without an event loop."""
         return asyncio.run(self.compact(session_id, **kw))
 
-    def compaction_log(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
+    def compaction_log(self, session_id: str, limit: int = 50) -> list[Compaction]:
         return self.compactor.history(session_id, limit)
 
-    def compaction_history(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
+    def compaction_history(self, session_id: str, limit: int = 50) -> list[Compaction]:
         """The attempts, newest first, each with the archive's size when it ran."""
         self.check_session(session_id)
         return self.archive_sizes.rows(session_id, limit)
@@ -532,7 +532,7 @@ class Engine(ContextReads, RunsAndApprovals):
     @serves(CONTEXT_COMPACTIONS)
     async def compaction_history_async(
         self, session_id: str, limit: int = 50
-    ) -> list[dict[str, Any]]:
+    ) -> list[Compaction]:
         """`compaction_history` with the archive's sizes counted beside the event loop:
         the first call on a session scans its whole archive (200 ms at 100,000 messages)."""
         self.check_session(session_id)
