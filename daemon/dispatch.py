@@ -1,7 +1,9 @@
-"""Dispatcher: the request handler behind every wire.
+"""Dispatcher: the request handler behind every wire, and the handlers that need the
+connection (login, subscriptions, the runs a connection holds) or shape what the engine
+returns (an append's context, a run's end).
 
-Each handler validates (against the protocol table), calls one engine function and
-shapes the result. Appends are handled synchronously up to the engine call, so the
+The path of a request to its handler, in the order each client sent them, is
+request_flow.py's. Appends are handled synchronously up to the engine call, so the
 order in which a client sent them is the order they are archived in. A large batch
 (`messages/append`, `run/finish` with `messages`) is prepared and committed beside the
 event loop (see offload.py) while the other clients are served.
@@ -16,27 +18,21 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
-
 from ctxd import __version__
 
 # context_edit holds handlers of its own: imported so they register
 from ctxd.daemon import context_edit, projection, recall  # noqa: F401
-from ctxd.daemon.busy import when_free
 from ctxd.daemon.context_reply import ContextReplies
 from ctxd.daemon.engine import Engine
-from ctxd.daemon.messages import PreparedBatch, text_size
-from ctxd.daemon.off_loop import InTurn, OffLoop
-from ctxd.daemon.offload import READS, LargeWrites
+from ctxd.daemon.off_loop import OffLoop
+from ctxd.daemon.offload import LargeWrites
+from ctxd.daemon.request_flow import Handler, RequestFlow
 from ctxd.daemon.scheduler import Scheduler
 from ctxd.daemon.servers.base import Connection, EventHub
 from ctxd.daemon.servers.page_keys import PageKeys
 from ctxd.protocol import auth, types
-from ctxd.protocol.declare import Method
-from ctxd.protocol.errors import SearchTooBroad, SessionBusy, Unauthorized
+from ctxd.protocol.errors import SearchTooBroad, Unauthorized
 from ctxd.protocol.handlers import HANDLERS, serves
-from ctxd.protocol.handlers import Handler as RegisteredHandler
-from ctxd.protocol.large import JSON_WIRES, MSGPACK_WIRES, encode_sliced
 from ctxd.protocol.methods import (
     APPROVAL_REQUEST,
     APPROVAL_RESOLVE,
@@ -56,7 +52,6 @@ from ctxd.protocol.methods import (
     SESSION_UNSUBSCRIBE,
     SHUTDOWN,
     TOOLS_LIST,
-    validate_params,
 )
 from ctxd.protocol.table_context import ContextCompactParams, ContextGetParams, ContextRebuildParams
 from ctxd.protocol.table_daemon import HeartbeatParams, ShutdownParams
@@ -76,62 +71,12 @@ from ctxd.protocol.table_sessions import (
 
 log = logging.getLogger("ctxd.dispatch")
 
-# a batch carrying this much text is validated, counted and committed beside the loop, and
-# a reply carrying this much is encoded beside it
-OFFLOAD_TEXT_CHARS = 256 * 1024
-
-Handler = Callable[[Connection, dict[str, Any]], Any]
-
 SHUTDOWN_REPLY_DELAY = 0.1
 # the reply size limit of the wires (`max_request_bytes`, at least 1 MiB)
 DEFAULT_MAX_REPLY_BYTES = 64 * 1024 * 1024
 
 
-def _large_batch(method: str, p: dict[str, Any]) -> bool:
-    """A batch to prepare and commit beside the loop (the same rule for both methods
-    that carry one)."""
-    if method not in ("messages/append", "run/finish") or p.messages is None:
-        return False
-    return text_size(p.messages) >= OFFLOAD_TEXT_CHARS
-
-
-# the results that carry messages (`messages`, or `context.messages`), and the wires whose
-# encoding protocol/large.py knows
-_MESSAGE_REPLIES = frozenset({"context/get", "archive/read", "messages/append", "run/finish"})
-_ENCODED_WIRES = JSON_WIRES | MSGPACK_WIRES
-
-
-def _large_reply(result: Any) -> bool:
-    """A result carrying this much text is encoded beside the loop."""
-    if isinstance(result, dict):
-        msgs = result.get("messages")
-        if msgs is None and isinstance(result.get("context"), dict):
-            msgs = result["context"].get("messages")
-    elif isinstance(result, msgspec.Struct):
-        msgs = getattr(result, "messages", None)
-        context = getattr(result, "context", None)
-        if msgs is None and context is not None:
-            msgs = getattr(context, "messages", None)
-    else:
-        return False
-    return isinstance(msgs, list) and text_size(msgs) >= OFFLOAD_TEXT_CHARS
-
-
-def _wrapper(method: Method) -> Callable[[Any], msgspec.Struct] | None:
-    """For a method with `wrap`: its result Struct made of the handler's return value."""
-    if method.wrap is None:
-        return None
-    result_type = method.returns
-    (attr,) = [f.name for f in msgspec.structs.fields(result_type)
-               if f.encode_name == method.wrap]
-    return lambda value: result_type(**{attr: value})
-
-
-async def _wrap_later(result: Any, wrap: Callable[[Any], msgspec.Struct]) -> msgspec.Struct:
-    return wrap(await result)
-
-
-class Dispatcher:
+class Dispatcher(RequestFlow):
     def __init__(
         self,
         engine: Engine,
@@ -166,187 +111,6 @@ class Dispatcher:
         self.off_loop = OffLoop(engine, self._in_turn)
         # each method's handler, registered where it is written (protocol/handlers.py)
         self._handlers: dict[str, Handler] = {h.method.name: self._bind(h) for h in HANDLERS}
-
-    def _bind(self, handler: RegisteredHandler) -> Handler:
-        fn, method = handler.function, handler.method
-        on_engine = False
-        if handler.owner is not None:
-            # a method of the dispatcher or of the engine: bound to the instance
-            owners = [o for o in (self, self.engine)
-                      if any(c.__name__ == handler.owner for c in type(o).__mro__)]
-            if not owners:
-                raise LookupError(f"{method.name}: no instance of {handler.owner} to serve it")
-            fn = getattr(owners[0], fn.__name__)
-            on_engine = owners[0] is self.engine
-        if handler.connection:
-            return fn  # type: ignore[no-any-return]
-        lead = () if handler.owner is not None else (self.engine,)
-        wrap = _wrapper(method)
-        # the params Struct's fields are the handler's keyword names
-        as_kwargs = msgspec.structs.asdict
-
-        off_loop = self.off_loop.wants(method.name) and on_engine
-
-        def call(conn: Connection, p: Any) -> Any:
-            if off_loop:
-                kw = as_kwargs(p)
-                return self.off_loop.run(conn, p.session_id, lambda: fn(**kw), wrap)
-            result = fn(*lead, **as_kwargs(p))
-            if wrap is None:
-                return result
-            if inspect.isawaitable(result):
-                return _wrap_later(result, wrap)
-            return wrap(result)
-
-        return call
-
-    # the RequestHandler interface
-
-    async def handle(self, conn: Connection, method: str, params: Any) -> Any:
-        result = self.handle_now(conn, method, params)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
-
-    def handle_now(self, conn: Connection, method: str, params: Any) -> Any:
-        """`handle` without a task: the result, or an awaitable the wire awaits in a task
-        of its own (most methods answer here, so the wires skip a task per request)."""
-        if not conn.authenticated and method != "initialize":
-            # the same answer for every method, known or not: before login the list of
-            # methods (which an unknown-method error names) is nobody's business
-            raise Unauthorized("send initialize with the token from the connection file first")
-        p = validate_params(method, params)
-        before = self._in_turn.get(conn)
-        large = _large_batch(method, p)
-        if before is not None or large or (self.large.gate.busy and method not in READS):
-            return self._after(conn, before, method, p, large)
-        try:
-            result = self._handlers[method](conn, p)
-        except SessionBusy as busy:
-            # the session is being written through another connection: wait beside the
-            # loop, the connection's next requests behind this one
-            turn = asyncio.get_running_loop().create_future()
-            self._in_turn[conn] = turn
-            return self._when_free(conn, method, p, busy, turn)
-        if method in _MESSAGE_REPLIES and conn.wire in _ENCODED_WIRES:
-            if inspect.isawaitable(result):
-                return self._encoded(conn, method, result, hold=False)
-            if _large_reply(result):
-                return self._encoded(conn, method, result, hold=True)
-        return result
-
-    async def _when_free(
-        self, conn: Connection, method: str, p: Any, busy: SessionBusy,
-        turn: asyncio.Future[None],
-    ) -> Any:
-        """A request refused with SessionBusy, run again once its session is free (at
-        most the store's lock_timeout; see busy.py)."""
-        try:
-            result = await when_free(
-                self.engine.store, lambda: self._handlers[method](conn, p), busy
-            )
-        finally:
-            turn.set_result(None)
-            if self._in_turn.get(conn) is turn:
-                del self._in_turn[conn]
-        if inspect.isawaitable(result):
-            result = await result
-        return await self._maybe_encoded(conn, method, result)
-
-    async def _encoded(self, conn: Connection, method: str, result: Any, hold: bool) -> Any:
-        """The result, encoded in a worker thread when it is large (see `_maybe_encoded`).
-        With `hold`, the connection's next requests wait for it: a reply answered at once
-        before is not overtaken by the ones after it."""
-        turn: asyncio.Future[None] | None = None
-        if hold:
-            turn = asyncio.get_running_loop().create_future()
-            self._in_turn[conn] = turn
-        try:
-            if inspect.isawaitable(result):
-                result = await result
-            return await self._maybe_encoded(conn, method, result)
-        finally:
-            if turn is not None:
-                turn.set_result(None)
-                if self._in_turn.get(conn) is turn:
-                    del self._in_turn[conn]
-
-    async def _maybe_encoded(self, conn: Connection, method: str, result: Any) -> Any:
-        """A result carrying megabytes of messages is encoded here, beside the loop and
-        piece by piece, into the bytes the wire would send (protocol/large.py): one
-        encoder call on the loop would hold every client for its whole length."""
-        if method in _MESSAGE_REPLIES and conn.wire in _ENCODED_WIRES and _large_reply(result):
-            return await asyncio.to_thread(encode_sliced, result, conn.wire)
-        return result
-
-    async def _after(
-        self,
-        conn: Connection,
-        before: asyncio.Future[None] | None,
-        method: str,
-        p: Any,
-        large: bool,
-    ) -> Any:
-        """A large batch, a request behind one from the same connection, or a write
-        while a large batch is being committed.
-
-        The batch is validated and its tokens counted in a worker thread, and committed
-        in one (see offload.py), so the event loop serves other clients meanwhile; other
-        writes wait until that commit is over. Requests of the same connection still
-        start in the order they came: each one waits until the one before it has started,
-        and behind a large batch until its reply is out (so replies keep their order).
-        """
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._in_turn[conn] = turn
-        try:
-            prepared = None
-            if large:
-                if method == "messages/append":
-                    self.engine.require_session(p.session_id)
-                prepared = await asyncio.to_thread(self.engine.prepare_append, p.messages)
-            if before is not None:
-                await before
-            if prepared is not None:
-                # not cancelled with the request: the write gate opens only once the
-                # commit and the engine's state after it are done
-                work = asyncio.ensure_future(self._large_write(conn, method, p, prepared))
-                return await self._maybe_encoded(conn, method, await asyncio.shield(work))
-            if method not in READS:
-                await self.large.gate.wait_open()
-            result = await when_free(self.engine.store, lambda: self._handlers[method](conn, p))
-            if isinstance(result, InTurn):  # the next request waits until it is done
-                result = await result
-            if not inspect.isawaitable(result):
-                return await self._maybe_encoded(conn, method, result)
-        finally:
-            turn.set_result(None)
-            if self._in_turn.get(conn) is turn:
-                del self._in_turn[conn]
-        return await self._maybe_encoded(conn, method, await result)
-
-    async def _large_write(
-        self,
-        conn: Connection,
-        method: str,
-        p: dict[str, Any],
-        prepared: PreparedBatch,
-    ) -> dict[str, Any]:
-        async with self.large.gate.held():
-            # a context asked for with the batch is read before the gate opens: no other
-            # write comes between
-            if method == "messages/append":
-                self._claim(conn, p.run_id)
-                result = await self.large.append(
-                    p.session_id, p.messages, prepared,
-                    run_id=p.run_id, client_batch_id=p.client_batch_id,
-                )
-                out = self._appended(p, result, gated=True)
-            else:
-                finished = await self.large.finish_run(
-                    p.run_id, p.outcome, p.messages, prepared, p.client_batch_id
-                )
-                out = self._run_finished(conn, p, finished, gated=True)
-            return await out if inspect.isawaitable(out) else out  # type: ignore[no-any-return]
 
     def check_token(self, token: Any) -> bool:
         return isinstance(token, str) and hmac.compare_digest(
@@ -438,15 +202,15 @@ class Dispatcher:
 
     def _capabilities(self) -> dict[str, Any]:
         return {
-                "wires": self.wires,
-                "notifications": sorted(NOTIFICATIONS),
-                "tools": [recall.SEARCH_TOOL_NAME],
-                "summarizer": getattr(self.engine.summarizer, "name", "custom"),
-                # when it last failed, {at, message}, or null
-                "summarizerLastFailure": _last_failure(self.engine.summarizer),
-                "tokenEncoding": self.engine.tokens.encoding_name,
-                "search": {"languages": ["en", "zh"], "advanced": True},
-                "runLeaseSeconds": self.run_lease,
+            "wires": self.wires,
+            "notifications": sorted(NOTIFICATIONS),
+            "tools": [recall.SEARCH_TOOL_NAME],
+            "summarizer": getattr(self.engine.summarizer, "name", "custom"),
+            # when it last failed, {at, message}, or null
+            "summarizerLastFailure": _last_failure(self.engine.summarizer),
+            "tokenEncoding": self.engine.tokens.encoding_name,
+            "search": {"languages": ["en", "zh"], "advanced": True},
+            "runLeaseSeconds": self.run_lease,
         }
 
     @serves(TOOLS_LIST, connection=True)
@@ -507,7 +271,7 @@ class Dispatcher:
 
         return self.off_loop.run(conn, sid, call, then)
 
-    def _appended(self, p: dict[str, Any], result: dict[str, Any], gated: bool = False) -> Any:
+    def _appended(self, p: Any, result: dict[str, Any], gated: bool = False) -> Any:
         """The append's result; with `returnContext`, with the context as right after
         the append, bounded as `context/get` is. `gated`: the write gate is held (a large
         batch), so the context is read beside the loop (an awaitable of the result);
@@ -603,7 +367,7 @@ class Dispatcher:
         return self._run_finished(conn, p, result)
 
     def _run_finished(
-        self, conn: Connection, p: dict[str, Any], result: dict[str, Any], gated: bool = False
+        self, conn: Connection, p: Any, result: dict[str, Any], gated: bool = False
     ) -> Any:
         """The finish's result; with `returnContext`, with the context (see
         `_appended`)."""
@@ -615,7 +379,7 @@ class Dispatcher:
         conn.open_runs.discard(p.run_id)
         return self.scheduler.after_run_finished(result)
 
-    async def _finished_later(self, conn: Connection, p: dict[str, Any], result: Any
+    async def _finished_later(self, conn: Connection, p: Any, result: Any
                               ) -> dict[str, Any]:
         done = await result
         conn.open_runs.discard(p.run_id)
