@@ -284,7 +284,7 @@ class Dispatcher(RequestFlow):
 
     def _with_context(
         self, result: dict[str, Any], session_id: str, appended: dict[str, Any], gated: bool,
-        status: dict[str, Any] | None = None,
+        status: types.Status | None = None,
     ) -> Any:
         stored = {k: appended[k] for k in ("batchId", "messageIds") if k in appended}
         if not gated:

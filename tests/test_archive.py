@@ -83,8 +83,8 @@ def test_a_bad_batch_writes_nothing(engine: Engine, batch: list, index: int,
     assert f"message {index + 1}" in exc.value.message
     if field:
         assert exc.value.data["field"] == field
-    assert engine.status(sid)["archiveMessages"] == 1
-    assert engine.status(sid)["activeMessages"] == 1
+    assert engine.status(sid).archive_messages == 1
+    assert engine.status(sid).active_messages == 1
 
 
 def test_duplicate_tool_call_ids_are_refused(engine: Engine) -> None:
@@ -98,7 +98,7 @@ def test_duplicate_tool_call_ids_are_refused(engine: Engine) -> None:
         engine.append(sid, two_in_one)
     with pytest.raises(InvalidMessage, match="already has a result"):
         engine.append(sid, [tool_turn(1)[1]])
-    assert engine.status(sid)["archiveMessages"] == 2
+    assert engine.status(sid).archive_messages == 2
 
 
 def test_tool_result_may_answer_a_call_from_an_earlier_batch(engine: Engine) -> None:
@@ -106,7 +106,7 @@ def test_tool_result_may_answer_a_call_from_an_earlier_batch(engine: Engine) -> 
     call, result = tool_turn(7)
     engine.append(sid, [call])
     engine.append(sid, [result])
-    assert engine.status(sid)["archiveMessages"] == 2
+    assert engine.status(sid).archive_messages == 2
 
 
 def test_oversized_message_is_refused(tmp_path: Path) -> None:
@@ -116,7 +116,7 @@ def test_oversized_message_is_refused(tmp_path: Path) -> None:
         e.append(sid, [{"role": "user", "content": "ok"},
                        {"role": "user", "content": "x" * 2000}])
     assert exc.value.data["index"] == 1
-    assert e.status(sid)["archiveMessages"] == 0
+    assert e.status(sid).archive_messages == 0
     e.close()
 
 
@@ -127,10 +127,10 @@ def test_client_batch_id_makes_appends_idempotent(engine: Engine) -> None:
     again = engine.append(sid, batch, client_batch_id="b-1")
     assert again["messageIds"] == first["messageIds"]
     assert again["batchId"] == first["batchId"]
-    assert engine.status(sid)["archiveMessages"] == len(batch)
+    assert engine.status(sid).archive_messages == len(batch)
     with pytest.raises(Conflict):
         engine.append(sid, agent_turn(2), client_batch_id="b-1")
-    assert engine.status(sid)["archiveMessages"] == len(batch)
+    assert engine.status(sid).archive_messages == len(batch)
 
 
 def test_tokens_are_counted_once_and_special_tokens_are_text(engine: Engine) -> None:
@@ -141,7 +141,7 @@ def test_tokens_are_counted_once_and_special_tokens_are_text(engine: Engine) -> 
     counter = TokenCounter("cl100k_base")
     assert stored["tokens"] == counter.count_message(msg)
     assert stored["tokens"] > 10
-    assert engine.status(sid)["estimatedTokens"] == stored["tokens"]
+    assert engine.status(sid).estimated_tokens == stored["tokens"]
 
 
 def test_unknown_fields_and_metadata_are_kept_in_the_archive(engine: Engine) -> None:
@@ -161,7 +161,7 @@ def test_archive_survives_reopening(tmp_path: Path) -> None:
     e.close()
     e2 = Engine(make_config(tmp_path))
     assert [m["id"] for m in e2.read_archive(sid)["messages"]] == ids
-    assert e2.status(sid)["activeMessages"] == len(ids)
+    assert e2.status(sid).active_messages == len(ids)
     e2.close()
 
 
@@ -179,13 +179,13 @@ def test_sessions_archived_before_contexts_existed_are_backfilled_once(tmp_path:
 
     e = Engine(make_config(tmp_path))
     status = e.status("old")
-    assert status["archiveMessages"] == len(msgs)
-    assert status["activeMessages"] == len(msgs)
-    assert status["estimatedTokens"] == sum(counter.count_message(m) for m in msgs)
+    assert status.archive_messages == len(msgs)
+    assert status.active_messages == len(msgs)
+    assert status.estimated_tokens == sum(counter.count_message(m) for m in msgs)
     ctx = e.context_messages("old")
     assert ctx[0] == {"role": "system", "content": "You are terse."}
     assert [m.get("content") for m in ctx] == [m.get("content") for m in msgs]
-    version = e.status("old")["version"]
+    version = e.status("old").version
     e.close()
     # the backfill is stored: a reopen reads the row instead of deriving it again
     raw = apsw.Connection(str(tmp_path / "ctxd.db"))
@@ -193,7 +193,7 @@ def test_sessions_archived_before_contexts_existed_are_backfilled_once(tmp_path:
                        ).fetchone()[0] == 1
     raw.close()
     e2 = Engine(make_config(tmp_path))
-    assert e2.status("old")["version"] == version
+    assert e2.status("old").version == version
     e2.close()
 
 

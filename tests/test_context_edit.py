@@ -25,9 +25,9 @@ def test_pop_takes_newest_and_keeps_the_archive(engine: Engine) -> None:
     assert [m["content"] for m in out.messages] == ["done with step 1"]
     ctx = engine.get_context(sid)
     assert ctx["messages"][-1]["role"] == "tool"
-    assert out.status["activeMessages"] == before["activeMessages"] - 1
-    assert out.status["estimatedTokens"] < before["estimatedTokens"]
-    assert out.status["version"] == before["version"] + 1
+    assert out.status.active_messages == before.active_messages - 1
+    assert out.status.estimated_tokens < before.estimated_tokens
+    assert out.status.version == before.version + 1
     assert engine.archive_count(sid) == 5  # nothing deleted
     hits = engine.search("done with step", session_id=sid)
     assert hits and not hits[0]["inActiveContext"]
@@ -53,7 +53,7 @@ def test_pop_of_a_tool_result_takes_its_call_too(engine: Engine) -> None:
         engine.append(sid, [tool_turn(9)[1]])
     engine.append(sid, agent_turn(2))
     assert _tail_roles(engine, sid) == ["user", "user", "assistant", "tool", "assistant"]
-    assert engine.status(sid)["activeMessages"] == 5
+    assert engine.status(sid).active_messages == 5
 
 
 def test_pop_on_empty_tail_and_bad_input(engine: Engine, tmp_path: Path) -> None:
@@ -117,7 +117,7 @@ def test_compaction_after_pop_keeps_counts_exact(tmp_path: Path) -> None:
         engine.compact_sync(sid, force=True)
         ctx = engine.get_context(sid)
         st = engine.status(sid)
-        assert st["activeMessages"] == len(ctx["messages"])
+        assert st.active_messages == len(ctx["messages"])
         assert "done with step 7" not in str(ctx["messages"])
         assert engine.context_state(sid).dropped_ids  # the last pop is still in the tail
     finally:

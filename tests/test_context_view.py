@@ -14,6 +14,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from helpers import make_config
 
@@ -94,7 +95,7 @@ def _seen(engine: Engine, sid: str) -> dict[str, Any]:
         "context": engine.get_context(sid),
         "budgeted": engine.get_context(sid, budget_tokens=400),
         "metadata": engine.get_context(sid, include_metadata=True)["messages"],
-        "status": {k: engine.status(sid)[k] for k in STATUS_KEYS},
+        "status": {k: msgspec.to_builtins(engine.status(sid))[k] for k in STATUS_KEYS},
         "pins": engine.pins(sid),
         "pending": engine.pending_approvals(sid),
     }
@@ -134,7 +135,7 @@ def test_kept_state_equals_a_fresh_read(
             _compare(engine, data_dir, sid)
         # the changes were not all refused: the comparison saw a context that moved
         assert refused < 60
-        assert engine.status(driver.sessions[0])["archiveMessages"] > 20
+        assert engine.status(driver.sessions[0]).archive_messages > 20
     finally:
         engine.close()
 
@@ -198,4 +199,4 @@ def test_a_read_between_a_commit_elsewhere_and_its_bookkeeping_keeps_each_messag
     engine.append_committed(new, rows, ids, batch_id, created_at, None, 0, elsewhere=True)
     contents = [m["content"] for m in engine.get_context(sid)["messages"]]
     assert contents == ["first", "second", "answer"]
-    assert engine.status(sid)["archiveMessages"] == 3
+    assert engine.status(sid).archive_messages == 3

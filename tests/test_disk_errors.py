@@ -64,8 +64,8 @@ def check_consistent(engine: Engine, sid: str, expected_messages: int) -> None:
     n, tokens = recount(engine, sid)
     assert n == expected_messages
     status = engine.status(sid)
-    assert status["archiveMessages"] == n
-    assert (status["activeMessages"], status["estimatedTokens"]) == (n, tokens)
+    assert status.archive_messages == n
+    assert (status.active_messages, status.estimated_tokens) == (n, tokens)
     stored = cs.load_context(engine.conn, sid)
     assert stored is not None and (stored.active_messages, stored.active_tokens) == (n, tokens)
     fts_rows = engine.conn.execute("SELECT count(*) FROM messages_fts").fetchone()[0]
@@ -188,8 +188,8 @@ def test_disk_full_during_compaction_leaves_the_context_as_it_was(tmp_path: Path
         check_consistent(engine, sid, 600)
         engine.conn.pragma("max_page_count", 1 << 30)
         result = engine.compact_sync(sid, force=True)
-        assert result["effective"] and engine.status(sid)["compactionCount"] == 1
-        assert engine.status(sid)["archiveMessages"] == 600
+        assert result["effective"] and engine.status(sid).compaction_count == 1
+        assert engine.status(sid).archive_messages == 600
     finally:
         engine.close()
 
@@ -224,7 +224,7 @@ def test_read_only_database_gives_a_typed_error(engine: Engine) -> None:
             write()
         note(f"{type(err.value).__name__} {int(err.value.code)}")
     engine.conn.pragma("query_only", False)
-    assert engine.status(sid)["archiveMessages"] == 0 and engine.pins(sid) == []
+    assert engine.status(sid).archive_messages == 0 and engine.pins(sid) == []
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="file modes do not stop root")

@@ -368,10 +368,10 @@ def check_counters(engine: Engine, sid: str) -> None:
     """Every counter the engine keeps equals a recount from the archive rows."""
     n, tokens = recount(engine, sid)
     status = engine.status(sid)
-    assert status["archiveMessages"] == n
+    assert status.archive_messages == n
     # no compaction ran: every archived message is in the active context
-    assert status["activeMessages"] == n
-    assert status["estimatedTokens"] == tokens
+    assert status.active_messages == n
+    assert status.estimated_tokens == tokens
     stored = cs.load_context(engine.conn, sid)
     assert stored is not None
     assert (stored.active_messages, stored.active_tokens) == (n, tokens)

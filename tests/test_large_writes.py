@@ -51,9 +51,9 @@ def test_the_loop_serves_reads_while_a_large_batch_commits_and_writes_wait(
             assert not big.done(), "the batch was committed without the loop serving anyone"
             await asyncio.sleep(0.001)
         # reads are answered during the commit, from the state before it
-        assert (await d.handle(other, "context/status", {"sessionId": quiet}))["sessionId"]
+        assert (await d.handle(other, "context/status", {"sessionId": quiet})).session_id
         during = await d.handle(other, "context/status", {"sessionId": sid})
-        assert during["activeMessages"] == 0
+        assert during.active_messages == 0
         assert not big.done()
         # a write waits for the commit: its message comes after the whole batch
         small = asyncio.create_task(d.handle(other, "messages/append", {
@@ -67,11 +67,11 @@ def test_the_loop_serves_reads_while_a_large_batch_commits_and_writes_wait(
         big_result, small_result = asyncio.run(main())
         ids = big_result["messageIds"]
         assert len(ids) == 4 and max(ids) < small_result["messageIds"][0]
-        assert big_result["status"]["archiveMessages"] == 4
+        assert big_result["status"].archive_messages == 4
         assert _digest(big_result["context"]["messages"]) == _digest(messages)
         status = engine.status(sid)
-        assert (status["archiveMessages"], status["activeMessages"]) == (5, 5)
-        assert status["estimatedTokens"] > 1_000_000
+        assert (status.archive_messages, status.active_messages) == (5, 5)
+        assert status.estimated_tokens > 1_000_000
         page = engine.read_archive(sid, 0, 10)["messages"]
         assert _digest(page) == _digest([*messages, {"content": "after"}])
         appended = [p.message_ids for m, p in events if m == "session/didAppend"]

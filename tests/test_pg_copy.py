@@ -68,7 +68,7 @@ def _snapshot(e: Engine, sid: str) -> dict:
     return {
         "archive": e.read_archive(sid, limit=1000)["messages"],
         "context": e.get_context(sid)["messages"],
-        "status": {k: v for k, v in e.status(sid).items() if k != "updatedAt"},
+        "status": e.status(sid),
         "pins": e.pins(sid),
         "approvals": e.list_approvals(sid),
         "compactions": e.compaction_log(sid),

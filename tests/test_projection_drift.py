@@ -28,7 +28,7 @@ def _session(engine: Engine, turns: int) -> str:
 def test_budget_projection_keeps_pairs_and_says_what_it_left_out(engine: Engine) -> None:
     sid = _session(engine, 8)
     stored = engine.context_messages(sid)
-    version = engine.status(sid)["version"]
+    version = engine.status(sid).version
     full = sum(engine.tokens.count_message(m) for m in stored)
     out = engine.get_context(sid, budget_tokens=full // 2)
     msgs = out["messages"]
@@ -44,7 +44,7 @@ def test_budget_projection_keeps_pairs_and_says_what_it_left_out(engine: Engine)
     assert out["truncated"]["messages"] == len(stored) - len(msgs)
     # the stored context is untouched
     assert engine.context_messages(sid) == stored
-    assert engine.status(sid)["version"] == version
+    assert engine.status(sid).version == version
     roomy = engine.get_context(sid, budget_tokens=full * 2)
     assert roomy["truncated"] is None and roomy["messages"] == stored
 
@@ -113,9 +113,9 @@ def test_rebuild_dry_run_previews_without_committing(engine: Engine) -> None:
     preview = asyncio.run(engine.rebuild(sid, dry_run=True))
     assert preview["dryRun"] is True and preview["compactionId"] is None
     assert engine.context_messages(sid) == before_ctx
-    assert engine.status(sid)["version"] == before["version"]
-    assert preview["diff"]["messages"] == preview["after"]["messages"] - before["activeMessages"]
-    assert preview["diff"]["tokens"] == preview["after"]["tokens"] - before["estimatedTokens"]
+    assert engine.status(sid).version == before.version
+    assert preview["diff"]["messages"] == preview["after"]["messages"] - before.active_messages
+    assert preview["diff"]["tokens"] == preview["after"]["tokens"] - before.estimated_tokens
     assert len(preview["messages"]) == preview["after"]["messages"]
     committed = asyncio.run(engine.rebuild(sid))
     assert engine.context_messages(sid) == preview["messages"]
@@ -144,13 +144,13 @@ def test_three_auto_failures_pause_until_a_manual_success(tmp_path: Path) -> Non
         assert engine.auto_compaction_due(sid)
         with pytest.raises(SummarizerFailed):
             asyncio.run(engine.compact(sid, trigger="auto"))
-    assert engine.status(sid)["autoCompactionPaused"] is True
+    assert engine.status(sid).auto_compaction_paused is True
     assert not engine.auto_compaction_due(sid)
     log = engine.compaction_log(sid)
     assert len(log) == 3 and all("HTTP 500" in (row.error or "") for row in log)
     summarizer.fail = False
     assert asyncio.run(engine.compact(sid))["effective"]
-    assert engine.status(sid)["autoCompactionPaused"] is False
+    assert engine.status(sid).auto_compaction_paused is False
     engine.close()
 
 

@@ -109,7 +109,7 @@ def test_context_edits_read_what_another_daemon_wrote_meanwhile(
     for e in (a, b):
         got = e.get_context(sid)
         assert [m["content"] for m in got["messages"]] == ["m0", "m1", "m2", "m3"]
-        assert got["status"]["activeMessages"] == 4
+        assert got["status"].active_messages == 4
 
     late.clear()
     _while_waiting(a, lambda: context_edit.clear(a, sid), b, sid, pg_dsn, b_appends)
@@ -119,7 +119,7 @@ def test_context_edits_read_what_another_daemon_wrote_meanwhile(
     for e in (a, b):
         got = e.get_context(sid)
         assert [m["content"] for m in got["messages"]] == ["after"]
-        assert got["status"]["activeMessages"] == 1
+        assert got["status"].active_messages == 1
 
 
 def test_events_too_large_for_a_notification_still_cross(
@@ -133,7 +133,7 @@ def test_events_too_large_for_a_notification_still_cross(
     relayed: list[tuple] = []
     # A's own events are Structs; B's relayed ones are rebuilt in their wire form
     a.add_listener(lambda sid, m, p: local.append((m, msgspec.to_builtins(p))))
-    b.add_listener(lambda sid, m, p: relayed.append((m, p)))
+    b.add_listener(lambda sid, m, p: relayed.append((m, msgspec.to_builtins(p))))
     sid = a.create_session()["sessionId"]
     a.append(sid, [{"role": "user", "content": f"m{i}"} for i in range(1200)])
     context_edit.pop(a, sid, 1000)  # 1000 ids would not fit in one notification
@@ -168,17 +168,17 @@ def test_archive_count_counts_on_across_daemons_and_rollbacks(
     sid = a.create_session()["sessionId"]
     for i in range(3):
         a.append(sid, [{"role": "user", "content": f"a {i}"}])
-    assert a.status(sid)["archiveMessages"] == 3
+    assert a.status(sid).archive_messages == 3
     b.append(sid, [{"role": "user", "content": "b 0"}, {"role": "user", "content": "b 1"}])
-    assert a.status(sid)["archiveMessages"] == 5
+    assert a.status(sid).archive_messages == 5
     row = ({"role": "user", "content": "rolled back"}, '{"role":"user"}', 1)
     with pytest.raises(RuntimeError), a.store.transaction():
         a.archive.append(sid, [row], digest="x", run_id=None, client_batch_id=None)
         assert a.archive.message_count(sid) == 6  # its own uncommitted row
         raise RuntimeError("roll back")
-    assert a.status(sid)["archiveMessages"] == b.status(sid)["archiveMessages"] == 5
+    assert a.status(sid).archive_messages == b.status(sid).archive_messages == 5
     a.append(sid, [{"role": "user", "content": "a 3"}])
-    assert b.status(sid)["archiveMessages"] == a.status(sid)["archiveMessages"] == 6
+    assert b.status(sid).archive_messages == a.status(sid).archive_messages == 6
 
 
 def test_status_says_compacting_while_another_daemon_holds_the_session(
@@ -194,14 +194,14 @@ def test_status_says_compacting_while_another_daemon_holds_the_session(
             "sessionId": sid, "token": f"cmp_{sid}",
             "value": {"kind": "begin", "title": "Compacting context", "percentage": 0}})
         assert begin is not None
-        assert not b.status(sid)["compacting"]
+        assert not b.status(sid).compacting
         assert a.store.try_compaction_lock(sid)
-        assert not b.status(sid)["compacting"]  # nothing told yet: no query
+        assert not b.status(sid).compacting  # nothing told yet: no query
         events.relay(b, json.loads(begin))
-        assert b.status(sid)["compacting"] and not a.status(sid)["compacting"]
-        assert not b.status(sids[0] if sid != sids[0] else sids[1])["compacting"]
+        assert b.status(sid).compacting and not a.status(sid).compacting
+        assert not b.status(sids[0] if sid != sids[0] else sids[1]).compacting
         a.store.release_compaction_lock(sid)
-        assert not b.status(sid)["compacting"]
+        assert not b.status(sid).compacting
         assert sid not in b.store._elsewhere  # the dead hint is forgotten
     # told of a start and of its end: nothing left to ask
     sid = sids[0]
@@ -239,7 +239,7 @@ def test_a_compaction_waiting_for_another_daemons_ends_its_progress_when_the_ser
 
     asyncio.run(cut_while_waiting())
     assert progress[0]["kind"] == "begin" and progress[-1]["kind"] == "end"
-    assert not b.status(sid)["compacting"]
+    assert not b.status(sid).compacting
     a.store.release_compaction_lock(sid)
     assert asyncio.run(b.compact(sid, force=True))["effective"]
 
@@ -266,7 +266,7 @@ def test_an_unwatched_session_relays_nothing_yet_its_compaction_is_known(
     assert a.store.try_compaction_lock(sid)
     try:
         events.relay(b, json.loads(begin), lambda s: False)
-        assert relayed == [] and b.status(sid)["compacting"]
+        assert relayed == [] and b.status(sid).compacting
         events.relay(b, json.loads(begin), lambda s: s == sid)  # watched: relayed
         assert relayed == ["$/progress"]
     finally:

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn, Protocol
+from typing import Any, NamedTuple, NoReturn, Protocol
 
 import msgspec
 
@@ -41,7 +41,14 @@ from ctxd.protocol.errors import (
     CtxdError,
     SummarizerFailed,
 )
-from ctxd.protocol.types import Compaction, CompactionFailed, ErrorObject, Progress, ProgressValue
+from ctxd.protocol.types import (
+    Compaction,
+    CompactionFailed,
+    ErrorObject,
+    Progress,
+    ProgressValue,
+    Status,
+)
 
 log = logging.getLogger("ctxd.compactor")
 
@@ -74,7 +81,22 @@ class ActiveContexts(Protocol):
 
     def summary_tokens(self, session_id: str, summary: Summary) -> int: ...
 
-    def status(self, session_id: str) -> dict[str, Any]: ...
+    def status(self, session_id: str) -> Status: ...
+
+
+class RunActivity(Protocol):
+    """What holds an auto-compaction back: a session's `Status`, or just these two."""
+
+    @property
+    def pending_approvals(self) -> int: ...
+
+    @property
+    def active_run_id(self) -> str | None: ...
+
+
+class Activity(NamedTuple):
+    pending_approvals: int
+    active_run_id: str | None
 
 
 # (session id, notification name, its payload Struct from protocol/types.py)
@@ -128,14 +150,14 @@ class Compactor:
     def auto_paused(self, session_id: str) -> bool:
         return self.auto_failures.get(session_id, 0) >= MAX_AUTO_FAILURES
 
-    def auto_due(self, session_id: str, status: dict[str, Any] | None = None) -> bool:
+    def auto_due(self, session_id: str, status: RunActivity | None = None) -> bool:
         st = self.contexts.context_state(session_id)
         if session_id in self.running or self._waiting.get(session_id) or not self.over_limits(st):
             return False
         if self.auto_paused(session_id):
             return False
         if status is not None:
-            if status["pendingApprovals"] or status["activeRunId"] is not None:
+            if status.pending_approvals or status.active_run_id is not None:
                 return False
         elif self.store.runs.pending_count(session_id) or self.store.runs.open_run(session_id):
             return False

@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from ctxd.daemon.compaction.compactor import Compactor
+from ctxd.daemon.compaction.compactor import Activity, Compactor, RunActivity
 from ctxd.daemon.config import Config
 from ctxd.daemon.engine.archive_sizes import ArchiveSizes
 from ctxd.daemon.engine.context_view import ContextView
@@ -47,7 +47,7 @@ from ctxd.protocol.methods import (
     SESSION_GET,
     SESSION_LIST,
 )
-from ctxd.protocol.types import Compaction, DidAppend
+from ctxd.protocol.types import Compaction, DidAppend, Status
 
 log = logging.getLogger("ctxd.engine")
 
@@ -445,7 +445,7 @@ class Engine(ContextReads, RunsAndApprovals):
     @serves(CONTEXT_STATUS)
     def status(
         self, session_id: str, *, open_run_id: str | None = _ASK, pending: int | None = None
-    ) -> dict[str, Any]:
+    ) -> Status:
         """`open_run_id` and `pending`: the session's open run and number of pending
         approvals when the caller has just read them."""
         ahead = getattr(self.store, "status_reads", None) if self.shared else None
@@ -462,44 +462,43 @@ class Engine(ContextReads, RunsAndApprovals):
 
     def _status(
         self, session_id: str, open_run_id: str | None, pending: int | None
-    ) -> dict[str, Any]:
+    ) -> Status:
         st = self.context_state(session_id)
         if open_run_id is _ASK:
             open_run_id = self.run_book.open_run_id(session_id)
         if pending is None:
             pending = self.run_book.pending_count(session_id)
-        return {
-            "sessionId": session_id,
-            "activeMessages": st.rendered_messages,
-            "estimatedTokens": st.rendered_tokens,
-            "archiveMessages": self.archive_count(session_id),
-            "compactionCount": st.compaction_count,
-            "lastCompactedAt": st.last_compacted_at,
-            "pendingApprovals": pending,
-            "activeRunId": open_run_id,
-            "compacting": session_id in self.compactor.running
+        summarizer = summarizer_status(self.summarizer)
+        return Status(
+            session_id=session_id,
+            active_messages=st.rendered_messages,
+            estimated_tokens=st.rendered_tokens,
+            archive_messages=self.archive_count(session_id),
+            compaction_count=st.compaction_count,
+            last_compacted_at=st.last_compacted_at,
+            pending_approvals=pending,
+            active_run_id=open_run_id,
+            compacting=session_id in self.compactor.running
             or (self.shared and self.compactor.elsewhere(session_id)),
-            "autoCompactionPaused": self.compactor.auto_paused(session_id),
-            "version": st.version,
-            **summarizer_status(self.summarizer),
-        }
+            auto_compaction_paused=self.compactor.auto_paused(session_id),
+            version=st.version,
+            summarizer=summarizer["summarizer"],
+            summarizer_last_failure_at=summarizer["summarizerLastFailureAt"],
+            summarizer_last_failure=summarizer["summarizerLastFailure"],
+        )
 
     # compaction (the Compactor does the work)
 
     def over_limits(self, session_id: str) -> bool:
         return self.compactor.over_limits(self.context_state(session_id))
 
-    def auto_compaction_due(
-        self, session_id: str, status: dict[str, Any] | None = None
-    ) -> bool:
+    def auto_compaction_due(self, session_id: str, status: RunActivity | None = None) -> bool:
         """`status`: the session's status just read, if the caller has it (its open run and
         pending approvals need not be asked for again)."""
         if status is None and not self.shared:
             # what the compactor would ask the store, answered from memory
-            status = {
-                "pendingApprovals": self.run_book.pending_count(session_id),
-                "activeRunId": self.run_book.open_run_id(session_id),
-            }
+            status = Activity(self.run_book.pending_count(session_id),
+                              self.run_book.open_run_id(session_id))
         return self.compactor.auto_due(session_id, status)
 
     async def compact(

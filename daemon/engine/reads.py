@@ -28,6 +28,7 @@ from ctxd.protocol.methods import (
     CONTEXT_PINS_LIST,
     CONTEXT_PINS_REMOVE,
 )
+from ctxd.protocol.types import Status
 
 
 class ContextReads:
@@ -45,7 +46,7 @@ class ContextReads:
 
         def context_state(self, session_id: str) -> ContextState: ...
 
-        def status(self, session_id: str) -> dict[str, Any]: ...
+        def status(self, session_id: str) -> Status: ...
 
         def archive_count(self, session_id: str) -> int: ...
 
@@ -91,7 +92,7 @@ class ContextReads:
         query: str | None = None,
         include_metadata: bool = False,
         recall_hits: list[dict[str, Any]] | None = None,
-        status: dict[str, Any] | None = None,
+        status: Status | None = None,
     ) -> dict[str, Any]:
         """`recall_hits`: the search for `query`, when the caller already ran it (the
         daemon does, beside its event loop); `status`, the session's status when the
@@ -111,7 +112,7 @@ class ContextReads:
         query: str | None,
         include_metadata: bool,
         recall_hits: list[dict[str, Any]] | None,
-        status: dict[str, Any] | None,
+        status: Status | None,
     ) -> dict[str, Any]:
         if budget_tokens is None and not query:
             messages, ids = self.render_with_ids(session_id, self.context_state(session_id))

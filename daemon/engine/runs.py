@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ctxd.daemon.approval_events import event_approval as _event_approval
+from ctxd.daemon.compaction.compactor import RunActivity
 from ctxd.daemon.engine.run_book import RunBook
 from ctxd.daemon.ids import new_id
 from ctxd.daemon.stores.base import ArchiveStore, RunStore, Store
@@ -44,7 +45,7 @@ class RunsAndApprovals:
         ) -> dict[str, Any]: ...
 
         def auto_compaction_due(
-            self, session_id: str, status: dict[str, Any] | None = None
+            self, session_id: str, status: RunActivity | None = None
         ) -> bool: ...
 
     def start_run(self, session_id: str) -> dict[str, Any]:
