@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import msgspec
 import zmq
 
 from bench.peers import Daemon
@@ -215,6 +216,8 @@ class Side:
         self.closers += [self.zmq.close, self.tcp.close]
         status = self.big.get_context(self.big_sid)
         st = status.get("status", status)
+        if not isinstance(st, dict):  # a revision whose engine returns the Status Struct
+            st = msgspec.to_builtins(st)
         return {
             "archived": st.get("archiveMessages"),
             "active": st.get("activeMessages", len(status["messages"])),

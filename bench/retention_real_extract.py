@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ctxd.clients.importers import FORMATS
 from ctxd.clients.importers.common import FileImporter, Options, Report
 from ctxd.daemon.config import Config
@@ -42,7 +44,7 @@ class EngineClient:
                                         before_id=before_id)
 
     def get_session(self, session_id: str) -> dict[str, Any]:
-        return self.engine.get_session(session_id)
+        return msgspec.to_builtins(self.engine.get_session(session_id))  # as a client gets it
 
     def create_session(self, session_id: str, title: str | None = None,
                        metadata: dict[str, Any] | None = None,

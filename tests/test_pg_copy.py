@@ -73,7 +73,7 @@ def _snapshot(e: Engine, sid: str) -> dict:
         "approvals": e.list_approvals(sid),
         "compactions": e.compaction_log(sid),
         "search": [h["messageId"] for h in e.search("压缩", session_id=sid)],
-        "sessions": e.list_sessions()["sessions"],
+        "sessions": e.list_sessions().sessions,
     }
 
 

@@ -57,7 +57,7 @@ def test_session_list_filters_by_title_and_reports_last_activity(engine: Engine)
     engine.append(sids[1], [{"role": "user", "content": "hi"}])
 
     def found(title: str) -> list[str | None]:
-        return [s["title"] for s in engine.list_sessions(50, None, title)["sessions"]]
+        return [s.title for s in engine.list_sessions(50, None, title).sessions]
 
     assert found("REFACTOR") == ["refactor docs", "Refactor the parser"]
     assert found("%") == ["100% coverage"]  # LIKE wildcards match themselves
@@ -65,13 +65,13 @@ def test_session_list_filters_by_title_and_reports_last_activity(engine: Engine)
     assert found("迁移") == ["数据库迁移"]
     assert found("nothing like it") == []
     page = engine.list_sessions(1, None, "refactor")
-    assert len(page["sessions"]) == 1 and page["nextCursor"]
-    rest = engine.list_sessions(5, page["nextCursor"], "refactor")
-    assert [s["title"] for s in rest["sessions"]] == ["Refactor the parser"]
-    rows = {s["sessionId"]: s for s in engine.list_sessions(50)["sessions"]}
+    assert len(page.sessions) == 1 and page.next_cursor
+    rest = engine.list_sessions(5, page.next_cursor, "refactor")
+    assert [s.title for s in rest.sessions] == ["Refactor the parser"]
+    rows = {s.session_id: s for s in engine.list_sessions(50).sessions}
     appended = engine.read_archive(sids[1], 0, 1)["messages"][0]["createdAt"]
-    assert rows[sids[1]]["lastActivityAt"] == appended
-    assert rows[sids[0]]["lastActivityAt"] == rows[sids[0]]["createdAt"]
+    assert rows[sids[1]].last_activity_at == appended
+    assert rows[sids[0]].last_activity_at == rows[sids[0]].created_at
 
 
 def test_compaction_history_carries_archive_sizes(engine: Engine) -> None:

@@ -47,7 +47,14 @@ from ctxd.protocol.methods import (
     SESSION_GET,
     SESSION_LIST,
 )
-from ctxd.protocol.types import Compaction, DidAppend, Status
+from ctxd.protocol.types import (
+    Compaction,
+    DidAppend,
+    ListedSession,
+    SessionGetResult,
+    SessionListResult,
+    Status,
+)
 
 log = logging.getLogger("ctxd.engine")
 
@@ -208,17 +215,17 @@ class Engine(ContextReads, RunsAndApprovals):
         if not self.shared:
             self._archive_counts[sid] = 0
             self.run_book.created(sid)
-        return self.get_session(sid)["session"]
+        return self.get_session(sid).session
 
     @serves(SESSION_GET)
-    def get_session(self, session_id: str) -> dict[str, Any]:
+    def get_session(self, session_id: str) -> SessionGetResult:
         session = self.require_session(session_id)
-        return {"session": session, "status": self.status(session_id)}
+        return SessionGetResult(session=session, status=self.status(session_id))
 
     @serves(SESSION_LIST)
     def list_sessions(
         self, limit: int = 50, cursor: str | None = None, title: str | None = None
-    ) -> dict[str, Any]:
+    ) -> SessionListResult:
         after = None
         if cursor:
             try:
@@ -230,18 +237,18 @@ class Engine(ContextReads, RunsAndApprovals):
                 ) from None
         rows = self.archive.list_sessions(limit + 1, after, title)
         page = rows[:limit]
-        sessions = [
-            {
-                **s,
-                "status": self.status(s["sessionId"]),
-                "lastActivityAt": self.archive.last_message_at(s["sessionId"]) or s["createdAt"],
-            }
-            for s in page
-        ]
+        sessions = []
+        for s in page:
+            sid, created_at = s["sessionId"], s["createdAt"]
+            sessions.append(ListedSession(
+                session_id=sid, title=s["title"], metadata=s["metadata"], created_at=created_at,
+                status=self.status(sid),
+                last_activity_at=self.archive.last_message_at(sid) or created_at,
+            ))
         next_cursor = (
             f"{page[-1]['createdAt']!r}:{page[-1]['sessionId']}" if len(rows) > limit else None
         )
-        return {"sessions": sessions, "nextCursor": next_cursor}
+        return SessionListResult(sessions=sessions, next_cursor=next_cursor)
 
     def require_session(self, session_id: str) -> dict[str, Any]:
         session = self.archive.get_session(session_id)
