@@ -370,7 +370,7 @@ def size(engine: Engine, sid: str, old: int, result: dict[str, Any], tally: Tall
         return
     lo, hi = result["summarizedFrom"], result["summarizedTo"]
     read = engine.read_archive(sid, after_id=lo - 1, before_id=hi + 1, limit=10_000)
-    left = sum(m["tokens"] for m in read["messages"])
+    left = sum(m["tokens"] for m in read.messages)
     new = engine.context_state(sid).summary_tokens
     ratio = new / max(old + left, 1)
     tally.ratios.append(ratio)

@@ -79,6 +79,10 @@ def script(call: Any) -> None:
     call("run/finish", {"runId": call("run/start", {"sessionId": sid})["runId"],
                         "outcome": "cancelled"})
     call("archive/read", {"sessionId": sid})
+    call("archive/read", {"sessionId": sid, "limit": 2})
+    call("archive/read", {"sessionId": sid, "limit": 1, "beforeId": 3})
+    call("archive/read", {"sessionId": sid, "limit": 5, "beforeId": 2})
+    call("archive/read", {"sessionId": sid, "afterId": 1_000_000})
     call("archive/search", {"query": "hi", "sessionId": sid})
     call("context/get", {"sessionId": sid})
     call("context/get", {"sessionId": sid, "budgetTokens": 1000, "query": "hi"})

@@ -300,7 +300,7 @@ class Dispatcher(RequestFlow):
         return later()
 
     @serves(ARCHIVE_SEARCH, connection=True)
-    async def search(self, conn: Connection, p: ArchiveSearchParams) -> dict[str, Any]:
+    async def search(self, conn: Connection, p: ArchiveSearchParams) -> types.ArchiveSearchResult:
         return await self.engine.search_async(
             p.query,
             session_id=p.session_id,
@@ -331,7 +331,7 @@ class Dispatcher(RequestFlow):
                     session_id=sid,
                     limit=projection.RECALL_HITS * 3,
                 )
-                hits = found["hits"]
+                hits = found.hits
             except SearchTooBroad:
                 hits = []  # no recall message rather than no context
         return await self.replies.get(

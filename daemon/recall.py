@@ -14,7 +14,7 @@ from ctxd.daemon.stores.sqlite.fts import MAX_QUERY_TERMS, check_terms
 from ctxd.protocol.errors import InvalidParams, NotFound
 from ctxd.protocol.handlers import serves
 from ctxd.protocol.methods import CONTEXT_EXPLAIN, QUERY_MAX, TOOLS_CALL
-from ctxd.protocol.types import ExplainResult, ToolsCallResult
+from ctxd.protocol.types import ArchiveSearchResult, ExplainResult, ToolsCallResult
 
 SEARCH_TOOL_NAME = "search_past_messages"
 
@@ -123,13 +123,13 @@ async def call_tool_async(
     return _tool_result(await engine.search_async(**kw), kw["query"], session_id)
 
 
-def _tool_result(found: dict[str, Any], query: str, session_id: str) -> ToolsCallResult:
-    hits = found["hits"]
+def _tool_result(found: ArchiveSearchResult, query: str, session_id: str) -> ToolsCallResult:
+    hits = found.hits
     # What already left the context is what the agent cannot see: list it first.
     hits.sort(key=lambda h: h["inActiveContext"])
     if not hits:
         text = f'No earlier messages match "{query}".'
-    elif found["matched"] == "any":
+    elif found.matched == "any":
         lines = [
             f'No message has all the words of "{query}"; {len(hits)} message(s) have '
             "some of them (best first):"
@@ -150,7 +150,7 @@ def _tool_result(found: dict[str, Any], query: str, session_id: str) -> ToolsCal
                 f"[msg {h['messageId']} · {h['role']} · {n}{when}{where}{seen}] {snippet}"
             )
         text = "\n".join(lines)
-    return ToolsCallResult(content=text, data={"hits": hits, "matched": found["matched"]})
+    return ToolsCallResult(content=text, data={"hits": hits, "matched": found.matched})
 
 
 @serves(CONTEXT_EXPLAIN)

@@ -191,9 +191,11 @@ class AppendResult(_Wire):
 class ArchiveReadResult(_Wire):
     messages: list[ArchivedMessage]
     next_after_id: int | None
-    next_before_id: int | None = None
-    # the `#N` of the first message; the others follow it one by one
-    first_ordinal: int | None = None
+    # a page read backwards (`beforeId`) only; null when nothing is older
+    next_before_id: int | None | msgspec.UnsetType = msgspec.UNSET
+    # the `#N` of the first message (the others follow it one by one); a page with
+    # messages only
+    first_ordinal: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class ArchiveSearchResult(_Wire):

@@ -31,7 +31,7 @@ def test_append_assigns_increasing_ids_across_sessions(engine: Engine) -> None:
     ids = r1["messageIds"] + r2["messageIds"] + r3["messageIds"]
     assert ids == sorted(ids) and len(set(ids)) == 4
     assert r1["batchId"] < r2["batchId"] < r3["batchId"]
-    msgs = engine.read_archive(a)["messages"]
+    msgs = engine.read_archive(a).messages
     assert [m["content"] for m in msgs] == ["one", "four"]
     assert all({"id", "batchId", "createdAt", "tokens"} <= m.keys() for m in msgs)
 
@@ -53,7 +53,7 @@ def test_triggers_refuse_rewriting_history(engine: Engine, tmp_path: Path) -> No
     with pytest.raises(apsw.ConstraintError):
         raw.execute("DELETE FROM batches")
     raw.close()
-    assert engine.read_archive(sid)["messages"][0]["content"] == "keep me"
+    assert engine.read_archive(sid).messages[0]["content"] == "keep me"
 
 
 @pytest.mark.parametrize(
@@ -137,7 +137,7 @@ def test_tokens_are_counted_once_and_special_tokens_are_text(engine: Engine) -> 
     sid = engine.create_session()["sessionId"]
     msg = {"role": "user", "content": "quote <|endoftext|> verbatim, 上下文压缩"}
     engine.append(sid, [msg])
-    stored = engine.read_archive(sid)["messages"][0]
+    stored = engine.read_archive(sid).messages[0]
     counter = TokenCounter("cl100k_base")
     assert stored["tokens"] == counter.count_message(msg)
     assert stored["tokens"] > 10
@@ -148,7 +148,7 @@ def test_unknown_fields_and_metadata_are_kept_in_the_archive(engine: Engine) -> 
     sid = engine.create_session()["sessionId"]
     engine.append(sid, [{"role": "assistant", "content": "x", "reasoning_content": "why",
                          "metadata": {"ui": 1}}])
-    stored = engine.read_archive(sid)["messages"][0]
+    stored = engine.read_archive(sid).messages[0]
     assert stored["reasoning_content"] == "why" and stored["metadata"] == {"ui": 1}
     model = engine.context_messages(sid)[0]
     assert "metadata" not in model and model["reasoning_content"] == "why"
@@ -160,7 +160,7 @@ def test_archive_survives_reopening(tmp_path: Path) -> None:
     ids = e.append(sid, agent_turn(1))["messageIds"]
     e.close()
     e2 = Engine(make_config(tmp_path))
-    assert [m["id"] for m in e2.read_archive(sid)["messages"]] == ids
+    assert [m["id"] for m in e2.read_archive(sid).messages] == ids
     assert e2.status(sid).active_messages == len(ids)
     e2.close()
 
@@ -205,13 +205,13 @@ def test_read_pages_backwards_with_before_id(engine: Engine) -> None:
         ids += engine.append(a, [{"role": "user", "content": f"a{i}"}])["messageIds"]
         engine.append(b, [{"role": "user", "content": f"b{i}"}])
     page = engine.read_archive(a, limit=3, before_id=ids[5])
-    assert [m["content"] for m in page["messages"]] == ["a2", "a3", "a4"]
-    assert page["nextBeforeId"] == ids[2] and page["nextAfterId"] is None
-    older = engine.read_archive(a, limit=3, before_id=page["nextBeforeId"])
-    assert [m["content"] for m in older["messages"]] == ["a0", "a1"]
-    assert older["nextBeforeId"] is None
+    assert [m["content"] for m in page.messages] == ["a2", "a3", "a4"]
+    assert page.next_before_id == ids[2] and page.next_after_id is None
+    older = engine.read_archive(a, limit=3, before_id=page.next_before_id)
+    assert [m["content"] for m in older.messages] == ["a0", "a1"]
+    assert older.next_before_id is None
     # afterId and beforeId together bound a window
     window = engine.read_archive(a, after_id=ids[1], limit=10, before_id=ids[4])
-    assert [m["id"] for m in window["messages"]] == ids[2:4]
+    assert [m["id"] for m in window.messages] == ids[2:4]
     # the latest messages: beforeId past the end
-    assert engine.read_archive(a, limit=1, before_id=10**9)["messages"][0]["content"] == "a6"
+    assert engine.read_archive(a, limit=1, before_id=10**9).messages[0]["content"] == "a6"

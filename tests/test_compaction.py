@@ -247,7 +247,7 @@ def test_appends_during_a_slow_compaction_are_kept_exactly(tmp_path: Path) -> No
     out = asyncio.run(scenario())
     result = out["result"]
     assert result["effective"]
-    archive = engine.read_archive(sid, limit=5000)["messages"]
+    archive = engine.read_archive(sid, limit=5000).messages
     boundary = next(m["id"] for m in archive if m["id"] > result["summarizedTo"])
     expected_tail = [m for m in archive if m["id"] >= boundary]
     ctx = engine.context_messages(sid)

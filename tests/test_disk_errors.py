@@ -123,7 +123,7 @@ def test_disk_full_append_is_all_or_nothing_and_recovers(engine: Engine) -> None
         note("refused, nothing written")
         assert found(engine, sid, f"refused{i}") == 0
     # reads go on
-    assert len(engine.read_archive(sid, limit=5000)["messages"]) == total
+    assert len(engine.read_archive(sid, limit=5000).messages) == total
     assert found(engine, sid, "before") == 3
     # space is back: appends work, ids continue where the archive ended
     last = engine.conn.execute("SELECT max(id) FROM messages").fetchone()[0]
@@ -206,7 +206,7 @@ def test_read_only_database_refuses_appends_and_recovers(engine: Engine) -> None
     note(f"append on a read-only database: {type(err.value).__name__}")
     check_consistent(engine, sid, 3)
     assert found(engine, sid, "refused") == 0
-    assert engine.read_archive(sid)["messages"][0]["content"].startswith("before")
+    assert engine.read_archive(sid).messages[0]["content"].startswith("before")
     engine.conn.pragma("query_only", False)
     engine.append(sid, batch("after"))
     check_consistent(engine, sid, 6)

@@ -72,7 +72,7 @@ def test_the_loop_serves_reads_while_a_large_batch_commits_and_writes_wait(
         status = engine.status(sid)
         assert (status.archive_messages, status.active_messages) == (5, 5)
         assert status.estimated_tokens > 1_000_000
-        page = engine.read_archive(sid, 0, 10)["messages"]
+        page = engine.read_archive(sid, 0, 10).messages
         assert _digest(page) == _digest([*messages, {"content": "after"}])
         appended = [p.message_ids for m, p in events if m == "session/didAppend"]
         assert appended == [ids, small_result["messageIds"]]

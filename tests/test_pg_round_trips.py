@@ -124,7 +124,7 @@ def test_a_busy_session_is_refused_and_nothing_is_written(
     assert e.status(sid).archive_messages == 1
     # the connection is usable again at once
     e.append(sid, [{"role": "user", "content": "third"}])
-    assert [m["content"] for m in e.read_archive(sid)["messages"]] == ["first", "third"]
+    assert [m["content"] for m in e.read_archive(sid).messages] == ["first", "third"]
 
 
 def test_daemons_as_hosts_reach_the_database_through_the_proxy(

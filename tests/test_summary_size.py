@@ -99,7 +99,7 @@ def recount(engine: Engine, sid: str) -> tuple[int, int]:
 
 
 def replaced_tokens(engine: Engine, sid: str, result: dict[str, Any]) -> int:
-    archive = engine.read_archive(sid, limit=5000)["messages"]
+    archive = engine.read_archive(sid, limit=5000).messages
     lo, hi = result["summarizedFrom"], result["summarizedTo"]
     return sum(m["tokens"] for m in archive if lo <= m["id"] <= hi)
 

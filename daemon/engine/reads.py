@@ -28,7 +28,7 @@ from ctxd.protocol.methods import (
     CONTEXT_PINS_LIST,
     CONTEXT_PINS_REMOVE,
 )
-from ctxd.protocol.types import Status
+from ctxd.protocol.types import ArchiveReadResult, ArchiveSearchResult, Status
 
 
 class ContextReads:
@@ -149,7 +149,7 @@ class ContextReads:
         limit: int = 200,
         before_id: int | None = None,
         max_bytes: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> ArchiveReadResult:
         """A page of the archive: at most `limit` messages and `max_bytes` of them."""
         self.check_session(session_id)
         if before_id is not None:
@@ -159,21 +159,23 @@ class ContextReads:
             )
             next_before = msgs[0]["id"] if more else None
             return self._numbered(
-                session_id, {"messages": msgs, "nextAfterId": None, "nextBeforeId": next_before}
+                session_id,
+                ArchiveReadResult(messages=msgs, next_after_id=None, next_before_id=next_before),
             )
         msgs = self.archive.read(session_id, after_id, limit, max_bytes)
         more = len(msgs) == limit or (
             bool(msgs) and self.archive.has_between(session_id, msgs[-1]["id"], None)
         )
         next_after = msgs[-1]["id"] if more else None
-        return self._numbered(session_id, {"messages": msgs, "nextAfterId": next_after})
+        page = ArchiveReadResult(messages=msgs, next_after_id=next_after)
+        return self._numbered(session_id, page)
 
-    def _numbered(self, session_id: str, page: dict[str, Any]) -> dict[str, Any]:
+    def _numbered(self, session_id: str, page: ArchiveReadResult) -> ArchiveReadResult:
         """A page with `firstOrdinal`, the `#N` of its first message (the others follow
         it one by one); an empty page has none."""
-        msgs = page["messages"]
+        msgs = page.messages
         if msgs:
-            page["firstOrdinal"] = self.ordinals(session_id, [msgs[0]["id"]])[msgs[0]["id"]]
+            page.first_ordinal = self.ordinals(session_id, [msgs[0]["id"]])[msgs[0]["id"]]
         return page
 
     def ordinals(self, session_id: str, ids: list[int]) -> dict[int, int]:
@@ -187,27 +189,27 @@ class ContextReads:
         self, query: str, *, session_id: str | None = None, **kw: Any
     ) -> list[dict[str, Any]]:
         """The hits of `search_result`, for library users."""
-        return self.search_result(query, session_id=session_id, **kw)["hits"]
+        return self.search_result(query, session_id=session_id, **kw).hits
 
     def search_result(
         self, query: str, *, session_id: str | None = None, **kw: Any
-    ) -> dict[str, Any]:
+    ) -> ArchiveSearchResult:
         """`{hits, matched}` on this thread's connection, within the search budget."""
         if session_id is not None:
             self.check_session(session_id)
         hits, matched = self.archive.search(
             query, session_id=session_id, budget_seconds=self.config.search_budget_seconds, **kw
         )
-        return {"hits": self._annotate(hits), "matched": matched}
+        return ArchiveSearchResult(hits=self._annotate(hits), matched=matched)
 
     async def search_async(
         self, query: str, *, session_id: str | None = None, **kw: Any
-    ) -> dict[str, Any]:
+    ) -> ArchiveSearchResult:
         """`search_result` run beside the event loop, so other requests go on meanwhile."""
         if session_id is not None:
             self.check_session(session_id)
         hits, matched = await self.store.search_async(query, session_id=session_id, **kw)
-        return {"hits": self._annotate(hits), "matched": matched}
+        return ArchiveSearchResult(hits=self._annotate(hits), matched=matched)
 
     def _supersessions(self, session_id: str) -> dict[int, int]:
         return self.context_state(session_id).summary.supersessions
