@@ -87,7 +87,10 @@ def pack_reply(req_id: Any, result: Any) -> bytes:
     encoded by msgspec (the same bytes msgpack writes for its wire form, without
     building that form first)."""
     if isinstance(result, msgspec.Struct):
-        result = msgspec.Raw(_encode_msgpack(result))
+        try:
+            return _encode_msgpack({"id": req_id, "result": result})
+        except (TypeError, ValueError):  # an id only msgpack knows (an extension type)
+            result = msgspec.Raw(_encode_msgpack(result))
     if isinstance(result, msgspec.Raw):
         # a map of two entries (0x82), in the order packb writes them
         return b"".join([b"\x82", packb("id"), packb(req_id), packb("result"), result])
