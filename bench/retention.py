@@ -106,7 +106,7 @@ class Driver:
         self.calls = 0
 
     def _append(self, sid: str, run_id: str, msgs: list[dict[str, Any]]) -> list[int]:
-        return list(self.engine.append(sid, msgs, run_id=run_id)["messageIds"])
+        return list(self.engine.append(sid, msgs, run_id=run_id).message_ids)
 
     def play(self, sid: str, chunk: int, turn: Turn) -> list[Fact]:
         e = self.engine

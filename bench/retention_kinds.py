@@ -274,7 +274,7 @@ class Session:
                 f"import os\nfrom app import settings  # see docs/{n}.md and setup.cfg\n")
 
     def _append(self, msgs: list[dict[str, Any]]) -> list[int]:
-        return list(self.e.append(self.sid, msgs)["messageIds"])
+        return list(self.e.append(self.sid, msgs).message_ids)
 
     def turn(self, chunk: int) -> None:
         rng, lang = self.rng, self.lang

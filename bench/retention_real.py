@@ -248,7 +248,7 @@ async def replay(t: Transcript, policy_name: str, policy: CompactionPolicy, root
             run = engine.start_run(sid)
             for step in turn:
                 ids = engine.append(sid, [msgs[i] for i in step], run_id=run["runId"])
-                for i, mid in zip(step, ids["messageIds"], strict=True):
+                for i, mid in zip(step, ids.message_ids, strict=True):
                     for it in by_index.get(i, ()):
                         it.msg_id = mid
             done = engine.finish_run(run["runId"], "completed")

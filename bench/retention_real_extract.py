@@ -55,7 +55,8 @@ class EngineClient:
 
     def append(self, session_id: str, messages: list[dict[str, Any]],
                client_batch_id: str | None = None) -> dict[str, Any]:
-        return self.engine.append(session_id, messages, client_batch_id=client_batch_id)
+        return msgspec.to_builtins(  # as a client gets it
+            self.engine.append(session_id, messages, client_batch_id=client_batch_id))
 
 
 @dataclass

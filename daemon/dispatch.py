@@ -253,48 +253,50 @@ class Dispatcher(RequestFlow):
         there too; the scheduler told on the loop (see off_loop.py)."""
         sid = p.session_id
 
-        def call() -> tuple[dict[str, Any], dict[str, Any] | None]:
+        def call() -> tuple[types.AppendResult, dict[str, Any] | None]:
             result = self.engine.append(sid, p.messages, run_id=p.run_id,
                                         client_batch_id=p.client_batch_id)
             if not p.return_context:
                 return result, None
-            stored = {k: result[k] for k in ("batchId", "messageIds")}
-            return result, self.replies.get_now(sid, status=result["status"], appended=stored)
+            return result, self.replies.get_now(sid, status=result.status,
+                                                appended=_stored(result))
 
-        def then(done: tuple[dict[str, Any], dict[str, Any] | None]) -> dict[str, Any]:
+        def then(done: tuple[types.AppendResult, dict[str, Any] | None]) -> types.AppendResult:
             result, context = done
             with self.engine.as_committed(sid):
-                self.scheduler.after_append(sid, p.run_id, result["status"])
+                self.scheduler.after_append(sid, p.run_id, result.status)
             if context is not None:
-                result["context"] = context
+                result.context = context  # type: ignore[assignment]
             return result
 
         return self.off_loop.run(conn, sid, call, then)
 
-    def _appended(self, p: Any, result: dict[str, Any], gated: bool = False) -> Any:
+    def _appended(self, p: Any, result: types.AppendResult, gated: bool = False) -> Any:
         """The append's result; with `returnContext`, with the context as right after
         the append, bounded as `context/get` is. `gated`: the write gate is held (a large
         batch), so the context is read beside the loop (an awaitable of the result);
         else it is read at once, before any other write."""
         sid = p.session_id
-        self.scheduler.after_append(sid, p.run_id, result["status"])
+        self.scheduler.after_append(sid, p.run_id, result.status)
         if p.return_context:
-            return self._with_context(result, sid, result, gated, status=result["status"])
+            return self._with_context(result, sid, result, gated, status=result.status)
         return result
 
     def _with_context(
-        self, result: dict[str, Any], session_id: str, appended: dict[str, Any], gated: bool,
-        status: types.Status | None = None,
+        self, result: types.AppendResult | dict[str, Any], session_id: str,
+        appended: types.AppendResult | None, gated: bool, status: types.Status | None = None,
     ) -> Any:
-        stored = {k: appended[k] for k in ("batchId", "messageIds") if k in appended}
+        """`result` (an append's, or a run/finish's dict) with the session's context;
+        `appended`, the batch stored with it (named when the context is refused)."""
+        stored = _stored(appended)
         if not gated:
-            result["context"] = self.replies.get_now(session_id, status=status,
-                                                     appended=stored)
+            _set_context(result, self.replies.get_now(session_id, status=status,
+                                                      appended=stored))
             return result
 
-        async def later() -> dict[str, Any]:
-            result["context"] = await self.replies.get(session_id, status=status,
-                                                       appended=stored)
+        async def later() -> types.AppendResult | dict[str, Any]:
+            _set_context(result, await self.replies.get(session_id, status=status,
+                                                        appended=stored))
             return result
 
         return later()
@@ -373,7 +375,7 @@ class Dispatcher(RequestFlow):
         `_appended`)."""
         if p.return_context:
             result = self._with_context(result, result["run"]["sessionId"],
-                                        result.get("append") or {}, gated)
+                                        result.get("append"), gated)
             if inspect.isawaitable(result):
                 return self._finished_later(conn, p, result)
         conn.open_runs.discard(p.run_id)
@@ -400,6 +402,20 @@ class Dispatcher(RequestFlow):
             p.session_id, p.run_id, p.tool_call_id, p.tool_name, p.arguments
         )
         return types.ApprovalRequestResult(approval_id=approval["approvalId"], approval=approval)
+
+
+def _stored(appended: types.AppendResult | None) -> dict[str, Any]:
+    """What an append stored, as a refused context's error data names it."""
+    if appended is None:
+        return {}
+    return {"batchId": appended.batch_id, "messageIds": appended.message_ids}
+
+
+def _set_context(result: types.AppendResult | dict[str, Any], context: Any) -> None:
+    if isinstance(result, dict):
+        result["context"] = context
+    else:
+        result.context = context
 
 
 def _last_failure(summarizer: object) -> dict[str, Any] | None:

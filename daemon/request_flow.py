@@ -59,19 +59,21 @@ _MESSAGE_REPLIES = frozenset({"context/get", "archive/read", "messages/append", 
 _ENCODED_WIRES = JSON_WIRES | MSGPACK_WIRES
 
 
+def _member(value: Any, name: str) -> Any:
+    """`value`'s member `name`: a result Struct's attribute, or a dict's key (None if it
+    has none)."""
+    if isinstance(value, dict):
+        return value.get(name)
+    if isinstance(value, msgspec.Struct):
+        return getattr(value, name, None)
+    return None
+
+
 def _large_reply(result: Any) -> bool:
     """A result carrying this much text is encoded beside the loop."""
-    if isinstance(result, dict):
-        msgs = result.get("messages")
-        if msgs is None and isinstance(result.get("context"), dict):
-            msgs = result["context"].get("messages")
-    elif isinstance(result, msgspec.Struct):
-        msgs = getattr(result, "messages", None)
-        context = getattr(result, "context", None)
-        if msgs is None and context is not None:
-            msgs = getattr(context, "messages", None)
-    else:
-        return False
+    msgs = _member(result, "messages")
+    if msgs is None:
+        msgs = _member(_member(result, "context"), "messages")
     return isinstance(msgs, list) and text_size(msgs) >= OFFLOAD_TEXT_CHARS
 
 

@@ -185,7 +185,8 @@ class AppendResult(_Wire):
     batch_id: int
     message_ids: list[int]
     status: Status
-    context: ContextGetResult | None = None
+    # with `returnContext` only
+    context: ContextGetResult | msgspec.UnsetType = msgspec.UNSET
 
 
 class ArchiveReadResult(_Wire):

@@ -28,9 +28,9 @@ def test_append_assigns_increasing_ids_across_sessions(engine: Engine) -> None:
     r2 = engine.append(b, [{"role": "user", "content": "two"}, {"role": "assistant",
                                                                   "content": "three"}])
     r3 = engine.append(a, [{"role": "user", "content": "four"}])
-    ids = r1["messageIds"] + r2["messageIds"] + r3["messageIds"]
+    ids = r1.message_ids + r2.message_ids + r3.message_ids
     assert ids == sorted(ids) and len(set(ids)) == 4
-    assert r1["batchId"] < r2["batchId"] < r3["batchId"]
+    assert r1.batch_id < r2.batch_id < r3.batch_id
     msgs = engine.read_archive(a).messages
     assert [m["content"] for m in msgs] == ["one", "four"]
     assert all({"id", "batchId", "createdAt", "tokens"} <= m.keys() for m in msgs)
@@ -125,8 +125,8 @@ def test_client_batch_id_makes_appends_idempotent(engine: Engine) -> None:
     batch = agent_turn(1)
     first = engine.append(sid, batch, client_batch_id="b-1")
     again = engine.append(sid, batch, client_batch_id="b-1")
-    assert again["messageIds"] == first["messageIds"]
-    assert again["batchId"] == first["batchId"]
+    assert again.message_ids == first.message_ids
+    assert again.batch_id == first.batch_id
     assert engine.status(sid).archive_messages == len(batch)
     with pytest.raises(Conflict):
         engine.append(sid, agent_turn(2), client_batch_id="b-1")
@@ -157,7 +157,7 @@ def test_unknown_fields_and_metadata_are_kept_in_the_archive(engine: Engine) -> 
 def test_archive_survives_reopening(tmp_path: Path) -> None:
     e = Engine(make_config(tmp_path))
     sid = e.create_session()["sessionId"]
-    ids = e.append(sid, agent_turn(1))["messageIds"]
+    ids = e.append(sid, agent_turn(1)).message_ids
     e.close()
     e2 = Engine(make_config(tmp_path))
     assert [m["id"] for m in e2.read_archive(sid).messages] == ids
@@ -202,7 +202,7 @@ def test_read_pages_backwards_with_before_id(engine: Engine) -> None:
     b = engine.create_session()["sessionId"]
     ids = []
     for i in range(7):
-        ids += engine.append(a, [{"role": "user", "content": f"a{i}"}])["messageIds"]
+        ids += engine.append(a, [{"role": "user", "content": f"a{i}"}]).message_ids
         engine.append(b, [{"role": "user", "content": f"b{i}"}])
     page = engine.read_archive(a, limit=3, before_id=ids[5])
     assert [m["content"] for m in page.messages] == ["a2", "a3", "a4"]

@@ -239,7 +239,7 @@ def test_appends_during_a_slow_compaction_are_kept_exactly(tmp_path: Path) -> No
         await slow.started.wait()
         late_ids = []
         for i in range(200, 205):
-            late_ids += engine.append(sid, agent_turn(i))["messageIds"]
+            late_ids += engine.append(sid, agent_turn(i)).message_ids
         slow.release.set()
         result = await task
         return {"result": result, "late": late_ids}

@@ -128,7 +128,7 @@ def test_disk_full_append_is_all_or_nothing_and_recovers(engine: Engine) -> None
     # space is back: appends work, ids continue where the archive ended
     last = engine.conn.execute("SELECT max(id) FROM messages").fetchone()[0]
     engine.conn.pragma("max_page_count", 1 << 30)
-    ids = engine.append(sid, batch("after"))["messageIds"]
+    ids = engine.append(sid, batch("after")).message_ids
     assert ids == [last + 1, last + 2, last + 3]
     check_consistent(engine, sid, total + 3)
     assert found(engine, sid, "after") == 3

@@ -398,7 +398,7 @@ def test_append_stores_a_batch_whole_or_refuses_it_whole(
     else:
         assert not any(m.refused_with for m in batch), "an invalid message was stored"
         assert len(batch) <= MAX_BATCH_MESSAGES
-        ids = result["messageIds"]
+        ids = result.message_ids
         assert len(ids) == len(batch) and ids == list(range(ids[0], ids[0] + len(batch)))
         assert bench.total() == before_total + len(batch)
         stored = engine.read_archive(sid, after_id=ids[0] - 1, limit=len(batch)).messages
@@ -436,7 +436,7 @@ def test_metadata_of_odd_json_values_round_trips(bench: Bench) -> None:
             "d": {"nested": {"deeper": [1, "2", 3.0]}}}
     ids = bench.engine.append(sid, [{"role": "user", "content": "m", "metadata": meta}])
     got = bench.engine.read_archive(sid).messages[0]
-    assert got["id"] == ids["messageIds"][0] and got["metadata"] == meta
+    assert got["id"] == ids.message_ids[0] and got["metadata"] == meta
     # NaN and Infinity are not JSON: refused, so every JSON client can read the archive
     for value in (math.nan, math.inf, -math.inf):
         with pytest.raises(InvalidMessage):

@@ -65,17 +65,17 @@ def test_the_loop_serves_reads_while_a_large_batch_commits_and_writes_wait(
 
     try:
         big_result, small_result = asyncio.run(main())
-        ids = big_result["messageIds"]
-        assert len(ids) == 4 and max(ids) < small_result["messageIds"][0]
-        assert big_result["status"].archive_messages == 4
-        assert _digest(big_result["context"]["messages"]) == _digest(messages)
+        ids = big_result.message_ids
+        assert len(ids) == 4 and max(ids) < small_result.message_ids[0]
+        assert big_result.status.archive_messages == 4
+        assert _digest(big_result.context["messages"]) == _digest(messages)
         status = engine.status(sid)
         assert (status.archive_messages, status.active_messages) == (5, 5)
         assert status.estimated_tokens > 1_000_000
         page = engine.read_archive(sid, 0, 10).messages
         assert _digest(page) == _digest([*messages, {"content": "after"}])
         appended = [p.message_ids for m, p in events if m == "session/didAppend"]
-        assert appended == [ids, small_result["messageIds"]]
+        assert appended == [ids, small_result.message_ids]
         # the search index holds the batch too
         word = messages[2]["content"].split()[7]
         assert engine.search(word, session_id=sid)

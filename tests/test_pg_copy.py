@@ -113,7 +113,7 @@ def test_copy_is_faithful_resumable_and_idempotent(tmp_path: Path, pg_cluster: P
             top = c.execute("SELECT max(id) FROM messages").fetchone()[0]
         fresh = pg_engine.create_session()["sessionId"]
         new = pg_engine.append(fresh, [{"role": "user", "content": "after the move"}])
-        assert new["messageIds"] == [top + 1]
+        assert new.message_ids == [top + 1]
     finally:
         pg_engine.close()
 

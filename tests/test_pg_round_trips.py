@@ -67,10 +67,10 @@ def test_a_turn_costs_three_round_trips_to_append_two_to_read_one_for_status(
             {"role": "user", "content": f"step {i}"}, *tool_turn(i)],
             client_batch_id=f"b{i}"))
         appends.append(n)
-        assert res["status"].archive_messages == 1 + 3 * (i + 1)
+        assert res.status.archive_messages == 1 + 3 * (i + 1)
         n, ctx = counted(proxy, lambda: e.get_context(sid))
         gets.append(n)
-        assert ctx["messageIds"][-1] == res["messageIds"][-1]
+        assert ctx["messageIds"][-1] == res.message_ids[-1]
         assert ctx["status"].archive_messages == 1 + 3 * (i + 1)
         # as the daemon serves context/get: with the reply's size bound checked first
         n, bounded = counted(proxy, lambda: asyncio.run(replies.get(sid)))
@@ -86,7 +86,7 @@ def test_a_turn_costs_three_round_trips_to_append_two_to_read_one_for_status(
     # lock; its status asks the rest again
     n, again = counted(proxy, lambda: e.append(sid, [
         {"role": "user", "content": "step 5"}, *tool_turn(5)], client_batch_id="b5"))
-    assert again["messageIds"] == res["messageIds"]
+    assert again.message_ids == res.message_ids
     assert n <= 5
 
 
@@ -100,10 +100,10 @@ def test_an_append_in_a_run_keeps_the_run_in_its_status(
     run = e.start_run(sid)["runId"]
     n, res = counted(proxy, lambda: e.append(sid, [{"role": "user", "content": "go"}],
                                              run_id=run))
-    assert res["status"].active_run_id == run
+    assert res.status.active_run_id == run
     assert n <= 3
     n, res = counted(proxy, lambda: e.append(sid, [{"role": "user", "content": "more"}]))
-    assert res["status"].active_run_id == run  # read with the lock, not asked again
+    assert res.status.active_run_id == run  # read with the lock, not asked again
     assert n <= 3
 
 

@@ -101,7 +101,7 @@ def test_context_edits_read_what_another_daemon_wrote_meanwhile(
     late: list[int] = []
 
     def b_appends() -> None:
-        late.extend(b.append(sid, [{"role": "user", "content": "late"}])["messageIds"])
+        late.extend(b.append(sid, [{"role": "user", "content": "late"}]).message_ids)
 
     popped = _while_waiting(a, lambda: context_edit.pop(a, sid, 1), b, sid, pg_dsn, b_appends)
     # the pop took the newest message, the one B appended while A waited
@@ -254,7 +254,7 @@ def test_an_unwatched_session_relays_nothing_yet_its_compaction_is_known(
     b.add_listener(lambda sid, m, p: relayed.append(m))
     sid = a.create_session()["sessionId"]
     appended = {"m": "session/didAppend", "s": sid, "o": a.store.origin,
-                "b": a.append(sid, [{"role": "user", "content": "m"}])["batchId"]}
+                "b": a.append(sid, [{"role": "user", "content": "m"}]).batch_id}
     events.relay(b, appended, lambda s: False)
     assert relayed == []
     events.relay(b, appended, lambda s: True)
@@ -292,12 +292,12 @@ def test_a_listener_thread_that_ended_is_started_again_and_reads_what_it_missed(
     b.store.listen(on_event)
     assert b.store.listening.wait(30)
     sid = a.create_session()["sessionId"]
-    first = a.append(sid, [{"role": "user", "content": "one"}])["batchId"]
+    first = a.append(sid, [{"role": "user", "content": "one"}]).batch_id
     deadline = time.monotonic() + 30
     while b.store._listener.is_alive():
         assert time.monotonic() < deadline, "the listener never ended"
         time.sleep(0.02)
-    second = a.append(sid, [{"role": "user", "content": "two"}])["batchId"]
+    second = a.append(sid, [{"role": "user", "content": "two"}]).batch_id
     with caplog.at_level("WARNING", logger="ctxd.pg.store"):
         b.store.ensure_listening()
         b.store.ensure_listening()  # alive again: nothing more to do

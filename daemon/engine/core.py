@@ -48,6 +48,7 @@ from ctxd.protocol.methods import (
     SESSION_LIST,
 )
 from ctxd.protocol.types import (
+    AppendResult,
     Compaction,
     DidAppend,
     ListedSession,
@@ -313,7 +314,7 @@ class Engine(ContextReads, RunsAndApprovals):
         client_batch_id: str | None = None,
         prepared: PreparedBatch | None = None,
         run: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+    ) -> AppendResult:
         """Archive a batch. `prepared` is `prepare_append(messages)` done beforehand (the
         daemon does it in a worker thread for large batches); `run`, the run `run_id`
         names, when the caller has just read it."""
@@ -389,7 +390,7 @@ class Engine(ContextReads, RunsAndApprovals):
         *,
         elsewhere: bool = False,
         open_run_id: Any = _ASK,
-    ) -> dict[str, Any]:
+    ) -> AppendResult:
         """What follows a committed batch (on this connection or, `elsewhere`, on another
         one beside the event loop): the kept state, the event and the result. `new`: the
         session's context with the batch; `pending`, the pending approvals the batch was
@@ -419,7 +420,7 @@ class Engine(ContextReads, RunsAndApprovals):
             DidAppend(session_id=session_id, batch_id=batch_id, message_ids=ids, run_id=run_id,
                       status=status),
         )
-        return {"batchId": batch_id, "messageIds": ids, "status": status}
+        return AppendResult(batch_id=batch_id, message_ids=ids, status=status)
 
     def prepare_append(self, messages: Any, *, count_tokens: bool = True) -> PreparedBatch:
         """The part of `append` that reads no database state; safe in a worker thread."""
@@ -430,7 +431,7 @@ class Engine(ContextReads, RunsAndApprovals):
 
     def _repeat_batch(
         self, session_id: str, client_batch_id: str, found: tuple[int, str, int, int], digest: str
-    ) -> dict[str, Any]:
+    ) -> AppendResult:
         batch_id, old_digest, first, last = found
         if old_digest != digest:
             raise Conflict(
@@ -439,7 +440,7 @@ class Engine(ContextReads, RunsAndApprovals):
                 {"clientBatchId": client_batch_id, "batchId": batch_id},
             )
         ids = list(range(first, last + 1))
-        return {"batchId": batch_id, "messageIds": ids, "status": self.status(session_id)}
+        return AppendResult(batch_id=batch_id, message_ids=ids, status=self.status(session_id))
 
     def archive_count(self, session_id: str) -> int:
         if self.shared:

@@ -19,7 +19,7 @@ from ctxd.daemon.stores.sqlite.runs import RUN_OUTCOMES
 from ctxd.protocol.errors import Conflict, InvalidParams, NotFound, RunActive
 from ctxd.protocol.handlers import serves
 from ctxd.protocol.methods import APPROVAL_LIST
-from ctxd.protocol.types import ApprovalEvent, RunDidFinish, RunDidStart
+from ctxd.protocol.types import AppendResult, ApprovalEvent, RunDidFinish, RunDidStart
 
 
 class RunsAndApprovals:
@@ -42,7 +42,7 @@ class RunsAndApprovals:
             run_id: str | None = None,
             client_batch_id: str | None = None,
             run: dict[str, Any] | None = None,
-        ) -> dict[str, Any]: ...
+        ) -> AppendResult: ...
 
         def auto_compaction_due(
             self, session_id: str, status: RunActivity | None = None
