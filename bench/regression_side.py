@@ -215,9 +215,9 @@ class Side:
         self.tcp = TcpPlain(info["jsonrpc_tcp"], info["token"])
         self.closers += [self.zmq.close, self.tcp.close]
         status = self.big.get_context(self.big_sid)
+        if not isinstance(status, dict):  # a revision whose engine returns Structs
+            status = msgspec.to_builtins(status)
         st = status.get("status", status)
-        if not isinstance(st, dict):  # a revision whose engine returns the Status Struct
-            st = msgspec.to_builtins(st)
         return {
             "archived": st.get("archiveMessages"),
             "active": st.get("activeMessages", len(status["messages"])),

@@ -86,6 +86,7 @@ def script(call: Any) -> None:
     call("archive/search", {"query": "hi", "sessionId": sid})
     call("context/get", {"sessionId": sid})
     call("context/get", {"sessionId": sid, "budgetTokens": 1000, "query": "hi"})
+    call("context/get", {"sessionId": sid, "budgetTokens": 40, "includeMetadata": True})
     pin = call("context/pins/add", {"sessionId": sid, "text": "keep"})["pin"]
     call("context/pins/list", {"sessionId": sid})
     for i in range(3):

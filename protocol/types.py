@@ -204,16 +204,19 @@ class ArchiveSearchResult(_Wire):
     matched: str
 
 
-class ContextGetResult(_Wire):
+class ContextGetResult(_Wire, kw_only=True):
+    """The members after `messageIds` come with a step projection (`budgetTokens` or
+    `query`) only, and then all of them."""
+
     messages: list[ChatMessage]
     message_ids: list[int | None]
+    estimated_tokens: int | msgspec.UnsetType = msgspec.UNSET
+    budget_tokens: int | None | msgspec.UnsetType = msgspec.UNSET
+    over_budget: bool | msgspec.UnsetType = msgspec.UNSET
+    truncated: Truncated | None | msgspec.UnsetType = msgspec.UNSET
+    recalled_ids: list[int] | msgspec.UnsetType = msgspec.UNSET
+    dropped_summary_items: int | msgspec.UnsetType = msgspec.UNSET
     status: Status
-    estimated_tokens: int | None = None
-    budget_tokens: int | None = None
-    over_budget: bool | None = None
-    truncated: Truncated | None = None
-    recalled_ids: list[int] | None = None
-    dropped_summary_items: int | None = None
 
 
 class CompactResult(_Wire):

@@ -68,7 +68,7 @@ def test_the_loop_serves_reads_while_a_large_batch_commits_and_writes_wait(
         ids = big_result.message_ids
         assert len(ids) == 4 and max(ids) < small_result.message_ids[0]
         assert big_result.status.archive_messages == 4
-        assert _digest(big_result.context["messages"]) == _digest(messages)
+        assert _digest(big_result.context.messages) == _digest(messages)
         status = engine.status(sid)
         assert (status.archive_messages, status.active_messages) == (5, 5)
         assert status.estimated_tokens > 1_000_000

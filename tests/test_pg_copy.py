@@ -67,7 +67,7 @@ def _build_archive(data: Path) -> str:
 def _snapshot(e: Engine, sid: str) -> dict:
     return {
         "archive": e.read_archive(sid, limit=1000).messages,
-        "context": e.get_context(sid)["messages"],
+        "context": e.get_context(sid).messages,
         "status": e.status(sid),
         "pins": e.pins(sid),
         "approvals": e.list_approvals(sid),

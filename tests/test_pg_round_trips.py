@@ -70,15 +70,15 @@ def test_a_turn_costs_three_round_trips_to_append_two_to_read_one_for_status(
         assert res.status.archive_messages == 1 + 3 * (i + 1)
         n, ctx = counted(proxy, lambda: e.get_context(sid))
         gets.append(n)
-        assert ctx["messageIds"][-1] == res.message_ids[-1]
-        assert ctx["status"].archive_messages == 1 + 3 * (i + 1)
+        assert ctx.message_ids[-1] == res.message_ids[-1]
+        assert ctx.status.archive_messages == 1 + 3 * (i + 1)
         # as the daemon serves context/get: with the reply's size bound checked first
         n, bounded = counted(proxy, lambda: asyncio.run(replies.get(sid)))
         gets.append(n)
-        assert bounded["messageIds"] == ctx["messageIds"]
+        assert bounded.message_ids == ctx.message_ids
         n, st = counted(proxy, lambda: e.status(sid))
         statuses.append(n)
-        assert st.active_messages == ctx["status"].active_messages
+        assert st.active_messages == ctx.status.active_messages
     assert max(appends) <= 3, appends
     assert max(gets) <= 2, gets
     assert max(statuses) <= 1, statuses

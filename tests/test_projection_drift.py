@@ -31,22 +31,22 @@ def test_budget_projection_keeps_pairs_and_says_what_it_left_out(engine: Engine)
     version = engine.status(sid).version
     full = sum(engine.tokens.count_message(m) for m in stored)
     out = engine.get_context(sid, budget_tokens=full // 2)
-    msgs = out["messages"]
+    msgs = out.messages
     assert msgs[0]["content"] == "You are an agent."
-    assert out["estimatedTokens"] <= full // 2
-    assert out["estimatedTokens"] == sum(engine.tokens.count_message(m) for m in msgs)
+    assert out.estimated_tokens <= full // 2
+    assert out.estimated_tokens == sum(engine.tokens.count_message(m) for m in msgs)
     tail = msgs[1:]
     assert tail and tail[0]["role"] != "tool"
     calls = {c["id"] for m in tail for c in m.get("tool_calls") or ()}
     assert all(m["tool_call_id"] in calls for m in tail if m["role"] == "tool")
     # the kept tail is a suffix of the stored context, and the rest is reported
     assert stored[-len(tail):] == tail
-    assert out["truncated"]["messages"] == len(stored) - len(msgs)
+    assert out.truncated.messages == len(stored) - len(msgs)
     # the stored context is untouched
     assert engine.context_messages(sid) == stored
     assert engine.status(sid).version == version
     roomy = engine.get_context(sid, budget_tokens=full * 2)
-    assert roomy["truncated"] is None and roomy["messages"] == stored
+    assert roomy.truncated is None and roomy.messages == stored
 
 
 def test_query_recalls_what_left_the_context(engine: Engine) -> None:
@@ -54,14 +54,14 @@ def test_query_recalls_what_left_the_context(engine: Engine) -> None:
     asyncio.run(engine.compact(sid))
     assert not engine.search("walrus", session_id=sid)[0]["inActiveContext"]
     out = engine.get_context(sid, budget_tokens=4000, query="walrus")
-    recall = [m for m in out["messages"] if m["content"] and RECALL_HEADER in m["content"]]
+    recall = [m for m in out.messages if m["content"] and RECALL_HEADER in m["content"]]
     assert len(recall) == 1 and "remember the walrus" in recall[0]["content"]
-    assert out["recalledIds"] == [2]
-    assert out["estimatedTokens"] <= 4000
+    assert out.recalled_ids == [2]
+    assert out.estimated_tokens <= 4000
     # nothing relevant outside the context: no recall message
     out = engine.get_context(sid, query="zzzunmatched")
-    assert out["recalledIds"] == [] and not any(
-        RECALL_HEADER in (m["content"] or "") for m in out["messages"])
+    assert out.recalled_ids == [] and not any(
+        RECALL_HEADER in (m["content"] or "") for m in out.messages)
 
 
 class ModelLikeSummarizer(BuiltinSummarizer):

@@ -108,8 +108,8 @@ def test_context_edits_read_what_another_daemon_wrote_meanwhile(
     assert [m["id"] for m in popped.messages] == late
     for e in (a, b):
         got = e.get_context(sid)
-        assert [m["content"] for m in got["messages"]] == ["m0", "m1", "m2", "m3"]
-        assert got["status"].active_messages == 4
+        assert [m["content"] for m in got.messages] == ["m0", "m1", "m2", "m3"]
+        assert got.status.active_messages == 4
 
     late.clear()
     _while_waiting(a, lambda: context_edit.clear(a, sid), b, sid, pg_dsn, b_appends)
@@ -118,8 +118,8 @@ def test_context_edits_read_what_another_daemon_wrote_meanwhile(
     b.append(sid, [{"role": "user", "content": "after"}])
     for e in (a, b):
         got = e.get_context(sid)
-        assert [m["content"] for m in got["messages"]] == ["after"]
-        assert got["status"].active_messages == 1
+        assert [m["content"] for m in got.messages] == ["after"]
+        assert got.status.active_messages == 1
 
 
 def test_events_too_large_for_a_notification_still_cross(

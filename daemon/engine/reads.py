@@ -28,7 +28,12 @@ from ctxd.protocol.methods import (
     CONTEXT_PINS_LIST,
     CONTEXT_PINS_REMOVE,
 )
-from ctxd.protocol.types import ArchiveReadResult, ArchiveSearchResult, Status
+from ctxd.protocol.types import (
+    ArchiveReadResult,
+    ArchiveSearchResult,
+    ContextGetResult,
+    Status,
+)
 
 
 class ContextReads:
@@ -93,7 +98,7 @@ class ContextReads:
         include_metadata: bool = False,
         recall_hits: list[dict[str, Any]] | None = None,
         status: Status | None = None,
-    ) -> dict[str, Any]:
+    ) -> ContextGetResult:
         """`recall_hits`: the search for `query`, when the caller already ran it (the
         daemon does, beside its event loop); `status`, the session's status when the
         caller has just read it (an append with `returnContext`)."""
@@ -113,16 +118,28 @@ class ContextReads:
         include_metadata: bool,
         recall_hits: list[dict[str, Any]] | None,
         status: Status | None,
-    ) -> dict[str, Any]:
+    ) -> ContextGetResult:
         if budget_tokens is None and not query:
             messages, ids = self.render_with_ids(session_id, self.context_state(session_id))
-            result = {"messages": messages, "messageIds": ids}
-        else:
-            # a step projection: the stored context is never changed by it
-            result = project(self, session_id, budget_tokens, query, recall_hits)
+            if include_metadata:
+                self._attach_metadata(session_id, messages, ids)
+            return ContextGetResult(messages=messages,  # type: ignore[arg-type]
+                                    message_ids=ids, status=status or self.status(session_id))
+        # a step projection: the stored context is never changed by it
+        p = project(self, session_id, budget_tokens, query, recall_hits)
         if include_metadata:
-            self._attach_metadata(session_id, result["messages"], result["messageIds"])
-        return {**result, "status": status or self.status(session_id)}
+            self._attach_metadata(session_id, p.messages, p.message_ids)
+        return ContextGetResult(
+            messages=p.messages,  # type: ignore[arg-type]
+            message_ids=p.message_ids,
+            estimated_tokens=p.estimated_tokens,
+            budget_tokens=p.budget_tokens,
+            over_budget=p.over_budget,
+            truncated=p.truncated,
+            recalled_ids=p.recalled_ids,
+            dropped_summary_items=p.dropped_summary_items,
+            status=status or self.status(session_id),
+        )
 
     def _attach_metadata(
         self, session_id: str, messages: list[dict[str, Any]], ids: list[int | None]
