@@ -252,7 +252,7 @@ async def replay(t: Transcript, policy_name: str, policy: CompactionPolicy, root
                     for it in by_index.get(i, ()):
                         it.msg_id = mid
             done = engine.finish_run(run["runId"], "completed")
-            if done["autoCompactionScheduled"]:
+            if done.auto_compaction_scheduled:
                 auto.maybe_schedule(sid, due=True)
                 await asyncio.gather(*auto.running())
             if checker.failure is not None:

@@ -283,10 +283,10 @@ class Dispatcher(RequestFlow):
         return result
 
     def _with_context(
-        self, result: types.AppendResult | dict[str, Any], session_id: str,
+        self, result: types.AppendResult | types.RunFinishResult, session_id: str,
         appended: types.AppendResult | None, gated: bool, status: types.Status | None = None,
     ) -> Any:
-        """`result` (an append's, or a run/finish's dict) with the session's context;
+        """`result` (an append's, or a run/finish's) with the session's context;
         `appended`, the batch stored with it (named when the context is refused)."""
         stored = _stored(appended)
         if not gated:
@@ -294,7 +294,7 @@ class Dispatcher(RequestFlow):
                                                       appended=stored))
             return result
 
-        async def later() -> types.AppendResult | dict[str, Any]:
+        async def later() -> types.AppendResult | types.RunFinishResult:
             _set_context(result, await self.replies.get(session_id, status=status,
                                                         appended=stored))
             return result
@@ -362,27 +362,27 @@ class Dispatcher(RequestFlow):
         return any(run_id in c.open_runs for c in self._live)
 
     @serves(RUN_FINISH, connection=True)
-    def run_finish(self, conn: Connection, p: RunFinishParams) -> dict[str, Any]:
+    def run_finish(self, conn: Connection, p: RunFinishParams) -> Any:
         result = self.engine.finish_run(
             p.run_id, p.outcome, messages=p.messages, client_batch_id=p.client_batch_id
         )
         return self._run_finished(conn, p, result)
 
     def _run_finished(
-        self, conn: Connection, p: Any, result: dict[str, Any], gated: bool = False
+        self, conn: Connection, p: Any, result: types.RunFinishResult, gated: bool = False
     ) -> Any:
         """The finish's result; with `returnContext`, with the context (see
         `_appended`)."""
         if p.return_context:
-            result = self._with_context(result, result["run"]["sessionId"],
-                                        result.get("append"), gated)
+            appended = result.append if isinstance(result.append, types.AppendResult) else None
+            result = self._with_context(result, result.run["sessionId"], appended, gated)
             if inspect.isawaitable(result):
                 return self._finished_later(conn, p, result)
         conn.open_runs.discard(p.run_id)
         return self.scheduler.after_run_finished(result)
 
     async def _finished_later(self, conn: Connection, p: Any, result: Any
-                              ) -> dict[str, Any]:
+                              ) -> types.RunFinishResult:
         done = await result
         conn.open_runs.discard(p.run_id)
         return self.scheduler.after_run_finished(done)
@@ -411,11 +411,8 @@ def _stored(appended: types.AppendResult | None) -> dict[str, Any]:
     return {"batchId": appended.batch_id, "messageIds": appended.message_ids}
 
 
-def _set_context(result: types.AppendResult | dict[str, Any], context: Any) -> None:
-    if isinstance(result, dict):
-        result["context"] = context
-    else:
-        result.context = context
+def _set_context(result: types.AppendResult | types.RunFinishResult, context: Any) -> None:
+    result.context = context
 
 
 def _last_failure(summarizer: object) -> dict[str, Any] | None:

@@ -27,7 +27,7 @@ from typing import Any
 
 from ctxd.daemon.engine import Engine
 from ctxd.protocol.errors import CompactionInProgress, CtxdError, RunActive
-from ctxd.protocol.types import Status
+from ctxd.protocol.types import RunFinishResult, Status
 
 log = logging.getLogger("ctxd.scheduler")
 
@@ -107,12 +107,12 @@ class Scheduler(AutoCompactor):
         if run_id is None:  # appends outside a run are checked here, runs at run/finish
             self.maybe_schedule(session_id, status=status)
 
-    def after_run_finished(self, result: dict[str, Any]) -> dict[str, Any]:
+    def after_run_finished(self, result: RunFinishResult) -> RunFinishResult:
         """`result` of Engine.finish_run, with `autoCompactionScheduled` made true only
         when a compaction was really started."""
-        if result["autoCompactionScheduled"]:
-            result["autoCompactionScheduled"] = self.maybe_schedule(
-                result["run"]["sessionId"], due=True
+        if result.auto_compaction_scheduled:
+            result.auto_compaction_scheduled = self.maybe_schedule(
+                result.run["sessionId"], due=True
             )
         return result
 

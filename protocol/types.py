@@ -301,8 +301,10 @@ class RunStartResult(_Wire):
 class RunFinishResult(_Wire):
     run: Run
     auto_compaction_scheduled: bool
-    append: AppendResult | None = None
-    context: ContextGetResult | None = None
+    # with `messages` only
+    append: AppendResult | msgspec.UnsetType = msgspec.UNSET
+    # with `returnContext` only
+    context: ContextGetResult | msgspec.UnsetType = msgspec.UNSET
 
 
 class ApprovalRequestResult(_Wire):

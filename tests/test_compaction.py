@@ -179,7 +179,7 @@ def test_pending_approval_blocks_compaction_and_user_messages(engine: Engine) ->
     assert not engine.auto_compaction_due(sid)
     engine.resolve_approval(approval["approvalId"], "approved")
     engine.append(sid, [result], run_id=run["runId"])
-    assert engine.finish_run(run["runId"], "completed")["autoCompactionScheduled"] is True
+    assert engine.finish_run(run["runId"], "completed").auto_compaction_scheduled is True
 
 
 def test_failed_run_schedules_nothing(engine: Engine) -> None:
@@ -187,7 +187,7 @@ def test_failed_run_schedules_nothing(engine: Engine) -> None:
     run = engine.start_run(sid)
     for i in range(21):
         engine.append(sid, agent_turn(i), run_id=run["runId"])
-    assert engine.finish_run(run["runId"], "failed")["autoCompactionScheduled"] is False
+    assert engine.finish_run(run["runId"], "failed").auto_compaction_scheduled is False
 
 
 def test_incremental_summary_keeps_earlier_items_and_pointers(engine: Engine) -> None:

@@ -19,7 +19,13 @@ from ctxd.daemon.stores.sqlite.runs import RUN_OUTCOMES
 from ctxd.protocol.errors import Conflict, InvalidParams, NotFound, RunActive
 from ctxd.protocol.handlers import serves
 from ctxd.protocol.methods import APPROVAL_LIST
-from ctxd.protocol.types import AppendResult, ApprovalEvent, RunDidFinish, RunDidStart
+from ctxd.protocol.types import (
+    AppendResult,
+    ApprovalEvent,
+    RunDidFinish,
+    RunDidStart,
+    RunFinishResult,
+)
 
 
 class RunsAndApprovals:
@@ -71,7 +77,7 @@ class RunsAndApprovals:
         *,
         messages: list[Any] | None = None,
         client_batch_id: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> RunFinishResult:
         """Close a run; returns the run and whether auto-compaction is now due. With
         `messages`, the run's last messages are appended in it first (their result is
         `append`); when they are refused, the run stays open."""
@@ -99,9 +105,9 @@ class RunsAndApprovals:
         due = outcome == "completed" and self.auto_compaction_due(sid)
         self.emit(sid, "run/didFinish",
                   RunDidFinish(session_id=sid, run=run, auto_compaction_scheduled=due))
-        result = {"run": run, "autoCompactionScheduled": due}
+        result = RunFinishResult(run=run, auto_compaction_scheduled=due)
         if appended is not None:
-            result["append"] = appended
+            result.append = appended
         return result
 
     def request_approval(
