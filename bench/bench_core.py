@@ -572,9 +572,9 @@ def bench_context(sizes: Sizes, big: BigArchive, small: Archived, report: Report
         st = engine.status(sid)
         rows.append(
             [
-                f"{st['archiveMessages']:,}",
-                st["activeMessages"],
-                f"{st['estimatedTokens']:,}",
+                f"{st.archive_messages:,}",
+                st.active_messages,
+                f"{st.estimated_tokens:,}",
                 fmt(median(timings[(name, "get_context")]) * 1e3, 3),
                 fmt(median(timings[(name, "context_messages")]) * 1e3, 3),
                 fmt(median(timings[(name, "status")]) * 1e3, 3),

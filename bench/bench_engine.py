@@ -83,7 +83,7 @@ def measure(turns: int, archived: int) -> dict[str, float]:
         engine.append(sid, batch)
         if engine.over_limits(sid):
             engine.compact_sync(sid)
-    n = len(engine.get_context(sid)["messages"])
+    n = len(engine.get_context(sid).messages)
     conn = engine.conn
     for _ in range(300):
         t0 = pc()

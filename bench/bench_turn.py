@@ -242,7 +242,7 @@ def bench_turns(root: Path, daemon: Daemon, n: int) -> list[list[str]]:
         run = engine.start_run(sid)["runId"]
         engine.append(sid, msgs, run_id=run)
         engine.finish_run(run, "completed")
-        return engine.get_context(sid)["messages"]
+        return engine.get_context(sid).messages
 
     clients = {w: connect(connection_file=daemon.connection_file, wire=w)
                for w in ("zmq", "jsonrpc")}

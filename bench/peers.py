@@ -144,10 +144,10 @@ class CtxdEngine(Store):
             self.append(batch)
 
     def read(self) -> int:
-        return len(self.engine.get_context(self.sid)["messages"])
+        return len(self.engine.get_context(self.sid).messages)
 
     def context(self) -> list[dict[str, Any]]:
-        return self.engine.get_context(self.sid)["messages"]
+        return self.engine.get_context(self.sid).messages
 
     def search(self, text: str) -> int:
         return len(self.engine.search(text, session_id=self.sid, limit=SEARCH_LIMIT))

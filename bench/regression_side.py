@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import msgspec
 import zmq
 
 from bench.peers import Daemon
@@ -214,6 +215,8 @@ class Side:
         self.tcp = TcpPlain(info["jsonrpc_tcp"], info["token"])
         self.closers += [self.zmq.close, self.tcp.close]
         status = self.big.get_context(self.big_sid)
+        if not isinstance(status, dict):  # a revision whose engine returns Structs
+            status = msgspec.to_builtins(status)
         st = status.get("status", status)
         return {
             "archived": st.get("archiveMessages"),

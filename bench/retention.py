@@ -106,7 +106,7 @@ class Driver:
         self.calls = 0
 
     def _append(self, sid: str, run_id: str, msgs: list[dict[str, Any]]) -> list[int]:
-        return list(self.engine.append(sid, msgs, run_id=run_id)["messageIds"])
+        return list(self.engine.append(sid, msgs, run_id=run_id).message_ids)
 
     def play(self, sid: str, chunk: int, turn: Turn) -> list[Fact]:
         e = self.engine
@@ -183,7 +183,7 @@ def context_text(engine: Engine, sid: str) -> str:
 def found(engine: Engine, sid: str, query: str, message_id: int | None) -> bool:
     """Whether `search_past_messages` lists the message among its top 5 for `query`."""
     hits = call_tool(engine, sid, "search_past_messages", {"query": query, "limit": 5})
-    return any(h["messageId"] == message_id for h in hits["data"]["hits"])
+    return any(h["messageId"] == message_id for h in hits.data["hits"])
 
 
 async def run_session(

@@ -203,7 +203,7 @@ class Session:
         if text == "\0repeat" and s is not None:
             repeat_of = s.ids[-1]
             text = self._text_of[repeat_of]
-        [uid] = self.e.append(self.sid, [{"role": "user", "content": text}])["messageIds"]
+        [uid] = self.e.append(self.sid, [{"role": "user", "content": text}]).message_ids
         self._text_of[uid] = text
         if s is not None and v is not None:
             if repeat_of is None:

@@ -274,7 +274,7 @@ class Session:
                 f"import os\nfrom app import settings  # see docs/{n}.md and setup.cfg\n")
 
     def _append(self, msgs: list[dict[str, Any]]) -> list[int]:
-        return list(self.e.append(self.sid, msgs)["messageIds"])
+        return list(self.e.append(self.sid, msgs).message_ids)
 
     def turn(self, chunk: int) -> None:
         rng, lang = self.rng, self.lang
@@ -370,7 +370,7 @@ def size(engine: Engine, sid: str, old: int, result: dict[str, Any], tally: Tall
         return
     lo, hi = result["summarizedFrom"], result["summarizedTo"]
     read = engine.read_archive(sid, after_id=lo - 1, before_id=hi + 1, limit=10_000)
-    left = sum(m["tokens"] for m in read["messages"])
+    left = sum(m["tokens"] for m in read.messages)
     new = engine.context_state(sid).summary_tokens
     ratio = new / max(old + left, 1)
     tally.ratios.append(ratio)

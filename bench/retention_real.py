@@ -56,6 +56,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 import ctxd
 from ctxd.daemon.config import CompactionPolicy, Config
 from ctxd.daemon.engine import Engine
@@ -157,9 +159,10 @@ class Checker:
         self.departing = 0  # items[:departing] have left the tail
         self.failure: BaseException | None = None
 
-    def __call__(self, session_id: str, method: str, params: dict[str, Any]) -> None:
+    def __call__(self, session_id: str, method: str, params: Any) -> None:
         if session_id != self.sid or method != "$/progress":
             return
+        params = msgspec.to_builtins(params)  # the engine's event Struct, in its wire form
         kind = params["value"].get("kind")
         try:
             st = self.e.context_state(self.sid)
@@ -245,11 +248,11 @@ async def replay(t: Transcript, policy_name: str, policy: CompactionPolicy, root
             run = engine.start_run(sid)
             for step in turn:
                 ids = engine.append(sid, [msgs[i] for i in step], run_id=run["runId"])
-                for i, mid in zip(step, ids["messageIds"], strict=True):
+                for i, mid in zip(step, ids.message_ids, strict=True):
                     for it in by_index.get(i, ()):
                         it.msg_id = mid
             done = engine.finish_run(run["runId"], "completed")
-            if done["autoCompactionScheduled"]:
+            if done.auto_compaction_scheduled:
                 auto.maybe_schedule(sid, due=True)
                 await asyncio.gather(*auto.running())
             if checker.failure is not None:
@@ -269,7 +272,7 @@ def attempts(engine: Engine, sid: str, begins: dict[str, tuple[int, dict[int, in
     out: list[Attempt] = []
     log = engine.compaction_log(sid, limit=100_000)
     for entry in reversed(log):
-        e = entry.to_wire() if hasattr(entry, "to_wire") else dict(entry)
+        e = msgspec.to_builtins(entry)  # its wire form: camelCase keys
         began = begins.get(e["compactionId"])
         if began is None or e.get("afterTokens") is None or e.get("error"):
             continue

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ctxd.clients.importers import FORMATS
 from ctxd.clients.importers.common import FileImporter, Options, Report
 from ctxd.daemon.config import Config
@@ -38,11 +40,12 @@ class EngineClient:
 
     def read(self, session_id: str, before_id: int | None = None, limit: int | None = None,
              after_id: int | None = None) -> dict[str, Any]:
-        return self.engine.read_archive(session_id, after_id=after_id or 0, limit=limit or 200,
-                                        before_id=before_id)
+        # as a client gets it
+        return msgspec.to_builtins(self.engine.read_archive(
+            session_id, after_id=after_id or 0, limit=limit or 200, before_id=before_id))
 
     def get_session(self, session_id: str) -> dict[str, Any]:
-        return self.engine.get_session(session_id)
+        return msgspec.to_builtins(self.engine.get_session(session_id))  # as a client gets it
 
     def create_session(self, session_id: str, title: str | None = None,
                        metadata: dict[str, Any] | None = None,
@@ -52,7 +55,8 @@ class EngineClient:
 
     def append(self, session_id: str, messages: list[dict[str, Any]],
                client_batch_id: str | None = None) -> dict[str, Any]:
-        return self.engine.append(session_id, messages, client_batch_id=client_batch_id)
+        return msgspec.to_builtins(  # as a client gets it
+            self.engine.append(session_id, messages, client_batch_id=client_batch_id))
 
 
 @dataclass
@@ -82,11 +86,11 @@ def load(path: Path, scratch: Path) -> Transcript:
         after = 0
         while True:
             page = engine.read_archive(sid, after_id=after, limit=500)
-            for m in page["messages"]:
+            for m in page.messages:
                 t.messages.append({k: m[k] for k in _MESSAGE_KEYS if m.get(k) is not None})
-            if page["nextAfterId"] is None:
+            if page.next_after_id is None:
                 break
-            after = page["nextAfterId"]
+            after = page.next_after_id
         t.cwd = str(mapper.session_info(None)[1].get("cwd") or "")
         for kind, n in report.unmappable.items():
             t.notes.append(f"importer: {n} line(s) unmappable ({kind})")

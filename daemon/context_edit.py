@@ -16,20 +16,21 @@ from ctxd.daemon.stores.sqlite.context_store import ContextState
 from ctxd.protocol.errors import ApprovalPending
 from ctxd.protocol.handlers import serves
 from ctxd.protocol.methods import CONTEXT_CLEAR, CONTEXT_POP
+from ctxd.protocol.types import ClearResult, DidChange, PopResult, Size
 
 if TYPE_CHECKING:
     from ctxd.daemon.engine import Engine
 
 
 @serves(CONTEXT_CLEAR)
-def clear(engine: Engine, session_id: str) -> dict[str, Any]:
+def clear(engine: Engine, session_id: str) -> ClearResult:
     """Start a fresh active context: no system messages, summary or tail; pins stay."""
     # read inside the write transaction: on a shared store another daemon may have
     # appended, compacted or pinned since this one last looked
     with engine.store.transaction(session_id):
         _refuse_pending(engine, session_id, None)
         st = engine.context_state(session_id)
-        before = {"messages": st.rendered_messages, "tokens": st.rendered_tokens}
+        before = Size(messages=st.rendered_messages, tokens=st.rendered_tokens)
         new = ContextState(
             session_id=session_id,
             version=st.version + 1,
@@ -44,13 +45,13 @@ def clear(engine: Engine, session_id: str) -> dict[str, Any]:
     engine.emit(
         session_id,
         "context/didChange",
-        {"sessionId": session_id, "change": "clear", "messageIds": [], "status": status},
+        DidChange(session_id=session_id, change="clear", message_ids=[], status=status),
     )
-    return {"before": before, "status": status}
+    return ClearResult(before=before, status=status)
 
 
 @serves(CONTEXT_POP)
-def pop(engine: Engine, session_id: str, count: int) -> dict[str, Any]:
+def pop(engine: Engine, session_id: str, count: int) -> PopResult:
     """Leave the newest `count` tail messages out of the active context.
 
     The cut is widened so that no tool result stays without its call and no call
@@ -61,21 +62,17 @@ def pop(engine: Engine, session_id: str, count: int) -> dict[str, Any]:
     with engine.store.transaction(session_id):
         st, popped = _pop_locked(engine, session_id, count)
     if st is None:
-        return {"messages": [], "status": engine.status(session_id)}
+        return PopResult(messages=[], status=engine.status(session_id))
     engine.set_context_state(st)
     status = engine.status(session_id)
     engine.emit(
         session_id,
         "context/didChange",
-        {
-            "sessionId": session_id,
-            "change": "pop",
-            "messageIds": [m["id"] for m in popped],
-            "status": status,
-        },
+        DidChange(session_id=session_id, change="pop", message_ids=[m["id"] for m in popped],
+                  status=status),
     )
     # copies: the tail's dicts are kept for later reads
-    return {"messages": [dict(m) for m in popped], "status": status}
+    return PopResult(messages=[dict(m) for m in popped], status=status)
 
 
 def _pop_locked(

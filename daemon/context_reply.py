@@ -27,6 +27,7 @@ from typing import Any
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.stores.base import ArchiveStore
 from ctxd.protocol.errors import PayloadTooLarge
+from ctxd.protocol.types import ContextGetResult, Status
 
 # a context whose kept tail is smaller than this share of the limit is built at once
 # (6 bytes per character: the most a character costs in JSON, as a \\u escape)
@@ -82,9 +83,9 @@ class ContextReplies:
         query: str | None = None,
         include_metadata: bool = False,
         recall_hits: list[dict[str, Any]] | None = None,
-        status: dict[str, Any] | None = None,
+        status: Status | None = None,
         appended: Any = None,
-    ) -> dict[str, Any]:
+    ) -> ContextGetResult:
         """`Engine.get_context`, refused up front when the context cannot fit a reply
         and read beside the loop when it is large. `appended`: what an append with
         `returnContext` stored, named in the refusal."""
@@ -112,9 +113,9 @@ class ContextReplies:
         query: str | None = None,
         include_metadata: bool = False,
         recall_hits: list[dict[str, Any]] | None = None,
-        status: dict[str, Any] | None = None,
+        status: Status | None = None,
         appended: Any = None,
-    ) -> dict[str, Any]:
+    ) -> ContextGetResult:
         """`get` on a shared store that reads all of it, the size included, in two
         round trips (store.context_reads); synchronous, for a worker thread."""
         with self.engine.store.context_reads(session_id):  # type: ignore[attr-defined]
@@ -123,9 +124,9 @@ class ContextReplies:
                                 include_metadata=include_metadata, recall_hits=recall_hits)
 
     def get_now(
-        self, session_id: str, status: dict[str, Any] | None = None, appended: Any = None,
+        self, session_id: str, status: Status | None = None, appended: Any = None,
         **get: Any,
-    ) -> dict[str, Any]:
+    ) -> ContextGetResult:
         """`get` at once, on the loop: the context right after an append, before any
         other write (its size is summed on the loop: a read of row headers)."""
         eng = self.engine

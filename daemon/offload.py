@@ -40,6 +40,7 @@ from ctxd.daemon.stores.sqlite.context_store import ContextState, bump_counts
 from ctxd.daemon.stores.sqlite.runs import RUN_OUTCOMES
 from ctxd.daemon.stores.sqlite.schema import open_database, thread_transaction
 from ctxd.daemon.stores.sqlite.store import SqliteStore
+from ctxd.protocol.types import AppendResult, RunFinishResult
 
 # the requests that write nothing: they run while a large commit is under way (any other
 # request waits for it, a method added later included)
@@ -136,14 +137,14 @@ class LargeWrites:
         run_id: str | None = None,
         client_batch_id: str | None = None,
         run: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+    ) -> AppendResult:
         """`Engine.append` of a prepared batch; call it holding the gate."""
         eng = self.engine
         eng.require_session(session_id)
         if run_id is not None and (run is None or run["runId"] != run_id):
             run = eng.runs.get(run_id)
 
-        def on_loop() -> dict[str, Any]:
+        def on_loop() -> AppendResult:
             return eng.append(session_id, messages, run_id=run_id,
                               client_batch_id=client_batch_id, prepared=prepared, run=run)
 
@@ -173,7 +174,7 @@ class LargeWrites:
     async def _committed(
         self, work: Any, rows: list[tuple[dict[str, Any], str, int]], run_id: str | None,
         pending: int,
-    ) -> dict[str, Any]:
+    ) -> AppendResult:
         batch_id, ids, created_at, new = await work
         return self.engine.append_committed(new, rows, ids, batch_id, created_at, run_id, pending,
                                             elsewhere=True)
@@ -185,7 +186,7 @@ class LargeWrites:
         messages: list[Any],
         prepared: PreparedBatch,
         client_batch_id: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> RunFinishResult:
         """`Engine.finish_run` with messages, their batch prepared; call it holding the
         gate."""
         eng = self.engine
@@ -197,5 +198,5 @@ class LargeWrites:
         appended = await self.append(run["sessionId"], messages, prepared, run_id=run_id,
                                      client_batch_id=client_batch_id, run=run)
         result = eng.finish_run(run_id, outcome)
-        result["append"] = appended
+        result.append = appended
         return result

@@ -10,7 +10,7 @@ the most relevant archived messages that are no longer in the active context.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ctxd.daemon.compaction.rules import render_summary_message, valid_boundaries
@@ -20,6 +20,7 @@ from ctxd.daemon.stores.sqlite.context_store import ContextState
 from ctxd.daemon.summary import Summary
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import SearchTooBroad
+from ctxd.protocol.types import Truncated
 
 
 class MessageLookup(Protocol):
@@ -55,13 +56,28 @@ RECALL_HITS = 8
 RECALL_CHARS = 600
 
 
+@dataclass(slots=True)
+class Projection:
+    """The model input for one step under a budget, and what it left out (the members of
+    `context/get`'s result but its status)."""
+
+    messages: list[dict[str, Any]]
+    message_ids: list[int | None]
+    estimated_tokens: int
+    budget_tokens: int | None
+    over_budget: bool
+    truncated: Truncated | None
+    recalled_ids: list[int]
+    dropped_summary_items: int
+
+
 def project(
     engine: ContextReader,
     session_id: str,
     budget_tokens: int | None,
     query: str | None,
     recall_hits: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+) -> Projection:
     st = engine.context_state(session_id)
     count = engine.tokens.count_message
     head = engine.system_messages(st)
@@ -96,24 +112,24 @@ def project(
     left_out = tail[:start]
     truncated = None
     if left_out:
-        truncated = {
-            "messages": len(left_out),
-            "tokens": sum(m["tokens"] for m in left_out),
-            "fromId": left_out[0]["id"],
-            "toId": left_out[-1]["id"],
-        }
-    return {
-        "messages": messages,
-        "messageIds": ids + ([None] if recall_msg else []) + [m["id"] for m in kept],
-        "estimatedTokens": used,
-        "budgetTokens": budget_tokens,
+        truncated = Truncated(
+            messages=len(left_out),
+            tokens=sum(m["tokens"] for m in left_out),
+            from_id=left_out[0]["id"],
+            to_id=left_out[-1]["id"],
+        )
+    return Projection(
+        messages=messages,
+        message_ids=ids + ([None] if recall_msg else []) + [m["id"] for m in kept],
+        estimated_tokens=used,
+        budget_tokens=budget_tokens,
         # only when the system messages and pins alone exceed the budget: the summary
         # gives up items and the tail messages until the rest fits
-        "overBudget": budget_tokens is not None and used > budget_tokens,
-        "truncated": truncated,
-        "recalledIds": recalled,
-        "droppedSummaryItems": dropped,
-    }
+        over_budget=budget_tokens is not None and used > budget_tokens,
+        truncated=truncated,
+        recalled_ids=recalled,
+        dropped_summary_items=dropped,
+    )
 
 
 # Which summary items a tight budget gives up first: least important sections first

@@ -14,6 +14,7 @@ from ctxd.daemon.stores.sqlite.fts import MAX_QUERY_TERMS, check_terms
 from ctxd.protocol.errors import InvalidParams, NotFound
 from ctxd.protocol.handlers import serves
 from ctxd.protocol.methods import CONTEXT_EXPLAIN, QUERY_MAX, TOOLS_CALL
+from ctxd.protocol.types import ArchiveSearchResult, ExplainResult, ToolsCallResult
 
 SEARCH_TOOL_NAME = "search_past_messages"
 
@@ -106,7 +107,7 @@ def _tool_search(name: str, session_id: str, arguments: Any) -> dict[str, Any]:
     }
 
 
-def call_tool(engine: Engine, session_id: str, name: str, arguments: Any) -> dict[str, Any]:
+def call_tool(engine: Engine, session_id: str, name: str, arguments: Any) -> ToolsCallResult:
     """For library users: the search runs on the caller's thread."""
     kw = _tool_search(name, session_id, arguments)
     return _tool_result(engine.search_result(**kw), kw["query"], session_id)
@@ -115,20 +116,20 @@ def call_tool(engine: Engine, session_id: str, name: str, arguments: Any) -> dic
 @serves(TOOLS_CALL)
 async def call_tool_async(
     engine: Engine, session_id: str, name: str, arguments: Any
-) -> dict[str, Any]:
+) -> ToolsCallResult:
     """The daemon's path: the search runs beside the event loop."""
     engine.require_session(session_id)
     kw = _tool_search(name, session_id, arguments)
     return _tool_result(await engine.search_async(**kw), kw["query"], session_id)
 
 
-def _tool_result(found: dict[str, Any], query: str, session_id: str) -> dict[str, Any]:
-    hits = found["hits"]
+def _tool_result(found: ArchiveSearchResult, query: str, session_id: str) -> ToolsCallResult:
+    hits = found.hits
     # What already left the context is what the agent cannot see: list it first.
     hits.sort(key=lambda h: h["inActiveContext"])
     if not hits:
         text = f'No earlier messages match "{query}".'
-    elif found["matched"] == "any":
+    elif found.matched == "any":
         lines = [
             f'No message has all the words of "{query}"; {len(hits)} message(s) have '
             "some of them (best first):"
@@ -149,11 +150,11 @@ def _tool_result(found: dict[str, Any], query: str, session_id: str) -> dict[str
                 f"[msg {h['messageId']} · {h['role']} · {n}{when}{where}{seen}] {snippet}"
             )
         text = "\n".join(lines)
-    return {"content": text, "data": {"hits": hits, "matched": found["matched"]}}
+    return ToolsCallResult(content=text, data={"hits": hits, "matched": found.matched})
 
 
 @serves(CONTEXT_EXPLAIN)
-def explain(engine: Engine, session_id: str) -> dict[str, Any]:
+def explain(engine: Engine, session_id: str) -> ExplainResult:
     """Each summary item with its sources resolved from the archive; broken ones flagged."""
     st = engine.context_state(session_id)
     ids = sorted(st.summary.all_sources())
@@ -188,12 +189,12 @@ def explain(engine: Engine, session_id: str) -> dict[str, Any]:
         entry = {"section": section, "text": item.text, "status": item.status, "sources": sources}
         entry.update({k: v for k, v in item.to_dict().items() if k not in ("text", "sources")})
         items.append(entry)
-    return {
-        "sessionId": session_id,
-        "pins": engine.pins(session_id),
-        "items": items,
-        "brokenPointers": broken,
-        "provenance": {
+    return ExplainResult(
+        session_id=session_id,
+        pins=engine.pins(session_id),
+        items=items,
+        broken_pointers=broken,
+        provenance={
             "compactionIds": st.summary.compaction_ids,
             "coversFrom": st.summary.covers_from,
             "coversTo": st.summary.covers_to,
@@ -201,4 +202,4 @@ def explain(engine: Engine, session_id: str) -> dict[str, Any]:
             "coversToOrdinal": ordinals.get(st.summary.covers_to or -1),
             "summarizer": st.summary.summarizer,
         },
-    }
+    )

@@ -27,6 +27,7 @@ from typing import Any
 
 from ctxd.daemon.engine import Engine
 from ctxd.protocol.errors import CompactionInProgress, CtxdError, RunActive
+from ctxd.protocol.types import RunFinishResult, Status
 
 log = logging.getLogger("ctxd.scheduler")
 
@@ -37,7 +38,7 @@ class AutoCompactor:
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
     def maybe_schedule(
-        self, session_id: str, *, due: bool | None = None, status: dict[str, Any] | None = None
+        self, session_id: str, *, due: bool | None = None, status: Status | None = None
     ) -> bool:
         """Schedule auto-compaction if it is due; True when it was scheduled. `due` is the
         answer the caller just had (nothing ran since); `status`, the session's status it
@@ -102,16 +103,16 @@ class Scheduler(AutoCompactor):
 
     # what a change triggers
 
-    def after_append(self, session_id: str, run_id: str | None, status: dict[str, Any]) -> None:
+    def after_append(self, session_id: str, run_id: str | None, status: Status) -> None:
         if run_id is None:  # appends outside a run are checked here, runs at run/finish
             self.maybe_schedule(session_id, status=status)
 
-    def after_run_finished(self, result: dict[str, Any]) -> dict[str, Any]:
+    def after_run_finished(self, result: RunFinishResult) -> RunFinishResult:
         """`result` of Engine.finish_run, with `autoCompactionScheduled` made true only
         when a compaction was really started."""
-        if result["autoCompactionScheduled"]:
-            result["autoCompactionScheduled"] = self.maybe_schedule(
-                result["run"]["sessionId"], due=True
+        if result.auto_compaction_scheduled:
+            result.auto_compaction_scheduled = self.maybe_schedule(
+                result.run["sessionId"], due=True
             )
         return result
 

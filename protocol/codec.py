@@ -46,9 +46,18 @@ def dumps_json(obj: Any) -> bytes:
         return _encode_json(obj)
     except Exception:
         pass
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode(
-        "utf-8"
-    )
+    return json.dumps(
+        obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_struct_fields
+    ).encode("utf-8")
+
+
+def _struct_fields(obj: Any) -> Any:
+    """A result or event Struct (protocol/types.py) as the builtins of its wire form (its
+    camelCase keys), for the encoders that do not know Structs; anything else is refused
+    as those encoders refuse it."""
+    if isinstance(obj, msgspec.Struct):
+        return msgspec.to_builtins(obj)
+    raise TypeError(f"can not serialize {type(obj).__name__!r} object")
 
 
 def _no_constants(name: str) -> Any:
@@ -132,7 +141,7 @@ class FrameReader:
 def packb(obj: Any) -> bytes:
     # not msgspec: it would also encode sets, dates and the like, which msgpack refuses
     # (a reply holding one is a bug the client must hear about, on every wire alike)
-    return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+    return msgpack.packb(obj, use_bin_type=True, default=_struct_fields)  # type: ignore[no-any-return]
 
 
 def unpackb(data: bytes, max_size: int = DEFAULT_MAX_FRAME) -> Any:

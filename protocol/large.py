@@ -16,6 +16,8 @@ import msgspec
 
 from ctxd.protocol.codec import dumps_json, packb
 
+_encode_msgpack = msgspec.msgpack.Encoder().encode
+
 # strings longer than this are JSON-encoded in slices
 _SLICE = 1 << 18
 # the wires that carry JSON, and the one that carries msgpack
@@ -24,6 +26,9 @@ MSGPACK_WIRES = frozenset({"zmq"})
 
 
 def _json(obj: Any, out: list[bytes]) -> None:
+    if isinstance(obj, msgspec.Struct):
+        # its wire form: camelCase keys, the fields it omits left out
+        obj = msgspec.to_builtins(obj)
     if isinstance(obj, dict) and all(isinstance(k, str) for k in obj):
         out.append(b"{")
         for i, (key, value) in enumerate(obj.items()):
@@ -50,6 +55,8 @@ def _json(obj: Any, out: list[bytes]) -> None:
 
 
 def _pack(obj: Any, packer: msgpack.Packer, out: list[bytes]) -> None:
+    if isinstance(obj, msgspec.Struct):
+        obj = msgspec.to_builtins(obj)
     if isinstance(obj, dict):
         out.append(packer.pack_map_header(len(obj)))
         for key, value in obj.items():
@@ -76,7 +83,14 @@ def encode_sliced(obj: Any, wire: str) -> msgspec.Raw:
 
 def pack_reply(req_id: Any, result: Any) -> bytes:
     """`packb({"id": req_id, "result": result})`; a result packed beforehand (a
-    `msgspec.Raw` from `encode_sliced`) goes in as it is."""
+    `msgspec.Raw` from `encode_sliced`) goes in as it is, and so does a result Struct
+    encoded by msgspec (the same bytes msgpack writes for its wire form, without
+    building that form first)."""
+    if isinstance(result, msgspec.Struct):
+        try:
+            return _encode_msgpack({"id": req_id, "result": result})
+        except (TypeError, ValueError):  # an id only msgpack knows (an extension type)
+            result = msgspec.Raw(_encode_msgpack(result))
     if isinstance(result, msgspec.Raw):
         # a map of two entries (0x82), in the order packb writes them
         return b"".join([b"\x82", packb("id"), packb(req_id), packb("result"), result])

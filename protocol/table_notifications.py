@@ -27,7 +27,8 @@ NOTIFICATION_LIST: tuple[Notification, ...] = (
     ),
     Notification(
         "context/compactionFailed",
-        "`sessionId`, `trigger` (`auto`, `manual` or `rebuild`), `error` (`{code, message}`).",
+        "`sessionId`, `trigger` (`auto`, `manual` or `rebuild`), `compactionId` (the "
+        "attempt's, as `$/progress` named it), `error` (`{code, message}`).",
         "A compaction attempt failed; the context is unchanged.",
     ),
     Notification(

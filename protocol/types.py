@@ -145,7 +145,9 @@ class Truncated(_Wire):
     to_id: int | None
 
 
-class ErrorObject(_Wire):
+class ErrorObject(_Wire, omit_defaults=True):
+    """`data` only when the error has some."""
+
     code: int
     message: str
     data: dict[str, JSON] | None = None
@@ -158,7 +160,9 @@ class Empty(_Wire):
     """`{}`."""
 
 
-class InitializeResult(_Wire):
+class InitializeResult(_Wire, omit_defaults=True):
+    """`nonceMac` and `pageKey` only when the login asked for them."""
+
     server_name: str
     version: str
     protocol_version: str
@@ -181,15 +185,18 @@ class AppendResult(_Wire):
     batch_id: int
     message_ids: list[int]
     status: Status
-    context: ContextGetResult | None = None
+    # with `returnContext` only
+    context: ContextGetResult | msgspec.UnsetType = msgspec.UNSET
 
 
 class ArchiveReadResult(_Wire):
     messages: list[ArchivedMessage]
     next_after_id: int | None
-    next_before_id: int | None = None
-    # the `#N` of the first message; the others follow it one by one
-    first_ordinal: int | None = None
+    # a page read backwards (`beforeId`) only; null when nothing is older
+    next_before_id: int | None | msgspec.UnsetType = msgspec.UNSET
+    # the `#N` of the first message (the others follow it one by one); a page with
+    # messages only
+    first_ordinal: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class ArchiveSearchResult(_Wire):
@@ -197,16 +204,19 @@ class ArchiveSearchResult(_Wire):
     matched: str
 
 
-class ContextGetResult(_Wire):
+class ContextGetResult(_Wire, kw_only=True):
+    """The members after `messageIds` come with a step projection (`budgetTokens` or
+    `query`) only, and then all of them."""
+
     messages: list[ChatMessage]
     message_ids: list[int | None]
+    estimated_tokens: int | msgspec.UnsetType = msgspec.UNSET
+    budget_tokens: int | None | msgspec.UnsetType = msgspec.UNSET
+    over_budget: bool | msgspec.UnsetType = msgspec.UNSET
+    truncated: Truncated | None | msgspec.UnsetType = msgspec.UNSET
+    recalled_ids: list[int] | msgspec.UnsetType = msgspec.UNSET
+    dropped_summary_items: int | msgspec.UnsetType = msgspec.UNSET
     status: Status
-    estimated_tokens: int | None = None
-    budget_tokens: int | None = None
-    over_budget: bool | None = None
-    truncated: Truncated | None = None
-    recalled_ids: list[int] | None = None
-    dropped_summary_items: int | None = None
 
 
 class CompactResult(_Wire):
@@ -243,13 +253,13 @@ class PopResult(_Wire):
 
 class ExplainResult(_Wire):
     session_id: str
+    pins: list[Pin]
     items: list[dict[str, JSON]]
     broken_pointers: int
-    pins: list[Pin]
     provenance: dict[str, JSON] | None
 
 
-class Compaction(_Wire):
+class Compaction(_Wire, kw_only=True):
     compaction_id: str
     trigger: str
     started_at: float
@@ -264,9 +274,11 @@ class Compaction(_Wire):
     summarized_to: int | None
     summarizer: str | None
     error: str | None
+    # what the caller asked the summarizer to keep (a manual compaction's instructions)
+    instructions: str | None = None
+    # the archive's size when it ran (None only inside the daemon, before it is counted)
     archive_messages: int | None
     archive_tokens: int | None
-    instructions: str | None = None
 
 
 class CompactionsResult(_Wire):
@@ -289,8 +301,10 @@ class RunStartResult(_Wire):
 class RunFinishResult(_Wire):
     run: Run
     auto_compaction_scheduled: bool
-    append: AppendResult | None = None
-    context: ContextGetResult | None = None
+    # with `messages` only
+    append: AppendResult | msgspec.UnsetType = msgspec.UNSET
+    # with `returnContext` only
+    context: ContextGetResult | msgspec.UnsetType = msgspec.UNSET
 
 
 class ApprovalRequestResult(_Wire):
@@ -344,6 +358,7 @@ class DidChange(_Wire):
 class CompactionFailed(_Wire):
     session_id: str
     trigger: Literal["auto", "manual", "rebuild"]
+    compaction_id: str | None
     error: ErrorObject
 
 
@@ -369,7 +384,9 @@ class DidMissEvents(_Wire):
     missed: int
 
 
-class ProgressValue(_Wire):
+class ProgressValue(_Wire, omit_defaults=True):
+    """Only the members given."""
+
     kind: Literal["begin", "report", "end"]
     title: str | None = None
     message: str | None = None
@@ -377,8 +394,8 @@ class ProgressValue(_Wire):
 
 
 class Progress(_Wire):
-    token: str
     session_id: str
+    token: str
     value: ProgressValue
 
 

@@ -110,15 +110,15 @@ def test_auto_limits_and_compaction_keep_about_the_tail(engine: Engine) -> None:
     sid = engine.create_session()["sessionId"]
     engine.append(sid, [{"role": "system", "content": "You are a careful agent."}])
     _fill(engine, sid, 20)  # 81 messages
-    assert engine.status(sid)["activeMessages"] == 81
+    assert engine.status(sid).active_messages == 81
     assert engine.auto_compaction_due(sid)
     result = asyncio.run(engine.compact(sid, trigger="auto"))
     assert result["effective"] is True
     status = engine.status(sid)
     # system + summary message + a tail of about 24
-    assert 20 <= status["activeMessages"] - 2 <= 28
-    assert status["compactionCount"] == 1 and status["lastCompactedAt"] is not None
-    assert (status["activeMessages"], status["estimatedTokens"]) == _recount(engine, sid)
+    assert 20 <= status.active_messages - 2 <= 28
+    assert status.compaction_count == 1 and status.last_compacted_at is not None
+    assert (status.active_messages, status.estimated_tokens) == _recount(engine, sid)
     ctx = engine.context_messages(sid)
     assert ctx[0]["content"] == "You are a careful agent."
     assert ctx[1]["role"] == "system" and "Summary of earlier messages" in ctx[1]["content"]
@@ -143,11 +143,11 @@ def test_not_effective_compaction_changes_nothing(engine: Engine) -> None:
     assert result["effective"] is False and result["compactionId"] is None
     assert "reason" in result
     after = engine.status(sid)
-    assert after["version"] == before["version"]
-    assert after["compactionCount"] == 0
+    assert after.version == before.version
+    assert after.compaction_count == 0
     assert engine.context_messages(sid) == ctx_before
     log = engine.compaction_log(sid)
-    assert len(log) == 1 and log[0]["effective"] is False and log[0]["committed"] is False
+    assert len(log) == 1 and log[0].effective is False and log[0].committed is False
 
 
 def test_force_compaction_works_on_short_contexts(engine: Engine) -> None:
@@ -179,7 +179,7 @@ def test_pending_approval_blocks_compaction_and_user_messages(engine: Engine) ->
     assert not engine.auto_compaction_due(sid)
     engine.resolve_approval(approval["approvalId"], "approved")
     engine.append(sid, [result], run_id=run["runId"])
-    assert engine.finish_run(run["runId"], "completed")["autoCompactionScheduled"] is True
+    assert engine.finish_run(run["runId"], "completed").auto_compaction_scheduled is True
 
 
 def test_failed_run_schedules_nothing(engine: Engine) -> None:
@@ -187,7 +187,7 @@ def test_failed_run_schedules_nothing(engine: Engine) -> None:
     run = engine.start_run(sid)
     for i in range(21):
         engine.append(sid, agent_turn(i), run_id=run["runId"])
-    assert engine.finish_run(run["runId"], "failed")["autoCompactionScheduled"] is False
+    assert engine.finish_run(run["runId"], "failed").auto_compaction_scheduled is False
 
 
 def test_incremental_summary_keeps_earlier_items_and_pointers(engine: Engine) -> None:
@@ -209,7 +209,7 @@ def test_incremental_summary_keeps_earlier_items_and_pointers(engine: Engine) ->
     assert kept and kept[0].sources == [1]
     assert s2.compaction_ids == [first["compactionId"], second["compactionId"]]
     assert s2.covers_from == 1 and s2.covers_to == second["summarizedTo"]
-    assert engine.status(sid)["compactionCount"] == 2
+    assert engine.status(sid).compaction_count == 2
 
 
 class SlowSummarizer:
@@ -239,7 +239,7 @@ def test_appends_during_a_slow_compaction_are_kept_exactly(tmp_path: Path) -> No
         await slow.started.wait()
         late_ids = []
         for i in range(200, 205):
-            late_ids += engine.append(sid, agent_turn(i))["messageIds"]
+            late_ids += engine.append(sid, agent_turn(i)).message_ids
         slow.release.set()
         result = await task
         return {"result": result, "late": late_ids}
@@ -247,7 +247,7 @@ def test_appends_during_a_slow_compaction_are_kept_exactly(tmp_path: Path) -> No
     out = asyncio.run(scenario())
     result = out["result"]
     assert result["effective"]
-    archive = engine.read_archive(sid, limit=5000)["messages"]
+    archive = engine.read_archive(sid, limit=5000).messages
     boundary = next(m["id"] for m in archive if m["id"] > result["summarizedTo"])
     expected_tail = [m for m in archive if m["id"] >= boundary]
     ctx = engine.context_messages(sid)
@@ -256,8 +256,8 @@ def test_appends_during_a_slow_compaction_are_kept_exactly(tmp_path: Path) -> No
     assert len(tail) == len(expected_tail)
     assert [m.get("content") for m in tail] == [m.get("content") for m in expected_tail]
     assert {m["id"] for m in expected_tail} >= set(out["late"])
-    assert (engine.status(sid)["activeMessages"],
-            engine.status(sid)["estimatedTokens"]) == _recount(engine, sid)
+    assert (engine.status(sid).active_messages,
+            engine.status(sid).estimated_tokens) == _recount(engine, sid)
     engine.close()
 
 
@@ -291,7 +291,7 @@ def test_a_failed_or_invalid_summary_leaves_the_context_untouched(tmp_path: Path
         asyncio.run(engine.compact(sid))
     assert engine.context_messages(sid) == before
     log = engine.compaction_log(sid)
-    assert log[0]["error"] and not log[0]["committed"]
+    assert log[0].error and not log[0].committed
     engine.close()
 
 
@@ -308,12 +308,12 @@ def test_pins_render_first_and_survive_rebuild(engine: Engine) -> None:
     rebuilt = asyncio.run(engine.rebuild(sid))
     assert rebuilt["compactionId"]
     assert "release branch" in engine.context_messages(sid)[1]["content"]
-    assert (engine.status(sid)["activeMessages"],
-            engine.status(sid)["estimatedTokens"]) == _recount(engine, sid)
+    assert (engine.status(sid).active_messages,
+            engine.status(sid).estimated_tokens) == _recount(engine, sid)
     engine.remove_pin(sid, pin["pinId"])
     assert "release branch" not in engine.context_messages(sid)[1]["content"]
-    assert (engine.status(sid)["activeMessages"],
-            engine.status(sid)["estimatedTokens"]) == _recount(engine, sid)
+    assert (engine.status(sid).active_messages,
+            engine.status(sid).estimated_tokens) == _recount(engine, sid)
 
 
 def test_rebuild_rederives_from_the_archive(engine: Engine) -> None:

@@ -14,7 +14,7 @@ from ctxd.protocol.errors import ApprovalPending, InvalidMessage, InvalidParams,
 
 
 def _tail_roles(engine: Engine, sid: str) -> list[str]:
-    return [m["role"] for m in engine.get_context(sid)["messages"]]
+    return [m["role"] for m in engine.get_context(sid).messages]
 
 
 def test_pop_takes_newest_and_keeps_the_archive(engine: Engine) -> None:
@@ -22,12 +22,12 @@ def test_pop_takes_newest_and_keeps_the_archive(engine: Engine) -> None:
     engine.append(sid, [{"role": "system", "content": "be brief"}, *agent_turn(1)])
     before = engine.status(sid)
     out = context_edit.pop(engine, sid, 1)
-    assert [m["content"] for m in out["messages"]] == ["done with step 1"]
+    assert [m["content"] for m in out.messages] == ["done with step 1"]
     ctx = engine.get_context(sid)
-    assert ctx["messages"][-1]["role"] == "tool"
-    assert out["status"]["activeMessages"] == before["activeMessages"] - 1
-    assert out["status"]["estimatedTokens"] < before["estimatedTokens"]
-    assert out["status"]["version"] == before["version"] + 1
+    assert ctx.messages[-1]["role"] == "tool"
+    assert out.status.active_messages == before.active_messages - 1
+    assert out.status.estimated_tokens < before.estimated_tokens
+    assert out.status.version == before.version + 1
     assert engine.archive_count(sid) == 5  # nothing deleted
     hits = engine.search("done with step", session_id=sid)
     assert hits and not hits[0]["inActiveContext"]
@@ -44,7 +44,7 @@ def test_pop_of_a_tool_result_takes_its_call_too(engine: Engine) -> None:
         sid, [call, tool_turn(1)[1], {"role": "tool", "tool_call_id": "call_b", "content": "x"}]
     )
     out = context_edit.pop(engine, sid, 1)
-    assert [m["role"] for m in out["messages"]] == ["assistant", "tool", "tool"]
+    assert [m["role"] for m in out.messages] == ["assistant", "tool", "tool"]
     assert _tail_roles(engine, sid) == ["user"]
     # a popped call that had no result yet cannot be answered into the context
     engine.append(sid, [tool_turn(9)[0]])
@@ -53,12 +53,12 @@ def test_pop_of_a_tool_result_takes_its_call_too(engine: Engine) -> None:
         engine.append(sid, [tool_turn(9)[1]])
     engine.append(sid, agent_turn(2))
     assert _tail_roles(engine, sid) == ["user", "user", "assistant", "tool", "assistant"]
-    assert engine.status(sid)["activeMessages"] == 5
+    assert engine.status(sid).active_messages == 5
 
 
 def test_pop_on_empty_tail_and_bad_input(engine: Engine, tmp_path: Path) -> None:
     sid = engine.create_session()["sessionId"]
-    assert context_edit.pop(engine, sid, 3)["messages"] == []
+    assert context_edit.pop(engine, sid, 3).messages == []
     with pytest.raises(SessionNotFound):
         context_edit.pop(engine, "nope", 1)
     with pytest.raises(SessionNotFound):
@@ -75,18 +75,18 @@ def test_clear_starts_fresh_and_compaction_respects_it(tmp_path: Path) -> None:
         engine.compact_sync(sid, force=True)
         engine.add_pin(sid, "keep the pin")
         out = context_edit.clear(engine, sid)
-        assert out["before"]["messages"] > 4
+        assert out.before.messages > 4
         ctx = engine.get_context(sid)
         # only the pins remain, in the one pins/summary message
-        assert len(ctx["messages"]) == 1 and "keep the pin" in ctx["messages"][0]["content"]
-        assert "old rules" not in ctx["messages"][0]["content"]
+        assert len(ctx.messages) == 1 and "keep the pin" in ctx.messages[0]["content"]
+        assert "old rules" not in ctx.messages[0]["content"]
         assert engine.archive_count(sid) == 25
         engine.append(sid, [{"role": "system", "content": "new rules"}])
         for i in range(10, 16):
             engine.append(sid, agent_turn(i))
         rebuilt = asyncio.run(engine.rebuild(sid))
         assert rebuilt["summarizedFrom"] > 25  # nothing from before the clear
-        text = " ".join(str(m["content"]) for m in engine.get_context(sid)["messages"])
+        text = " ".join(str(m["content"]) for m in engine.get_context(sid).messages)
         assert "new rules" in text and "old rules" not in text and "step 0:" not in text
         assert engine.search("step 0", session_id=sid)  # the archive still finds it
     finally:
@@ -117,8 +117,8 @@ def test_compaction_after_pop_keeps_counts_exact(tmp_path: Path) -> None:
         engine.compact_sync(sid, force=True)
         ctx = engine.get_context(sid)
         st = engine.status(sid)
-        assert st["activeMessages"] == len(ctx["messages"])
-        assert "done with step 7" not in str(ctx["messages"])
+        assert st.active_messages == len(ctx.messages)
+        assert "done with step 7" not in str(ctx.messages)
         assert engine.context_state(sid).dropped_ids  # the last pop is still in the tail
     finally:
         engine.close()

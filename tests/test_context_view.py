@@ -14,6 +14,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from helpers import make_config
 
@@ -93,8 +94,8 @@ def _seen(engine: Engine, sid: str) -> dict[str, Any]:
     return {
         "context": engine.get_context(sid),
         "budgeted": engine.get_context(sid, budget_tokens=400),
-        "metadata": engine.get_context(sid, include_metadata=True)["messages"],
-        "status": {k: engine.status(sid)[k] for k in STATUS_KEYS},
+        "metadata": engine.get_context(sid, include_metadata=True).messages,
+        "status": {k: msgspec.to_builtins(engine.status(sid))[k] for k in STATUS_KEYS},
         "pins": engine.pins(sid),
         "pending": engine.pending_approvals(sid),
     }
@@ -108,8 +109,8 @@ def _compare(engine: Engine, data_dir: Path, sid: str) -> None:
     finally:
         fresh_engine.close()
     for part in ("context", "budgeted"):
-        kept[part].pop("status")
-        fresh[part].pop("status")
+        kept[part] = msgspec.structs.replace(kept[part], status=None)
+        fresh[part] = msgspec.structs.replace(fresh[part], status=None)
     assert kept == fresh
 
 
@@ -134,7 +135,7 @@ def test_kept_state_equals_a_fresh_read(
             _compare(engine, data_dir, sid)
         # the changes were not all refused: the comparison saw a context that moved
         assert refused < 60
-        assert engine.status(driver.sessions[0])["archiveMessages"] > 20
+        assert engine.status(driver.sessions[0]).archive_messages > 20
     finally:
         engine.close()
 
@@ -144,18 +145,18 @@ def test_a_caller_changing_its_messages_changes_no_later_read(engine: Engine) ->
     engine.append(sid, [{"role": "system", "content": "rules"},
                         {"role": "user", "content": "hello"}])
     engine.add_pin(sid, "keep this")
-    first = engine.get_context(sid)["messages"]
+    first = engine.get_context(sid).messages
     for m in first:
         m["content"] = "changed"
         m["extra"] = 1
     tail = engine.tail_messages(sid, engine.context_state(sid))
     tail.clear()
-    popped = context_edit.pop(engine, sid, 1)["messages"]
+    popped = context_edit.pop(engine, sid, 1).messages
     popped[0]["content"] = "changed"
-    assert [m["content"] for m in engine.get_context(sid)["messages"]][::2] == ["rules"]
+    assert [m["content"] for m in engine.get_context(sid).messages][::2] == ["rules"]
     context_edit.clear(engine, sid)
     engine.append(sid, [{"role": "user", "content": "again"}])
-    again = engine.get_context(sid)["messages"]
+    again = engine.get_context(sid).messages
     assert [m.get("extra") for m in again] == [None, None]
     assert again[-1] == {"role": "user", "content": "again"}
     assert again[0]["content"].endswith("- keep this")
@@ -170,7 +171,7 @@ def test_messages_appended_by_the_caller_are_not_shared_with_the_kept_context(
     parts = [{"type": "text", "text": "second"}]
     engine.append(sid, [{"role": "user", "content": parts}])
     parts[0]["text"] = "changed after the append"
-    last = engine.get_context(sid)["messages"][-1]
+    last = engine.get_context(sid).messages[-1]
     assert last["content"] == [{"type": "text", "text": "second"}]
 
 
@@ -196,6 +197,6 @@ def test_a_read_between_a_commit_elsewhere_and_its_bookkeeping_keeps_each_messag
     engine._archive_counts.pop(sid)
     engine.get_context(sid)
     engine.append_committed(new, rows, ids, batch_id, created_at, None, 0, elsewhere=True)
-    contents = [m["content"] for m in engine.get_context(sid)["messages"]]
+    contents = [m["content"] for m in engine.get_context(sid).messages]
     assert contents == ["first", "second", "answer"]
-    assert engine.status(sid)["archiveMessages"] == 3
+    assert engine.status(sid).archive_messages == 3

@@ -64,8 +64,8 @@ def check_consistent(engine: Engine, sid: str, expected_messages: int) -> None:
     n, tokens = recount(engine, sid)
     assert n == expected_messages
     status = engine.status(sid)
-    assert status["archiveMessages"] == n
-    assert (status["activeMessages"], status["estimatedTokens"]) == (n, tokens)
+    assert status.archive_messages == n
+    assert (status.active_messages, status.estimated_tokens) == (n, tokens)
     stored = cs.load_context(engine.conn, sid)
     assert stored is not None and (stored.active_messages, stored.active_tokens) == (n, tokens)
     fts_rows = engine.conn.execute("SELECT count(*) FROM messages_fts").fetchone()[0]
@@ -123,12 +123,12 @@ def test_disk_full_append_is_all_or_nothing_and_recovers(engine: Engine) -> None
         note("refused, nothing written")
         assert found(engine, sid, f"refused{i}") == 0
     # reads go on
-    assert len(engine.read_archive(sid, limit=5000)["messages"]) == total
+    assert len(engine.read_archive(sid, limit=5000).messages) == total
     assert found(engine, sid, "before") == 3
     # space is back: appends work, ids continue where the archive ended
     last = engine.conn.execute("SELECT max(id) FROM messages").fetchone()[0]
     engine.conn.pragma("max_page_count", 1 << 30)
-    ids = engine.append(sid, batch("after"))["messageIds"]
+    ids = engine.append(sid, batch("after")).message_ids
     assert ids == [last + 1, last + 2, last + 3]
     check_consistent(engine, sid, total + 3)
     assert found(engine, sid, "after") == 3
@@ -188,8 +188,8 @@ def test_disk_full_during_compaction_leaves_the_context_as_it_was(tmp_path: Path
         check_consistent(engine, sid, 600)
         engine.conn.pragma("max_page_count", 1 << 30)
         result = engine.compact_sync(sid, force=True)
-        assert result["effective"] and engine.status(sid)["compactionCount"] == 1
-        assert engine.status(sid)["archiveMessages"] == 600
+        assert result["effective"] and engine.status(sid).compaction_count == 1
+        assert engine.status(sid).archive_messages == 600
     finally:
         engine.close()
 
@@ -206,7 +206,7 @@ def test_read_only_database_refuses_appends_and_recovers(engine: Engine) -> None
     note(f"append on a read-only database: {type(err.value).__name__}")
     check_consistent(engine, sid, 3)
     assert found(engine, sid, "refused") == 0
-    assert engine.read_archive(sid)["messages"][0]["content"].startswith("before")
+    assert engine.read_archive(sid).messages[0]["content"].startswith("before")
     engine.conn.pragma("query_only", False)
     engine.append(sid, batch("after"))
     check_consistent(engine, sid, 6)
@@ -224,7 +224,7 @@ def test_read_only_database_gives_a_typed_error(engine: Engine) -> None:
             write()
         note(f"{type(err.value).__name__} {int(err.value.code)}")
     engine.conn.pragma("query_only", False)
-    assert engine.status(sid)["archiveMessages"] == 0 and engine.pins(sid) == []
+    assert engine.status(sid).archive_messages == 0 and engine.pins(sid) == []
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="file modes do not stop root")

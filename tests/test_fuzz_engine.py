@@ -368,10 +368,10 @@ def check_counters(engine: Engine, sid: str) -> None:
     """Every counter the engine keeps equals a recount from the archive rows."""
     n, tokens = recount(engine, sid)
     status = engine.status(sid)
-    assert status["archiveMessages"] == n
+    assert status.archive_messages == n
     # no compaction ran: every archived message is in the active context
-    assert status["activeMessages"] == n
-    assert status["estimatedTokens"] == tokens
+    assert status.active_messages == n
+    assert status.estimated_tokens == tokens
     stored = cs.load_context(engine.conn, sid)
     assert stored is not None
     assert (stored.active_messages, stored.active_tokens) == (n, tokens)
@@ -398,10 +398,10 @@ def test_append_stores_a_batch_whole_or_refuses_it_whole(
     else:
         assert not any(m.refused_with for m in batch), "an invalid message was stored"
         assert len(batch) <= MAX_BATCH_MESSAGES
-        ids = result["messageIds"]
+        ids = result.message_ids
         assert len(ids) == len(batch) and ids == list(range(ids[0], ids[0] + len(batch)))
         assert bench.total() == before_total + len(batch)
-        stored = engine.read_archive(sid, after_id=ids[0] - 1, limit=len(batch))["messages"]
+        stored = engine.read_archive(sid, after_id=ids[0] - 1, limit=len(batch)).messages
         assert [m["id"] for m in stored] == ids
         assert [m["role"] for m in stored] == [m.raw["role"] for m in batch]
         outcome = "stored"
@@ -435,8 +435,8 @@ def test_metadata_of_odd_json_values_round_trips(bench: Bench) -> None:
     meta = {"n": None, "b": False, "i": -(2**62), "f": 1.5e-300, "s": "上下文 🎉", "l": [[], {}],
             "d": {"nested": {"deeper": [1, "2", 3.0]}}}
     ids = bench.engine.append(sid, [{"role": "user", "content": "m", "metadata": meta}])
-    got = bench.engine.read_archive(sid)["messages"][0]
-    assert got["id"] == ids["messageIds"][0] and got["metadata"] == meta
+    got = bench.engine.read_archive(sid).messages[0]
+    assert got["id"] == ids.message_ids[0] and got["metadata"] == meta
     # NaN and Infinity are not JSON: refused, so every JSON client can read the archive
     for value in (math.nan, math.inf, -math.inf):
         with pytest.raises(InvalidMessage):

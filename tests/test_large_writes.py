@@ -34,7 +34,7 @@ def test_the_loop_serves_reads_while_a_large_batch_commits_and_writes_wait(
     tmp_path: Path,
 ) -> None:
     engine = Engine(Config(data_dir=tmp_path))
-    events: list[tuple[str, dict[str, Any]]] = []
+    events: list[tuple[str, Any]] = []
     engine.add_listener(lambda sid, method, params: events.append((method, params)))
     d = Dispatcher(engine, EventHub(), token="t")
     big_conn, other = _client(), _client()
@@ -51,9 +51,9 @@ def test_the_loop_serves_reads_while_a_large_batch_commits_and_writes_wait(
             assert not big.done(), "the batch was committed without the loop serving anyone"
             await asyncio.sleep(0.001)
         # reads are answered during the commit, from the state before it
-        assert (await d.handle(other, "context/status", {"sessionId": quiet}))["sessionId"]
+        assert (await d.handle(other, "context/status", {"sessionId": quiet})).session_id
         during = await d.handle(other, "context/status", {"sessionId": sid})
-        assert during["activeMessages"] == 0
+        assert during.active_messages == 0
         assert not big.done()
         # a write waits for the commit: its message comes after the whole batch
         small = asyncio.create_task(d.handle(other, "messages/append", {
@@ -65,17 +65,17 @@ def test_the_loop_serves_reads_while_a_large_batch_commits_and_writes_wait(
 
     try:
         big_result, small_result = asyncio.run(main())
-        ids = big_result["messageIds"]
-        assert len(ids) == 4 and max(ids) < small_result["messageIds"][0]
-        assert big_result["status"]["archiveMessages"] == 4
-        assert _digest(big_result["context"]["messages"]) == _digest(messages)
+        ids = big_result.message_ids
+        assert len(ids) == 4 and max(ids) < small_result.message_ids[0]
+        assert big_result.status.archive_messages == 4
+        assert _digest(big_result.context.messages) == _digest(messages)
         status = engine.status(sid)
-        assert (status["archiveMessages"], status["activeMessages"]) == (5, 5)
-        assert status["estimatedTokens"] > 1_000_000
-        page = engine.read_archive(sid, 0, 10)["messages"]
+        assert (status.archive_messages, status.active_messages) == (5, 5)
+        assert status.estimated_tokens > 1_000_000
+        page = engine.read_archive(sid, 0, 10).messages
         assert _digest(page) == _digest([*messages, {"content": "after"}])
-        appended = [p["messageIds"] for m, p in events if m == "session/didAppend"]
-        assert appended == [ids, small_result["messageIds"]]
+        appended = [p.message_ids for m, p in events if m == "session/didAppend"]
+        assert appended == [ids, small_result.message_ids]
         # the search index holds the batch too
         word = messages[2]["content"].split()[7]
         assert engine.search(word, session_id=sid)

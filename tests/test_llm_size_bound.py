@@ -122,7 +122,7 @@ def test_no_compaction_through_the_model_makes_the_context_bigger(
             lo, hi = result["summarizedFrom"], result["summarizedTo"]
             read = engine.read_archive(sid, after_id=lo - 1, before_id=hi + 1, limit=1000)
             start = st.tail_start_id or 0
-            departing = sum(m["tokens"] for m in read["messages"] if m["id"] >= start)
+            departing = sum(m["tokens"] for m in read.messages if m["id"] >= start)
             new = engine.context_state(sid)
             rules = sum(engine.tokens.count_text(i.line(new.summary.ordinals))
                         for i in new.summary.sections.get("constraints", []))

@@ -546,7 +546,7 @@ def test_engine_commits_a_model_summary_citing_archive_ids(
     engine = _engine(tmp_path, llm.base_url)
     try:
         sid = _fill(engine)
-        archive_ids = {m["id"] for m in engine.read_archive(sid, limit=1000)["messages"]}
+        archive_ids = {m["id"] for m in engine.read_archive(sid, limit=1000).messages}
         before = engine.context_messages(sid)
         asyncio.run(engine.compact(sid, force=True))
         summary = engine.context_state(sid).summary

@@ -66,14 +66,14 @@ def _build_archive(data: Path) -> str:
 
 def _snapshot(e: Engine, sid: str) -> dict:
     return {
-        "archive": e.read_archive(sid, limit=1000)["messages"],
-        "context": e.get_context(sid)["messages"],
-        "status": {k: v for k, v in e.status(sid).items() if k != "updatedAt"},
+        "archive": e.read_archive(sid, limit=1000).messages,
+        "context": e.get_context(sid).messages,
+        "status": e.status(sid),
         "pins": e.pins(sid),
         "approvals": e.list_approvals(sid),
         "compactions": e.compaction_log(sid),
         "search": [h["messageId"] for h in e.search("压缩", session_id=sid)],
-        "sessions": e.list_sessions()["sessions"],
+        "sessions": e.list_sessions().sessions,
     }
 
 
@@ -113,7 +113,7 @@ def test_copy_is_faithful_resumable_and_idempotent(tmp_path: Path, pg_cluster: P
             top = c.execute("SELECT max(id) FROM messages").fetchone()[0]
         fresh = pg_engine.create_session()["sessionId"]
         new = pg_engine.append(fresh, [{"role": "user", "content": "after the move"}])
-        assert new["messageIds"] == [top + 1]
+        assert new.message_ids == [top + 1]
     finally:
         pg_engine.close()
 

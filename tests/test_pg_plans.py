@@ -53,7 +53,7 @@ def test_a_tail_behind_other_sessions_rows_is_read_through_its_session_index(
             for sid in (quiet, busy):
                 done = engine.append(sid, [{"role": "user", "content": f"{b} {i}"}
                                            for i in range(500)])
-        start = done["messageIds"][0] - 20  # the quiet session's last 20 rows, and on
+        start = done.message_ids[0] - 20  # the quiet session's last 20 rows, and on
         for b in range(30):
             engine.append(busy, [{"role": "user", "content": f"b{b} {i}"} for i in range(1000)])
         engine.append(quiet, [{"role": "user", "content": "latest"}])
@@ -93,7 +93,7 @@ def test_a_tail_of_one_of_a_few_long_sessions_reads_only_its_rows(
                 done = engine.append(sid, [{"role": "user", "content": f"{b} {i}"}
                                            for i in range(500)])
             if sid == sessions[0]:
-                start = done["messageIds"][-24]
+                start = done.message_ids[-24]
         with psycopg.connect(pg_dsn, autocommit=True) as c:
             c.execute("ANALYZE")
         tail = store.archive.read_from(sessions[0], start)

@@ -67,18 +67,18 @@ def test_a_turn_costs_three_round_trips_to_append_two_to_read_one_for_status(
             {"role": "user", "content": f"step {i}"}, *tool_turn(i)],
             client_batch_id=f"b{i}"))
         appends.append(n)
-        assert res["status"]["archiveMessages"] == 1 + 3 * (i + 1)
+        assert res.status.archive_messages == 1 + 3 * (i + 1)
         n, ctx = counted(proxy, lambda: e.get_context(sid))
         gets.append(n)
-        assert ctx["messageIds"][-1] == res["messageIds"][-1]
-        assert ctx["status"]["archiveMessages"] == 1 + 3 * (i + 1)
+        assert ctx.message_ids[-1] == res.message_ids[-1]
+        assert ctx.status.archive_messages == 1 + 3 * (i + 1)
         # as the daemon serves context/get: with the reply's size bound checked first
         n, bounded = counted(proxy, lambda: asyncio.run(replies.get(sid)))
         gets.append(n)
-        assert bounded["messageIds"] == ctx["messageIds"]
+        assert bounded.message_ids == ctx.message_ids
         n, st = counted(proxy, lambda: e.status(sid))
         statuses.append(n)
-        assert st["activeMessages"] == ctx["status"]["activeMessages"]
+        assert st.active_messages == ctx.status.active_messages
     assert max(appends) <= 3, appends
     assert max(gets) <= 2, gets
     assert max(statuses) <= 1, statuses
@@ -86,7 +86,7 @@ def test_a_turn_costs_three_round_trips_to_append_two_to_read_one_for_status(
     # lock; its status asks the rest again
     n, again = counted(proxy, lambda: e.append(sid, [
         {"role": "user", "content": "step 5"}, *tool_turn(5)], client_batch_id="b5"))
-    assert again["messageIds"] == res["messageIds"]
+    assert again.message_ids == res.message_ids
     assert n <= 5
 
 
@@ -100,10 +100,10 @@ def test_an_append_in_a_run_keeps_the_run_in_its_status(
     run = e.start_run(sid)["runId"]
     n, res = counted(proxy, lambda: e.append(sid, [{"role": "user", "content": "go"}],
                                              run_id=run))
-    assert res["status"]["activeRunId"] == run
+    assert res.status.active_run_id == run
     assert n <= 3
     n, res = counted(proxy, lambda: e.append(sid, [{"role": "user", "content": "more"}]))
-    assert res["status"]["activeRunId"] == run  # read with the lock, not asked again
+    assert res.status.active_run_id == run  # read with the lock, not asked again
     assert n <= 3
 
 
@@ -121,10 +121,10 @@ def test_a_busy_session_is_refused_and_nothing_is_written(
         other.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", (sid,))
         with pytest.raises(SessionBusy):
             e.append(sid, [{"role": "user", "content": "second"}])
-    assert e.status(sid)["archiveMessages"] == 1
+    assert e.status(sid).archive_messages == 1
     # the connection is usable again at once
     e.append(sid, [{"role": "user", "content": "third"}])
-    assert [m["content"] for m in e.read_archive(sid)["messages"]] == ["first", "third"]
+    assert [m["content"] for m in e.read_archive(sid).messages] == ["first", "third"]
 
 
 def test_daemons_as_hosts_reach_the_database_through_the_proxy(

@@ -28,25 +28,25 @@ def _session(engine: Engine, turns: int) -> str:
 def test_budget_projection_keeps_pairs_and_says_what_it_left_out(engine: Engine) -> None:
     sid = _session(engine, 8)
     stored = engine.context_messages(sid)
-    version = engine.status(sid)["version"]
+    version = engine.status(sid).version
     full = sum(engine.tokens.count_message(m) for m in stored)
     out = engine.get_context(sid, budget_tokens=full // 2)
-    msgs = out["messages"]
+    msgs = out.messages
     assert msgs[0]["content"] == "You are an agent."
-    assert out["estimatedTokens"] <= full // 2
-    assert out["estimatedTokens"] == sum(engine.tokens.count_message(m) for m in msgs)
+    assert out.estimated_tokens <= full // 2
+    assert out.estimated_tokens == sum(engine.tokens.count_message(m) for m in msgs)
     tail = msgs[1:]
     assert tail and tail[0]["role"] != "tool"
     calls = {c["id"] for m in tail for c in m.get("tool_calls") or ()}
     assert all(m["tool_call_id"] in calls for m in tail if m["role"] == "tool")
     # the kept tail is a suffix of the stored context, and the rest is reported
     assert stored[-len(tail):] == tail
-    assert out["truncated"]["messages"] == len(stored) - len(msgs)
+    assert out.truncated.messages == len(stored) - len(msgs)
     # the stored context is untouched
     assert engine.context_messages(sid) == stored
-    assert engine.status(sid)["version"] == version
+    assert engine.status(sid).version == version
     roomy = engine.get_context(sid, budget_tokens=full * 2)
-    assert roomy["truncated"] is None and roomy["messages"] == stored
+    assert roomy.truncated is None and roomy.messages == stored
 
 
 def test_query_recalls_what_left_the_context(engine: Engine) -> None:
@@ -54,14 +54,14 @@ def test_query_recalls_what_left_the_context(engine: Engine) -> None:
     asyncio.run(engine.compact(sid))
     assert not engine.search("walrus", session_id=sid)[0]["inActiveContext"]
     out = engine.get_context(sid, budget_tokens=4000, query="walrus")
-    recall = [m for m in out["messages"] if m["content"] and RECALL_HEADER in m["content"]]
+    recall = [m for m in out.messages if m["content"] and RECALL_HEADER in m["content"]]
     assert len(recall) == 1 and "remember the walrus" in recall[0]["content"]
-    assert out["recalledIds"] == [2]
-    assert out["estimatedTokens"] <= 4000
+    assert out.recalled_ids == [2]
+    assert out.estimated_tokens <= 4000
     # nothing relevant outside the context: no recall message
     out = engine.get_context(sid, query="zzzunmatched")
-    assert out["recalledIds"] == [] and not any(
-        RECALL_HEADER in (m["content"] or "") for m in out["messages"])
+    assert out.recalled_ids == [] and not any(
+        RECALL_HEADER in (m["content"] or "") for m in out.messages)
 
 
 class ModelLikeSummarizer(BuiltinSummarizer):
@@ -113,9 +113,9 @@ def test_rebuild_dry_run_previews_without_committing(engine: Engine) -> None:
     preview = asyncio.run(engine.rebuild(sid, dry_run=True))
     assert preview["dryRun"] is True and preview["compactionId"] is None
     assert engine.context_messages(sid) == before_ctx
-    assert engine.status(sid)["version"] == before["version"]
-    assert preview["diff"]["messages"] == preview["after"]["messages"] - before["activeMessages"]
-    assert preview["diff"]["tokens"] == preview["after"]["tokens"] - before["estimatedTokens"]
+    assert engine.status(sid).version == before.version
+    assert preview["diff"]["messages"] == preview["after"]["messages"] - before.active_messages
+    assert preview["diff"]["tokens"] == preview["after"]["tokens"] - before.estimated_tokens
     assert len(preview["messages"]) == preview["after"]["messages"]
     committed = asyncio.run(engine.rebuild(sid))
     assert engine.context_messages(sid) == preview["messages"]
@@ -144,13 +144,13 @@ def test_three_auto_failures_pause_until_a_manual_success(tmp_path: Path) -> Non
         assert engine.auto_compaction_due(sid)
         with pytest.raises(SummarizerFailed):
             asyncio.run(engine.compact(sid, trigger="auto"))
-    assert engine.status(sid)["autoCompactionPaused"] is True
+    assert engine.status(sid).auto_compaction_paused is True
     assert not engine.auto_compaction_due(sid)
     log = engine.compaction_log(sid)
-    assert len(log) == 3 and all("HTTP 500" in row["error"] for row in log)
+    assert len(log) == 3 and all("HTTP 500" in (row.error or "") for row in log)
     summarizer.fail = False
     assert asyncio.run(engine.compact(sid))["effective"]
-    assert engine.status(sid)["autoCompactionPaused"] is False
+    assert engine.status(sid).auto_compaction_paused is False
     engine.close()
 
 

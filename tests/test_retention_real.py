@@ -55,10 +55,10 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> Seen:
         after = 0
         while True:
             page = engine.read_archive(sid, after_id=after, limit=500)
-            ids |= {m["id"] for m in page["messages"]}
-            if page["nextAfterId"] is None:
+            ids |= {m["id"] for m in page.messages}
+            if page.next_after_id is None:
                 break
-            after = page["nextAfterId"]
+            after = page.next_after_id
         st = engine.context_state(sid)
         found["ids"] = ids
         found["sources"] = [(name, item.text, list(item.sources))

@@ -108,20 +108,20 @@ def test_search_tool_schema_and_executor(engine: Engine, sid: str) -> None:
     assert set(fn["parameters"]["properties"]) == {"query", "scope", "limit", "role"}
     assert fn["parameters"]["required"] == ["query"]
     out = recall.call_tool(engine, sid, "search_past_messages", {"query": "压缩"})
-    assert "[msg 1 · user" in out["content"] and "压缩" in out["content"]
-    assert _ids(out["data"]["hits"]) == [1]
+    assert "[msg 1 · user" in out.content and "压缩" in out.content
+    assert _ids(out.data["hits"]) == [1]
     # the model's JSON string arguments are accepted as they come
     out = recall.call_tool(engine, sid, "search_past_messages",
                            '{"query": "production", "limit": 1}')
-    assert _ids(out["data"]["hits"]) == [5]
+    assert _ids(out.data["hits"]) == [5]
     none = recall.call_tool(engine, sid, "search_past_messages", {"query": "unicorn"})
-    assert none["data"]["hits"] == [] and "No earlier messages" in none["content"]
+    assert none.data["hits"] == [] and "No earlier messages" in none.content
     other = engine.create_session()["sessionId"]
     scoped = recall.call_tool(engine, other, "search_past_messages", {"query": "压缩"})
-    assert scoped["data"]["hits"] == []
+    assert scoped.data["hits"] == []
     everywhere = recall.call_tool(engine, other, "search_past_messages",
                                   {"query": "压缩", "scope": "all"})
-    assert _ids(everywhere["data"]["hits"]) == [1] and sid in everywhere["content"]
+    assert _ids(everywhere.data["hits"]) == [1] and sid in everywhere.content
     for bad in ({"query": ""}, {"query": "x", "limit": 0}, {"query": "x", "scope": "x"},
                 {"query": "x", "extra": 1}, "{not json", [1]):
         with pytest.raises(InvalidParams):
@@ -137,8 +137,8 @@ def test_explain_resolves_every_summary_pointer(engine: Engine) -> None:
         engine.append(s, agent_turn(i))
     asyncio.run(engine.compact(s))
     out = recall.explain(engine, s)
-    assert out["items"] and out["brokenPointers"] == 0
-    sources = [src for item in out["items"] for src in item["sources"]]
+    assert out.items and out.broken_pointers == 0
+    sources = [src for item in out.items for src in item["sources"]]
     assert all("role" in src and "snippet" in src for src in sources)
     assert any("API stable" in src["snippet"] for src in sources)
-    assert out["provenance"]["coversFrom"] == 1
+    assert out.provenance["coversFrom"] == 1

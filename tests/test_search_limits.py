@@ -22,9 +22,9 @@ from helpers import DaemonProcess, tool_turn
 
 from ctxd.daemon.config import Config
 from ctxd.daemon.engine import Engine
-from ctxd.daemon.stores.sqlite.compaction_log import CompactionEntry
 from ctxd.protocol.errors import CtxdError, ErrorCode
 from ctxd.protocol.methods import QUERY_TERMS_MAX
+from ctxd.protocol.types import Compaction
 
 MESSAGES = 50_000
 WORDS = [f"common{i}" for i in range(QUERY_TERMS_MAX)]
@@ -248,9 +248,12 @@ def test_other_clients_are_served_while_archive_sizes_are_counted(
     engine = Engine(Config(data_dir=root / "data"))
     with engine.store.transaction():
         for i in range(3):
-            engine.store.compactions.record(CompactionEntry(
-                f"cmp_sizes{i}", sid, "manual", time.time() + i, 5.0, 100, 900, 10, 90,
-                True, True, 1, 90, "builtin", None, None))
+            engine.store.compactions.record(sid, Compaction(
+                compaction_id=f"cmp_sizes{i}", trigger="manual", started_at=time.time() + i,
+                duration_ms=5.0, before_messages=100, before_tokens=900, after_messages=10,
+                after_tokens=90, effective=True, committed=True, summarized_from=1,
+                summarized_to=90, summarizer="builtin", error=None, archive_messages=None,
+                archive_tokens=None))
     engine.close()
     daemon = daemon_on(root, "sizes")
     try:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import psycopg
 import pytest
 import test_archive
@@ -100,15 +101,15 @@ def test_context_edits_read_what_another_daemon_wrote_meanwhile(
     late: list[int] = []
 
     def b_appends() -> None:
-        late.extend(b.append(sid, [{"role": "user", "content": "late"}])["messageIds"])
+        late.extend(b.append(sid, [{"role": "user", "content": "late"}]).message_ids)
 
     popped = _while_waiting(a, lambda: context_edit.pop(a, sid, 1), b, sid, pg_dsn, b_appends)
     # the pop took the newest message, the one B appended while A waited
-    assert [m["id"] for m in popped["messages"]] == late
+    assert [m["id"] for m in popped.messages] == late
     for e in (a, b):
         got = e.get_context(sid)
-        assert [m["content"] for m in got["messages"]] == ["m0", "m1", "m2", "m3"]
-        assert got["status"]["activeMessages"] == 4
+        assert [m["content"] for m in got.messages] == ["m0", "m1", "m2", "m3"]
+        assert got.status.active_messages == 4
 
     late.clear()
     _while_waiting(a, lambda: context_edit.clear(a, sid), b, sid, pg_dsn, b_appends)
@@ -117,8 +118,8 @@ def test_context_edits_read_what_another_daemon_wrote_meanwhile(
     b.append(sid, [{"role": "user", "content": "after"}])
     for e in (a, b):
         got = e.get_context(sid)
-        assert [m["content"] for m in got["messages"]] == ["after"]
-        assert got["status"]["activeMessages"] == 1
+        assert [m["content"] for m in got.messages] == ["after"]
+        assert got.status.active_messages == 1
 
 
 def test_events_too_large_for_a_notification_still_cross(
@@ -130,8 +131,9 @@ def test_events_too_large_for_a_notification_still_cross(
     assert b.store.listening.wait(30), "B never listened"
     local: list[tuple] = []
     relayed: list[tuple] = []
-    a.add_listener(lambda sid, m, p: local.append((m, p)))
-    b.add_listener(lambda sid, m, p: relayed.append((m, p)))
+    # A's own events are Structs; B's relayed ones are rebuilt in their wire form
+    a.add_listener(lambda sid, m, p: local.append((m, msgspec.to_builtins(p))))
+    b.add_listener(lambda sid, m, p: relayed.append((m, msgspec.to_builtins(p))))
     sid = a.create_session()["sessionId"]
     a.append(sid, [{"role": "user", "content": f"m{i}"} for i in range(1200)])
     context_edit.pop(a, sid, 1000)  # 1000 ids would not fit in one notification
@@ -166,17 +168,17 @@ def test_archive_count_counts_on_across_daemons_and_rollbacks(
     sid = a.create_session()["sessionId"]
     for i in range(3):
         a.append(sid, [{"role": "user", "content": f"a {i}"}])
-    assert a.status(sid)["archiveMessages"] == 3
+    assert a.status(sid).archive_messages == 3
     b.append(sid, [{"role": "user", "content": "b 0"}, {"role": "user", "content": "b 1"}])
-    assert a.status(sid)["archiveMessages"] == 5
+    assert a.status(sid).archive_messages == 5
     row = ({"role": "user", "content": "rolled back"}, '{"role":"user"}', 1)
     with pytest.raises(RuntimeError), a.store.transaction():
         a.archive.append(sid, [row], digest="x", run_id=None, client_batch_id=None)
         assert a.archive.message_count(sid) == 6  # its own uncommitted row
         raise RuntimeError("roll back")
-    assert a.status(sid)["archiveMessages"] == b.status(sid)["archiveMessages"] == 5
+    assert a.status(sid).archive_messages == b.status(sid).archive_messages == 5
     a.append(sid, [{"role": "user", "content": "a 3"}])
-    assert b.status(sid)["archiveMessages"] == a.status(sid)["archiveMessages"] == 6
+    assert b.status(sid).archive_messages == a.status(sid).archive_messages == 6
 
 
 def test_status_says_compacting_while_another_daemon_holds_the_session(
@@ -192,14 +194,14 @@ def test_status_says_compacting_while_another_daemon_holds_the_session(
             "sessionId": sid, "token": f"cmp_{sid}",
             "value": {"kind": "begin", "title": "Compacting context", "percentage": 0}})
         assert begin is not None
-        assert not b.status(sid)["compacting"]
+        assert not b.status(sid).compacting
         assert a.store.try_compaction_lock(sid)
-        assert not b.status(sid)["compacting"]  # nothing told yet: no query
+        assert not b.status(sid).compacting  # nothing told yet: no query
         events.relay(b, json.loads(begin))
-        assert b.status(sid)["compacting"] and not a.status(sid)["compacting"]
-        assert not b.status(sids[0] if sid != sids[0] else sids[1])["compacting"]
+        assert b.status(sid).compacting and not a.status(sid).compacting
+        assert not b.status(sids[0] if sid != sids[0] else sids[1]).compacting
         a.store.release_compaction_lock(sid)
-        assert not b.status(sid)["compacting"]
+        assert not b.status(sid).compacting
         assert sid not in b.store._elsewhere  # the dead hint is forgotten
     # told of a start and of its end: nothing left to ask
     sid = sids[0]
@@ -221,7 +223,8 @@ def test_a_compaction_waiting_for_another_daemons_ends_its_progress_when_the_ser
         a.append(sid, [{"role": "user", "content": f"turn {i}"},
                        {"role": "assistant", "content": f"answer {i}"}])
     progress: list[dict] = []
-    b.add_listener(lambda s, m, p: progress.append(p["value"]) if m == "$/progress" else None)
+    b.add_listener(lambda s, m, p: progress.append(msgspec.to_builtins(p)["value"])
+                   if m == "$/progress" else None)
     assert a.store.try_compaction_lock(sid)
     pid = b.store.conn.execute("SELECT pg_backend_pid()").fetchone()[0]
 
@@ -236,7 +239,7 @@ def test_a_compaction_waiting_for_another_daemons_ends_its_progress_when_the_ser
 
     asyncio.run(cut_while_waiting())
     assert progress[0]["kind"] == "begin" and progress[-1]["kind"] == "end"
-    assert not b.status(sid)["compacting"]
+    assert not b.status(sid).compacting
     a.store.release_compaction_lock(sid)
     assert asyncio.run(b.compact(sid, force=True))["effective"]
 
@@ -251,7 +254,7 @@ def test_an_unwatched_session_relays_nothing_yet_its_compaction_is_known(
     b.add_listener(lambda sid, m, p: relayed.append(m))
     sid = a.create_session()["sessionId"]
     appended = {"m": "session/didAppend", "s": sid, "o": a.store.origin,
-                "b": a.append(sid, [{"role": "user", "content": "m"}])["batchId"]}
+                "b": a.append(sid, [{"role": "user", "content": "m"}]).batch_id}
     events.relay(b, appended, lambda s: False)
     assert relayed == []
     events.relay(b, appended, lambda s: True)
@@ -263,7 +266,7 @@ def test_an_unwatched_session_relays_nothing_yet_its_compaction_is_known(
     assert a.store.try_compaction_lock(sid)
     try:
         events.relay(b, json.loads(begin), lambda s: False)
-        assert relayed == [] and b.status(sid)["compacting"]
+        assert relayed == [] and b.status(sid).compacting
         events.relay(b, json.loads(begin), lambda s: s == sid)  # watched: relayed
         assert relayed == ["$/progress"]
     finally:
@@ -289,12 +292,12 @@ def test_a_listener_thread_that_ended_is_started_again_and_reads_what_it_missed(
     b.store.listen(on_event)
     assert b.store.listening.wait(30)
     sid = a.create_session()["sessionId"]
-    first = a.append(sid, [{"role": "user", "content": "one"}])["batchId"]
+    first = a.append(sid, [{"role": "user", "content": "one"}]).batch_id
     deadline = time.monotonic() + 30
     while b.store._listener.is_alive():
         assert time.monotonic() < deadline, "the listener never ended"
         time.sleep(0.02)
-    second = a.append(sid, [{"role": "user", "content": "two"}])["batchId"]
+    second = a.append(sid, [{"role": "user", "content": "two"}]).batch_id
     with caplog.at_level("WARNING", logger="ctxd.pg.store"):
         b.store.ensure_listening()
         b.store.ensure_listening()  # alive again: nothing more to do

@@ -304,7 +304,7 @@ def _compacted_session(engine: Engine, texts: list[str], filler_zh: bool) -> tup
     sid = engine.create_session()["sessionId"]
     ids: list[int] = []
     for n, text in enumerate(texts):
-        [mid] = engine.append(sid, [{"role": "user", "content": text}])["messageIds"]
+        [mid] = engine.append(sid, [{"role": "user", "content": text}]).message_ids
         ids.append(mid)
         for k in range(3):
             ask = (f"请整理第 {n}{k} 个文件。" if filler_zh

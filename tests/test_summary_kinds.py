@@ -305,14 +305,14 @@ def test_pointers_are_session_ordinals_mapped_exactly_in_explain(tmp_path: Path)
             text = (f"Set the importer batch size to {500 + i}." if i % 4 == 0
                     else f"Please tidy module {i} of the parser.")
             ids += engine.append(sid, [{"role": "user", "content": text},
-                                       {"role": "assistant", "content": DONE}])["messageIds"]
+                                       {"role": "assistant", "content": DONE}]).message_ids
             if i % 12 == 11:
                 assert asyncio.run(engine.compact(sid))["effective"]
         ordinal = {mid: n for n, mid in enumerate(ids, start=1)}
         out = explain(engine, sid)
-        assert out["brokenPointers"] == 0
+        assert out.broken_pointers == 0
         checked = 0
-        for item in out["items"]:
+        for item in out.items:
             for src in item["sources"]:
                 assert src["ordinal"] == ordinal[src["id"]]
                 checked += 1
@@ -320,7 +320,7 @@ def test_pointers_are_session_ordinals_mapped_exactly_in_explain(tmp_path: Path)
         rendered = engine.context_state(sid).summary.render()
         assert "- Set the importer batch size to 532. (was 528) #65" in rendered
         assert "[msg" not in rendered
-        current = [i for i in out["items"] if i["section"] == "constraints"
+        current = [i for i in out.items if i["section"] == "constraints"
                    and i["status"] == "current"]
         assert [(i["subject"], i["value"], i["was"]) for i in current] == [
             ("importer batch size", "532", "528")
@@ -336,10 +336,10 @@ def test_search_marks_a_superseded_statement_and_ranks_its_correction_above(
     try:
         sid = engine.create_session()["sessionId"]
         [old] = engine.append(sid, [{"role": "user", "content":
-                                     "Set the importer batch size to 500 records."}])["messageIds"]
+                                     "Set the importer batch size to 500 records."}]).message_ids
         engine.append(sid, [{"role": "assistant", "content": DONE}])
         [new] = engine.append(sid, [{"role": "user", "content":
-                                     "Raise the importer batch size to 2000."}])["messageIds"]
+                                     "Raise the importer batch size to 2000."}]).message_ids
         engine.append(sid, [{"role": "assistant", "content": DONE},
                             {"role": "user", "content": "Thanks, next the docs."},
                             {"role": "assistant", "content": "Ok."}])
@@ -348,14 +348,14 @@ def test_search_marks_a_superseded_statement_and_ranks_its_correction_above(
         assert [h["messageId"] for h in hits] == [new, old]
         assert hits[1]["supersededBy"] == new and "supersededBy" not in hits[0]
         out = call_tool(engine, sid, "search_past_messages", {"query": "importer batch size"})
-        assert f"superseded by msg {new}" in out["content"]
+        assert f"superseded by msg {new}" in out.content
 
         zh = engine.create_session()["sessionId"]
         [old] = engine.append(zh, [{"role": "user", "content":
-                                    "对账任务的批处理大小设为 500 条。"}])["messageIds"]
+                                    "对账任务的批处理大小设为 500 条。"}]).message_ids
         engine.append(zh, [{"role": "assistant", "content": DONE}])
         [new] = engine.append(zh, [{"role": "user", "content":
-                                    "对账任务的批处理大小改到 2000 条。"}])["messageIds"]
+                                    "对账任务的批处理大小改到 2000 条。"}]).message_ids
         engine.append(zh, [{"role": "assistant", "content": DONE},
                            {"role": "user", "content": "好的，接下来更新文档。"},
                            {"role": "assistant", "content": "好。"}])

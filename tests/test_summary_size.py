@@ -99,7 +99,7 @@ def recount(engine: Engine, sid: str) -> tuple[int, int]:
 
 
 def replaced_tokens(engine: Engine, sid: str, result: dict[str, Any]) -> int:
-    archive = engine.read_archive(sid, limit=5000)["messages"]
+    archive = engine.read_archive(sid, limit=5000).messages
     lo, hi = result["summarizedFrom"], result["summarizedTo"]
     return sum(m["tokens"] for m in archive if lo <= m["id"] <= hi)
 
@@ -153,8 +153,8 @@ def test_small_span_summary_is_a_share_of_what_it_replaces(tmp_path: Path,
         # the rule is kept verbatim
         rule = RULE_EN if session is EN_SESSION else RULE_ZH
         assert rule.rstrip(".") in summary_text(engine, sid)
-        assert (engine.status(sid)["activeMessages"],
-                engine.status(sid)["estimatedTokens"]) == recount(engine, sid)
+        assert (engine.status(sid).active_messages,
+                engine.status(sid).estimated_tokens) == recount(engine, sid)
     finally:
         engine.close()
 
@@ -224,8 +224,8 @@ def test_no_compaction_makes_the_model_input_bigger(tmp_path: Path) -> None:
                 for turn in _random_session(rng, rng.randint(0, 6)):
                     engine.append(sid, turn)
             check_pairs(engine.context_messages(sid))
-            assert (engine.status(sid)["activeMessages"],
-                    engine.status(sid)["estimatedTokens"]) == recount(engine, sid)
+            assert (engine.status(sid).active_messages,
+                    engine.status(sid).estimated_tokens) == recount(engine, sid)
         assert sum(1 for r in results if r["effective"]) >= 20
         for r in results:
             assert r["after"]["tokens"] <= r["before"]["tokens"], r
@@ -295,18 +295,18 @@ def test_manual_compaction_right_after_an_automatic_one(engine: Engine, zh: bool
     auto = asyncio.run(engine.compact(sid, trigger="auto"))
     assert auto["effective"], auto
     engine.append(sid, _file_requests(1, 100, zh))
-    assert engine.status(sid)["activeMessages"] >= 26
+    assert engine.status(sid).active_messages >= 26
     manual = asyncio.run(engine.compact(sid, force=True))
     assert manual["effective"], manual
     assert manual["after"]["tokens"] < manual["before"]["tokens"]
     check_pairs(engine.context_messages(sid))
     # and again, right away: still shrinks while 10 or more messages are there
     engine.append(sid, _file_requests(5, 200, zh))
-    while engine.status(sid)["activeMessages"] >= 10:
+    while engine.status(sid).active_messages >= 10:
         again = asyncio.run(engine.compact(sid, force=True))
         assert again["effective"], again
-    assert (engine.status(sid)["activeMessages"],
-            engine.status(sid)["estimatedTokens"]) == recount(engine, sid)
+    assert (engine.status(sid).active_messages,
+            engine.status(sid).estimated_tokens) == recount(engine, sid)
 
 
 def test_forced_compaction_leaves_a_pending_approval_alone(engine: Engine) -> None:
@@ -450,8 +450,8 @@ def test_instructions_keep_matching_items_and_are_logged(tmp_path: Path, zh: boo
         assert special not in plain
         assert special in focused
         log = engine.compaction_log(sids[1])
-        assert log[0]["instructions"] == special
-        assert engine.compaction_log(sids[0])[0]["instructions"] is None
+        assert log[0].instructions == special
+        assert engine.compaction_log(sids[0])[0].instructions is None
     finally:
         engine.close()
 
@@ -463,7 +463,7 @@ def test_instructions_on_a_context_too_small_say_so(engine: Engine) -> None:
     assert out["effective"] is False and out["compactionId"] is None
     assert out["instructionsApplied"] is False
     assert "instructions were not applied" in out["reason"]
-    assert engine.compaction_log(sid)[0]["instructions"] == "keep the deployment rules"
+    assert engine.compaction_log(sid)[0].instructions == "keep the deployment rules"
     applied = engine.create_session()["sessionId"]
     engine.append(applied, EN_SESSION)
     ok = asyncio.run(engine.compact(applied, force=True, instructions="keep the CSV rules"))

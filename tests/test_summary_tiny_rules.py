@@ -77,8 +77,8 @@ def test_manual_compaction_of_tiny_rules_is_effective(
     assert ranges and all(1 <= int(a) < int(b) <= n for a, b in ranges), summary
     # ... and context/explain still resolves every item to its own message
     out = explain(engine, sid)
-    assert out["brokenPointers"] == 0
-    cited = {src["snippet"].strip() for item in out["items"] for src in item["sources"]}
+    assert out.broken_pointers == 0
+    cited = {src["snippet"].strip() for item in out.items for src in item["sources"]}
     left = {m["content"] for m in msgs[: result["summarizedTo"]] if m["role"] == "user"}
     assert left <= cited
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ctxd.daemon.stores.base import Store
-from ctxd.daemon.stores.sqlite.compaction_log import CompactionEntry
 from ctxd.daemon.stores.sqlite.context_store import ContextState
 from ctxd.daemon.summary import Summary
 from ctxd.protocol.errors import CompactionInProgress
+from ctxd.protocol.types import Compaction
 
 log = logging.getLogger("ctxd.compactor")
 
@@ -60,9 +60,9 @@ def record(
 ) -> None:
     """The attempt's entry in the compaction log (inside the caller's transaction)."""
     store.compactions.record(
-        CompactionEntry(
+        a.session_id,
+        Compaction(
             compaction_id=a.cid,
-            session_id=a.session_id,
             trigger=a.trigger,
             started_at=a.started,
             duration_ms=(time.time() - a.started) * 1000,
@@ -75,9 +75,11 @@ def record(
             summarized_from=leaving[0]["id"] if leaving else None,
             summarized_to=leaving[-1]["id"] if leaving else None,
             summarizer=summarizer,
-            instructions=a.instructions,
             error=error,
-        )
+            instructions=a.instructions,
+            archive_messages=None,
+            archive_tokens=None,
+        ),
     )
     log.info(
         "compaction %s of %s (%s): effective=%s before=%s after=%s error=%s",

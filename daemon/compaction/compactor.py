@@ -21,7 +21,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn, Protocol
+from typing import Any, NamedTuple, NoReturn, Protocol
+
+import msgspec
 
 from ctxd.daemon.busy import when_free
 from ctxd.daemon.compaction import commit, inputs, preambles
@@ -38,6 +40,14 @@ from ctxd.protocol.errors import (
     CompactionInProgress,
     CtxdError,
     SummarizerFailed,
+)
+from ctxd.protocol.types import (
+    Compaction,
+    CompactionFailed,
+    ErrorObject,
+    Progress,
+    ProgressValue,
+    Status,
 )
 
 log = logging.getLogger("ctxd.compactor")
@@ -71,10 +81,26 @@ class ActiveContexts(Protocol):
 
     def summary_tokens(self, session_id: str, summary: Summary) -> int: ...
 
-    def status(self, session_id: str) -> dict[str, Any]: ...
+    def status(self, session_id: str) -> Status: ...
 
 
-Emit = Callable[[str, str, dict[str, Any]], None]
+class RunActivity(Protocol):
+    """What holds an auto-compaction back: a session's `Status`, or just these two."""
+
+    @property
+    def pending_approvals(self) -> int: ...
+
+    @property
+    def active_run_id(self) -> str | None: ...
+
+
+class Activity(NamedTuple):
+    pending_approvals: int
+    active_run_id: str | None
+
+
+# (session id, notification name, its payload Struct from protocol/types.py)
+Emit = Callable[[str, str, msgspec.Struct], None]
 
 
 class Compactor:
@@ -124,14 +150,14 @@ class Compactor:
     def auto_paused(self, session_id: str) -> bool:
         return self.auto_failures.get(session_id, 0) >= MAX_AUTO_FAILURES
 
-    def auto_due(self, session_id: str, status: dict[str, Any] | None = None) -> bool:
+    def auto_due(self, session_id: str, status: RunActivity | None = None) -> bool:
         st = self.contexts.context_state(session_id)
         if session_id in self.running or self._waiting.get(session_id) or not self.over_limits(st):
             return False
         if self.auto_paused(session_id):
             return False
         if status is not None:
-            if status["pendingApprovals"] or status["activeRunId"] is not None:
+            if status.pending_approvals or status.active_run_id is not None:
                 return False
         elif self.store.runs.pending_count(session_id) or self.store.runs.open_run(session_id):
             return False
@@ -164,7 +190,8 @@ class Compactor:
         try:
             if self.store.runs.pending_count(session_id):
                 if begun:
-                    self._progress(session_id, cid, {"kind": "end", "message": "not started"})
+                    self._progress(session_id, cid,
+                                   ProgressValue(kind="end", message="not started"))
                 raise ApprovalPending(
                     "a tool call awaits approval in this session; compaction waits until "
                     "approval/resolve decides it"
@@ -255,12 +282,12 @@ class Compactor:
         self._progress(
             session_id,
             cid,
-            {
-                "kind": "begin",
-                "title": title,
-                "message": "waiting for the compaction already running",
-                "percentage": 0,
-            },
+            ProgressValue(
+                kind="begin",
+                title=title,
+                message="waiting for the compaction already running",
+                percentage=0,
+            ),
         )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.policy.wait_seconds
@@ -288,7 +315,7 @@ class Compactor:
                     await asyncio.sleep(min(poll, left))
                     poll = min(poll * 2, SHARED_POLL_MAX)
                 except TimeoutError:
-                    self._progress(session_id, cid, {"kind": "end", "message": "timed out"})
+                    self._progress(session_id, cid, ProgressValue(kind="end", message="timed out"))
                     raise CompactionInProgress(
                         f"a compaction of this session was still running after "
                         f"{self.policy.wait_seconds:g} s of waiting; wait for "
@@ -296,7 +323,8 @@ class Compactor:
                         {"waitedSeconds": self.policy.wait_seconds},
                     ) from None
                 except CtxdError:  # the shared store could not be asked (StorageError)
-                    self._progress(session_id, cid, {"kind": "end", "message": "not started"})
+                    self._progress(session_id, cid,
+                                   ProgressValue(kind="end", message="not started"))
                     raise
         finally:
             self._waiting[session_id] -= 1
@@ -305,7 +333,8 @@ class Compactor:
         self._progress(
             session_id,
             cid,
-            {"kind": "report", "message": "the running compaction finished", "percentage": 0},
+            ProgressValue(kind="report", message="the running compaction finished",
+                          percentage=0),
         )
         return True
 
@@ -326,7 +355,7 @@ class Compactor:
         before = {"messages": st.rendered_messages, "tokens": st.rendered_tokens}
         title = "Rebuilding context" if trigger == "rebuild" else "Compacting context"
         if not begun:
-            self._progress(session_id, cid, {"kind": "begin", "title": title, "percentage": 0})
+            self._progress(session_id, cid, ProgressValue(kind="begin", title=title, percentage=0))
         rederive = inputs.rederives(self.summarizer, self.policy, st, trigger)
         tail_region = self.contexts.tail_messages(session_id, st)
         region = (
@@ -415,7 +444,7 @@ class Compactor:
                 self.summarizer, self.policy, self.tokens, session_id, previous, leaving, pins,
                 a.instructions, ordinals,
                 lambda done: self._progress(
-                    session_id, cid, {"kind": "report", "percentage": done}
+                    session_id, cid, ProgressValue(kind="report", percentage=done)
                 ),
                 limit,
                 [p.text for p in kept],
@@ -439,14 +468,14 @@ class Compactor:
         self.emit(
             a.session_id,
             "context/compactionFailed",
-            {
-                "sessionId": a.session_id,
-                "trigger": a.trigger,
-                "compactionId": a.cid,
-                "error": {"code": int(SummarizerFailed.code), "message": str(exc)},
-            },
+            CompactionFailed(
+                session_id=a.session_id,
+                trigger=a.trigger,  # type: ignore[arg-type]
+                compaction_id=a.cid,
+                error=ErrorObject(code=int(SummarizerFailed.code), message=str(exc)),
+            ),
         )
-        self._progress(a.session_id, a.cid, {"kind": "end", "message": "failed"})
+        self._progress(a.session_id, a.cid, ProgressValue(kind="end", message="failed"))
         raise SummarizerFailed(
             f"the summarizer failed: {exc}; the context is unchanged",
             {"compactionId": a.cid},
@@ -472,7 +501,7 @@ class Compactor:
                     self.store, a, name, o.before, o.after, o.effective, o.committed, leaving, None
                 )
         if a.dry_run:
-            self._progress(session_id, a.cid, {"kind": "end", "message": "dry run"})
+            self._progress(session_id, a.cid, ProgressValue(kind="end", message="dry run"))
             return commit.preview(snapshot, o, leaving, self.contexts.render(session_id, o.new))
         if o.committed:
             self.contexts.set_context_state(o.new)
@@ -484,7 +513,7 @@ class Compactor:
         self._progress(
             session_id,
             a.cid,
-            {"kind": "end", "message": "effective" if o.effective else "not effective"},
+            ProgressValue(kind="end", message="effective" if o.effective else "not effective"),
         )
         return result
 
@@ -493,7 +522,7 @@ class Compactor:
             commit.record(self.store, a, self._name(), before, before, False, False, [], None)
         if a.trigger == "auto":
             self._retry_later(a.session_id, before)
-        self._progress(a.session_id, a.cid, {"kind": "end", "message": "not effective"})
+        self._progress(a.session_id, a.cid, ProgressValue(kind="end", message="not effective"))
         return commit.not_effective(a, before, reason)
 
     def _retry_later(self, session_id: str, before: dict[str, int]) -> None:
@@ -502,9 +531,9 @@ class Compactor:
             4, self.policy.keep_messages // 3
         )
 
-    def _progress(self, session_id: str, token: str, value: dict[str, Any]) -> None:
+    def _progress(self, session_id: str, token: str, value: ProgressValue) -> None:
         self.emit(
-            session_id, "$/progress", {"sessionId": session_id, "token": token, "value": value}
+            session_id, "$/progress", Progress(session_id=session_id, token=token, value=value)
         )
 
     def _name(self, written_by: str = "") -> str:
@@ -512,5 +541,5 @@ class Compactor:
         fallback wrote it), else the configured one's."""
         return written_by or getattr(self.summarizer, "name", type(self.summarizer).__name__)
 
-    def history(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
-        return [r.to_wire() for r in self.store.compactions.history(session_id, limit)]
+    def history(self, session_id: str, limit: int = 50) -> list[Compaction]:
+        return self.store.compactions.history(session_id, limit)

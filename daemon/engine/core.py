@@ -20,7 +20,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ctxd.daemon.compaction.compactor import Compactor
+import msgspec
+
+from ctxd.daemon.compaction.compactor import Activity, Compactor, RunActivity
 from ctxd.daemon.config import Config
 from ctxd.daemon.engine.archive_sizes import ArchiveSizes
 from ctxd.daemon.engine.context_view import ContextView
@@ -45,10 +47,21 @@ from ctxd.protocol.methods import (
     SESSION_GET,
     SESSION_LIST,
 )
+from ctxd.protocol.types import (
+    AppendResult,
+    Compaction,
+    DidAppend,
+    ListedSession,
+    SessionGetResult,
+    SessionListResult,
+    Status,
+)
 
 log = logging.getLogger("ctxd.engine")
 
-EventListener = Callable[[str, str, dict[str, Any]], None]
+# (session id, notification name, payload): the payload Struct of protocol/types.py, or a
+# dict in its wire form (an event another daemon sent, rebuilt by the relay)
+EventListener = Callable[[str, str, "msgspec.Struct | dict[str, Any]"], None]
 
 
 # "not known: ask the store" (None is a known answer: no open run)
@@ -137,10 +150,11 @@ class Engine(ContextReads, RunsAndApprovals):
     def add_listener(self, listener: EventListener) -> None:
         self._listeners.append(listener)
 
-    def emit(self, session_id: str, method: str, params: dict[str, Any]) -> None:
+    def emit(self, session_id: str, method: str, params: msgspec.Struct) -> None:
         self.emit_local(session_id, method, params)
         if self._share_event is not None:
-            self._share_event(session_id, method, params)
+            # other daemons are told in the wire form (stores/postgres/events.py)
+            self._share_event(session_id, method, msgspec.to_builtins(params))
 
     @contextmanager
     def as_committed(self, session_id: str) -> Iterator[None]:
@@ -161,7 +175,9 @@ class Engine(ContextReads, RunsAndApprovals):
         they emit reach the subscribers on `loop`, in the order emitted."""
         self._loop, self._loop_thread = loop, threading.get_ident()
 
-    def emit_local(self, session_id: str, method: str, params: dict[str, Any]) -> None:
+    def emit_local(
+        self, session_id: str, method: str, params: msgspec.Struct | dict[str, Any]
+    ) -> None:
         """To this daemon's subscribers only (an event another daemon shared)."""
         if self._loop is not None and threading.get_ident() != self._loop_thread:
             self._loop.call_soon_threadsafe(self.emit_local, session_id, method, params)
@@ -200,17 +216,17 @@ class Engine(ContextReads, RunsAndApprovals):
         if not self.shared:
             self._archive_counts[sid] = 0
             self.run_book.created(sid)
-        return self.get_session(sid)["session"]
+        return self.get_session(sid).session
 
     @serves(SESSION_GET)
-    def get_session(self, session_id: str) -> dict[str, Any]:
+    def get_session(self, session_id: str) -> SessionGetResult:
         session = self.require_session(session_id)
-        return {"session": session, "status": self.status(session_id)}
+        return SessionGetResult(session=session, status=self.status(session_id))
 
     @serves(SESSION_LIST)
     def list_sessions(
         self, limit: int = 50, cursor: str | None = None, title: str | None = None
-    ) -> dict[str, Any]:
+    ) -> SessionListResult:
         after = None
         if cursor:
             try:
@@ -222,18 +238,18 @@ class Engine(ContextReads, RunsAndApprovals):
                 ) from None
         rows = self.archive.list_sessions(limit + 1, after, title)
         page = rows[:limit]
-        sessions = [
-            {
-                **s,
-                "status": self.status(s["sessionId"]),
-                "lastActivityAt": self.archive.last_message_at(s["sessionId"]) or s["createdAt"],
-            }
-            for s in page
-        ]
+        sessions = []
+        for s in page:
+            sid, created_at = s["sessionId"], s["createdAt"]
+            sessions.append(ListedSession(
+                session_id=sid, title=s["title"], metadata=s["metadata"], created_at=created_at,
+                status=self.status(sid),
+                last_activity_at=self.archive.last_message_at(sid) or created_at,
+            ))
         next_cursor = (
             f"{page[-1]['createdAt']!r}:{page[-1]['sessionId']}" if len(rows) > limit else None
         )
-        return {"sessions": sessions, "nextCursor": next_cursor}
+        return SessionListResult(sessions=sessions, next_cursor=next_cursor)
 
     def require_session(self, session_id: str) -> dict[str, Any]:
         session = self.archive.get_session(session_id)
@@ -298,7 +314,7 @@ class Engine(ContextReads, RunsAndApprovals):
         client_batch_id: str | None = None,
         prepared: PreparedBatch | None = None,
         run: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+    ) -> AppendResult:
         """Archive a batch. `prepared` is `prepare_append(messages)` done beforehand (the
         daemon does it in a worker thread for large batches); `run`, the run `run_id`
         names, when the caller has just read it."""
@@ -374,7 +390,7 @@ class Engine(ContextReads, RunsAndApprovals):
         *,
         elsewhere: bool = False,
         open_run_id: Any = _ASK,
-    ) -> dict[str, Any]:
+    ) -> AppendResult:
         """What follows a committed batch (on this connection or, `elsewhere`, on another
         one beside the event loop): the kept state, the event and the result. `new`: the
         session's context with the batch; `pending`, the pending approvals the batch was
@@ -401,15 +417,10 @@ class Engine(ContextReads, RunsAndApprovals):
         self.emit(
             session_id,
             "session/didAppend",
-            {
-                "sessionId": session_id,
-                "batchId": batch_id,
-                "messageIds": ids,
-                "runId": run_id,
-                "status": status,
-            },
+            DidAppend(session_id=session_id, batch_id=batch_id, message_ids=ids, run_id=run_id,
+                      status=status),
         )
-        return {"batchId": batch_id, "messageIds": ids, "status": status}
+        return AppendResult(batch_id=batch_id, message_ids=ids, status=status)
 
     def prepare_append(self, messages: Any, *, count_tokens: bool = True) -> PreparedBatch:
         """The part of `append` that reads no database state; safe in a worker thread."""
@@ -420,7 +431,7 @@ class Engine(ContextReads, RunsAndApprovals):
 
     def _repeat_batch(
         self, session_id: str, client_batch_id: str, found: tuple[int, str, int, int], digest: str
-    ) -> dict[str, Any]:
+    ) -> AppendResult:
         batch_id, old_digest, first, last = found
         if old_digest != digest:
             raise Conflict(
@@ -429,7 +440,7 @@ class Engine(ContextReads, RunsAndApprovals):
                 {"clientBatchId": client_batch_id, "batchId": batch_id},
             )
         ids = list(range(first, last + 1))
-        return {"batchId": batch_id, "messageIds": ids, "status": self.status(session_id)}
+        return AppendResult(batch_id=batch_id, message_ids=ids, status=self.status(session_id))
 
     def archive_count(self, session_id: str) -> int:
         if self.shared:
@@ -442,7 +453,7 @@ class Engine(ContextReads, RunsAndApprovals):
     @serves(CONTEXT_STATUS)
     def status(
         self, session_id: str, *, open_run_id: str | None = _ASK, pending: int | None = None
-    ) -> dict[str, Any]:
+    ) -> Status:
         """`open_run_id` and `pending`: the session's open run and number of pending
         approvals when the caller has just read them."""
         ahead = getattr(self.store, "status_reads", None) if self.shared else None
@@ -459,44 +470,43 @@ class Engine(ContextReads, RunsAndApprovals):
 
     def _status(
         self, session_id: str, open_run_id: str | None, pending: int | None
-    ) -> dict[str, Any]:
+    ) -> Status:
         st = self.context_state(session_id)
         if open_run_id is _ASK:
             open_run_id = self.run_book.open_run_id(session_id)
         if pending is None:
             pending = self.run_book.pending_count(session_id)
-        return {
-            "sessionId": session_id,
-            "activeMessages": st.rendered_messages,
-            "estimatedTokens": st.rendered_tokens,
-            "archiveMessages": self.archive_count(session_id),
-            "compactionCount": st.compaction_count,
-            "lastCompactedAt": st.last_compacted_at,
-            "pendingApprovals": pending,
-            "activeRunId": open_run_id,
-            "compacting": session_id in self.compactor.running
+        summarizer = summarizer_status(self.summarizer)
+        return Status(
+            session_id=session_id,
+            active_messages=st.rendered_messages,
+            estimated_tokens=st.rendered_tokens,
+            archive_messages=self.archive_count(session_id),
+            compaction_count=st.compaction_count,
+            last_compacted_at=st.last_compacted_at,
+            pending_approvals=pending,
+            active_run_id=open_run_id,
+            compacting=session_id in self.compactor.running
             or (self.shared and self.compactor.elsewhere(session_id)),
-            "autoCompactionPaused": self.compactor.auto_paused(session_id),
-            "version": st.version,
-            **summarizer_status(self.summarizer),
-        }
+            auto_compaction_paused=self.compactor.auto_paused(session_id),
+            version=st.version,
+            summarizer=summarizer["summarizer"],
+            summarizer_last_failure_at=summarizer["summarizerLastFailureAt"],
+            summarizer_last_failure=summarizer["summarizerLastFailure"],
+        )
 
     # compaction (the Compactor does the work)
 
     def over_limits(self, session_id: str) -> bool:
         return self.compactor.over_limits(self.context_state(session_id))
 
-    def auto_compaction_due(
-        self, session_id: str, status: dict[str, Any] | None = None
-    ) -> bool:
+    def auto_compaction_due(self, session_id: str, status: RunActivity | None = None) -> bool:
         """`status`: the session's status just read, if the caller has it (its open run and
         pending approvals need not be asked for again)."""
         if status is None and not self.shared:
             # what the compactor would ask the store, answered from memory
-            status = {
-                "pendingApprovals": self.run_book.pending_count(session_id),
-                "activeRunId": self.run_book.open_run_id(session_id),
-            }
+            status = Activity(self.run_book.pending_count(session_id),
+                              self.run_book.open_run_id(session_id))
         return self.compactor.auto_due(session_id, status)
 
     async def compact(
@@ -518,10 +528,10 @@ class Engine(ContextReads, RunsAndApprovals):
         """For library users without an event loop."""
         return asyncio.run(self.compact(session_id, **kw))
 
-    def compaction_log(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
+    def compaction_log(self, session_id: str, limit: int = 50) -> list[Compaction]:
         return self.compactor.history(session_id, limit)
 
-    def compaction_history(self, session_id: str, limit: int = 50) -> list[dict[str, Any]]:
+    def compaction_history(self, session_id: str, limit: int = 50) -> list[Compaction]:
         """The attempts, newest first, each with the archive's size when it ran."""
         self.check_session(session_id)
         return self.archive_sizes.rows(session_id, limit)
@@ -529,7 +539,7 @@ class Engine(ContextReads, RunsAndApprovals):
     @serves(CONTEXT_COMPACTIONS)
     async def compaction_history_async(
         self, session_id: str, limit: int = 50
-    ) -> list[dict[str, Any]]:
+    ) -> list[Compaction]:
         """`compaction_history` with the archive's sizes counted beside the event loop:
         the first call on a session scans its whole archive (200 ms at 100,000 messages)."""
         self.check_session(session_id)

@@ -28,6 +28,12 @@ from ctxd.protocol.methods import (
     CONTEXT_PINS_LIST,
     CONTEXT_PINS_REMOVE,
 )
+from ctxd.protocol.types import (
+    ArchiveReadResult,
+    ArchiveSearchResult,
+    ContextGetResult,
+    Status,
+)
 
 
 class ContextReads:
@@ -45,7 +51,7 @@ class ContextReads:
 
         def context_state(self, session_id: str) -> ContextState: ...
 
-        def status(self, session_id: str) -> dict[str, Any]: ...
+        def status(self, session_id: str) -> Status: ...
 
         def archive_count(self, session_id: str) -> int: ...
 
@@ -91,8 +97,8 @@ class ContextReads:
         query: str | None = None,
         include_metadata: bool = False,
         recall_hits: list[dict[str, Any]] | None = None,
-        status: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        status: Status | None = None,
+    ) -> ContextGetResult:
         """`recall_hits`: the search for `query`, when the caller already ran it (the
         daemon does, beside its event loop); `status`, the session's status when the
         caller has just read it (an append with `returnContext`)."""
@@ -111,17 +117,29 @@ class ContextReads:
         query: str | None,
         include_metadata: bool,
         recall_hits: list[dict[str, Any]] | None,
-        status: dict[str, Any] | None,
-    ) -> dict[str, Any]:
+        status: Status | None,
+    ) -> ContextGetResult:
         if budget_tokens is None and not query:
             messages, ids = self.render_with_ids(session_id, self.context_state(session_id))
-            result = {"messages": messages, "messageIds": ids}
-        else:
-            # a step projection: the stored context is never changed by it
-            result = project(self, session_id, budget_tokens, query, recall_hits)
+            if include_metadata:
+                self._attach_metadata(session_id, messages, ids)
+            return ContextGetResult(messages=messages,  # type: ignore[arg-type]
+                                    message_ids=ids, status=status or self.status(session_id))
+        # a step projection: the stored context is never changed by it
+        p = project(self, session_id, budget_tokens, query, recall_hits)
         if include_metadata:
-            self._attach_metadata(session_id, result["messages"], result["messageIds"])
-        return {**result, "status": status or self.status(session_id)}
+            self._attach_metadata(session_id, p.messages, p.message_ids)
+        return ContextGetResult(
+            messages=p.messages,  # type: ignore[arg-type]
+            message_ids=p.message_ids,
+            estimated_tokens=p.estimated_tokens,
+            budget_tokens=p.budget_tokens,
+            over_budget=p.over_budget,
+            truncated=p.truncated,
+            recalled_ids=p.recalled_ids,
+            dropped_summary_items=p.dropped_summary_items,
+            status=status or self.status(session_id),
+        )
 
     def _attach_metadata(
         self, session_id: str, messages: list[dict[str, Any]], ids: list[int | None]
@@ -148,7 +166,7 @@ class ContextReads:
         limit: int = 200,
         before_id: int | None = None,
         max_bytes: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> ArchiveReadResult:
         """A page of the archive: at most `limit` messages and `max_bytes` of them."""
         self.check_session(session_id)
         if before_id is not None:
@@ -158,21 +176,23 @@ class ContextReads:
             )
             next_before = msgs[0]["id"] if more else None
             return self._numbered(
-                session_id, {"messages": msgs, "nextAfterId": None, "nextBeforeId": next_before}
+                session_id,
+                ArchiveReadResult(messages=msgs, next_after_id=None, next_before_id=next_before),
             )
         msgs = self.archive.read(session_id, after_id, limit, max_bytes)
         more = len(msgs) == limit or (
             bool(msgs) and self.archive.has_between(session_id, msgs[-1]["id"], None)
         )
         next_after = msgs[-1]["id"] if more else None
-        return self._numbered(session_id, {"messages": msgs, "nextAfterId": next_after})
+        page = ArchiveReadResult(messages=msgs, next_after_id=next_after)
+        return self._numbered(session_id, page)
 
-    def _numbered(self, session_id: str, page: dict[str, Any]) -> dict[str, Any]:
+    def _numbered(self, session_id: str, page: ArchiveReadResult) -> ArchiveReadResult:
         """A page with `firstOrdinal`, the `#N` of its first message (the others follow
         it one by one); an empty page has none."""
-        msgs = page["messages"]
+        msgs = page.messages
         if msgs:
-            page["firstOrdinal"] = self.ordinals(session_id, [msgs[0]["id"]])[msgs[0]["id"]]
+            page.first_ordinal = self.ordinals(session_id, [msgs[0]["id"]])[msgs[0]["id"]]
         return page
 
     def ordinals(self, session_id: str, ids: list[int]) -> dict[int, int]:
@@ -186,27 +206,27 @@ class ContextReads:
         self, query: str, *, session_id: str | None = None, **kw: Any
     ) -> list[dict[str, Any]]:
         """The hits of `search_result`, for library users."""
-        return self.search_result(query, session_id=session_id, **kw)["hits"]
+        return self.search_result(query, session_id=session_id, **kw).hits
 
     def search_result(
         self, query: str, *, session_id: str | None = None, **kw: Any
-    ) -> dict[str, Any]:
+    ) -> ArchiveSearchResult:
         """`{hits, matched}` on this thread's connection, within the search budget."""
         if session_id is not None:
             self.check_session(session_id)
         hits, matched = self.archive.search(
             query, session_id=session_id, budget_seconds=self.config.search_budget_seconds, **kw
         )
-        return {"hits": self._annotate(hits), "matched": matched}
+        return ArchiveSearchResult(hits=self._annotate(hits), matched=matched)
 
     async def search_async(
         self, query: str, *, session_id: str | None = None, **kw: Any
-    ) -> dict[str, Any]:
+    ) -> ArchiveSearchResult:
         """`search_result` run beside the event loop, so other requests go on meanwhile."""
         if session_id is not None:
             self.check_session(session_id)
         hits, matched = await self.store.search_async(query, session_id=session_id, **kw)
-        return {"hits": self._annotate(hits), "matched": matched}
+        return ArchiveSearchResult(hits=self._annotate(hits), matched=matched)
 
     def _supersessions(self, session_id: str) -> dict[int, int]:
         return self.context_state(session_id).summary.supersessions

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from ctxd.daemon.approval_events import event_approval as _event_approval
+from ctxd.daemon.compaction.compactor import RunActivity
 from ctxd.daemon.engine.run_book import RunBook
 from ctxd.daemon.ids import new_id
 from ctxd.daemon.stores.base import ArchiveStore, RunStore, Store
@@ -16,6 +19,13 @@ from ctxd.daemon.stores.sqlite.runs import RUN_OUTCOMES
 from ctxd.protocol.errors import Conflict, InvalidParams, NotFound, RunActive
 from ctxd.protocol.handlers import serves
 from ctxd.protocol.methods import APPROVAL_LIST
+from ctxd.protocol.types import (
+    AppendResult,
+    ApprovalEvent,
+    RunDidFinish,
+    RunDidStart,
+    RunFinishResult,
+)
 
 
 class RunsAndApprovals:
@@ -28,7 +38,7 @@ class RunsAndApprovals:
 
         def check_session(self, session_id: str) -> None: ...
 
-        def emit(self, session_id: str, method: str, params: dict[str, Any]) -> None: ...
+        def emit(self, session_id: str, method: str, params: msgspec.Struct) -> None: ...
 
         def append(
             self,
@@ -38,10 +48,10 @@ class RunsAndApprovals:
             run_id: str | None = None,
             client_batch_id: str | None = None,
             run: dict[str, Any] | None = None,
-        ) -> dict[str, Any]: ...
+        ) -> AppendResult: ...
 
         def auto_compaction_due(
-            self, session_id: str, status: dict[str, Any] | None = None
+            self, session_id: str, status: RunActivity | None = None
         ) -> bool: ...
 
     def start_run(self, session_id: str) -> dict[str, Any]:
@@ -56,9 +66,8 @@ class RunsAndApprovals:
                 )
             run = self.runs.start(new_id("run"), session_id)
         self.run_book.started(run)
-        self.emit(
-            session_id, "run/didStart", {"sessionId": session_id, "runId": run["runId"], "run": run}
-        )
+        self.emit(session_id, "run/didStart",
+                  RunDidStart(session_id=session_id, run_id=run["runId"], run=run))
         return run
 
     def finish_run(
@@ -68,7 +77,7 @@ class RunsAndApprovals:
         *,
         messages: list[Any] | None = None,
         client_batch_id: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> RunFinishResult:
         """Close a run; returns the run and whether auto-compaction is now due. With
         `messages`, the run's last messages are appended in it first (their result is
         `append`); when they are refused, the run stays open."""
@@ -94,12 +103,11 @@ class RunsAndApprovals:
         self.run_book.finished(run)
         sid = run["sessionId"]
         due = outcome == "completed" and self.auto_compaction_due(sid)
-        self.emit(
-            sid, "run/didFinish", {"sessionId": sid, "run": run, "autoCompactionScheduled": due}
-        )
-        result = {"run": run, "autoCompactionScheduled": due}
+        self.emit(sid, "run/didFinish",
+                  RunDidFinish(session_id=sid, run=run, auto_compaction_scheduled=due))
+        result = RunFinishResult(run=run, auto_compaction_scheduled=due)
         if appended is not None:
-            result["append"] = appended
+            result.append = appended
         return result
 
     def request_approval(
@@ -138,7 +146,7 @@ class RunsAndApprovals:
         self.emit(
             session_id,
             "approval/didRequest",
-            {"sessionId": session_id, "approval": _event_approval(approval)},
+            ApprovalEvent(session_id=session_id, approval=_event_approval(approval)),
         )
         return approval
 
@@ -166,9 +174,8 @@ class RunsAndApprovals:
             approval = self.runs.resolve_approval(approval_id, decision, reason)
         self.run_book.resolved(approval)
         sid = approval["sessionId"]
-        self.emit(
-            sid, "approval/didResolve", {"sessionId": sid, "approval": _event_approval(approval)}
-        )
+        self.emit(sid, "approval/didResolve",
+                  ApprovalEvent(session_id=sid, approval=_event_approval(approval)))
         return approval
 
     @serves(APPROVAL_LIST)

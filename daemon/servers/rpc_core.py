@@ -165,7 +165,9 @@ class JsonRpcConnection(Connection):
     def send_notification(self, method: str, params: dict[str, Any]) -> None:
         if self.closed:
             return
-        session_id = params.get("sessionId")
+        # an event Struct (protocol/types.py), or a dict in its wire form
+        session_id = (params.get("sessionId") if isinstance(params, dict)
+                      else getattr(params, "session_id", None))
         if isinstance(session_id, str) and (
             self._missed
             # shed only where a client used to be dropped: a subscriber that is merely

@@ -37,7 +37,7 @@ Contract every implementation keeps (the engine relies on each point):
 - **Dicts on the wire side.** Sessions, messages, hits, runs, approvals and pins are
   returned as the dicts the protocol sends (camelCase keys; an archived message is its
   chat message plus `id`, `batchId`, `tokens`, `createdAt`). Compaction log rows are
-  `CompactionRecord`s; contexts are `ContextState`s.
+  `Compaction`s (protocol/types.py); contexts are `ContextState`s.
 - **Errors.** Bad input the store detects (a value JSON cannot store, a search query it
   cannot parse) raises `InvalidParams`; a search over its time budget raises
   `SearchTooBroad`.
@@ -55,8 +55,8 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
-from ctxd.daemon.stores.sqlite.compaction_log import CompactionEntry, CompactionRecord
 from ctxd.daemon.stores.sqlite.context_store import ContextState
+from ctxd.protocol.types import Compaction
 
 Message = dict[str, Any]
 # (normalized chat message, its JSON body as stored, its token count)
@@ -239,11 +239,11 @@ class RunStore(Protocol):
 
 
 class CompactionLogStore(Protocol):
-    def record(self, entry: CompactionEntry) -> None:
+    def record(self, session_id: str, compaction: Compaction) -> None:
         """Inside a transaction."""
 
-    def history(self, session_id: str, limit: int = 50) -> list[CompactionRecord]:
-        """Newest first."""
+    def history(self, session_id: str, limit: int = 50) -> list[Compaction]:
+        """Newest first, with `archive_messages` and `archive_tokens` None."""
 
 
 class Store(Protocol):
