@@ -66,6 +66,13 @@ from ctxd.daemon.summary import SECTIONS, Summary, SummaryRequest
 _MAX_SUPERSESSIONS = 2000
 
 
+def is_injected(msg: dict[str, Any]) -> bool:
+    """A user message the front end wrote itself (Claude Code's `isMeta`, imported as
+    `metadata.meta`): a skill's instructions, a caveat. Not what the person said."""
+    meta = msg.get("metadata")
+    return isinstance(meta, dict) and meta.get("meta") is True
+
+
 class BuiltinSummarizer:
     """Extractive summarizer used by default and whenever a model summarizer fails.
 
@@ -138,6 +145,9 @@ class BuiltinSummarizer:
             # many in passing, so it gets a tighter bound.
             limit = self.max_paths_per_message * 2
             if role == "user":
+                if is_injected(msg):
+                    # a skill's text or a caveat the front end sent in the user's name
+                    continue
                 # boilerplate (the run's environment, IDE tabs) names no file of the work
                 text = self._read_user(draft, mid, text, folds, said)
             elif role == "assistant":
@@ -240,7 +250,7 @@ class BuiltinSummarizer:
         # statement ("X is caused by Y. I haven't confirmed that.") binds to it alone
         goal_unit = -2
         pieces = units(text)
-        document = is_document(text)
+        document = is_document(text, pieces)
         for index, unit in enumerate(pieces):
             if unit.pasted:
                 # pasted output is evidence: its error line is kept below, nothing of it
@@ -333,7 +343,7 @@ class BuiltinSummarizer:
             if folds is None:
                 draft.add("goals", request, [mid], unconfirmed=goal_hedged)
             else:
-                folds.add(draft, request, mid, unconfirmed=goal_hedged)
+                folds.add(draft, request, mid, unconfirmed=goal_hedged, sentences=goal)
         return "\n".join([*cleaned.rules, text])
 
     def _read_assistant(self, draft: _Draft, mid: int, text: str) -> None:

@@ -16,6 +16,9 @@ from ctxd.daemon.summarizers.facts import is_hedge_only, is_hedged
 
 _FENCE = re.compile(r"^[ \t]*(```|~~~).*?(?:^[ \t]*\1[ \t]*$|\Z)", re.DOTALL | re.MULTILINE)
 _SENT_SPLIT = re.compile(r"(?<=[.!?])\s+(?=\S)|(?<=[。！？；;])\s*")
+# "具体步骤： 1. 获取改动 2. 做一次 review", "1. gildore arena 2. hackathon judges": a
+# numbered list written on one line; its markers are where the items begin
+_INLINE_MARKER = re.compile(r"(?:^|(?<=[\s:：;；，,]))(\d{1,2})[.)、](?=\s|[^\d\s.])")
 _BULLET = re.compile(r"^(?:[-*•>]+|\d+[.)])\s+")
 
 # A line of pasted output: stack frames, log lines, diffs, tables, checklists, JSON,
@@ -35,13 +38,18 @@ _PASTED_LINE = re.compile(
     r"|\s*\|.*\|\s*$|\s*[-+|: =]{6,}$"
     r"|\s*[-*]\s*\[[ xX]\]"
     r"|\s*[\[\]{}(),;]+\s*$|\s*\"[^\"\n]{1,80}\"\s*:\s*\S"
-    r"|\s*[{\[]\s*\"[^\"\n]*\"\s*[:,]"
+    r"|\s*[{\[]+\s*\"[^\"\n]*\"\s*[:,]"
+    # the rest of a JSON line a tag was cut out of: `", "next value", ...`
+    r"|\s*\"\s*[,:\]}]+\s*(?:[\"\[{]|$)"
+    r"|\s*(?:\\[nrt]\s*)+$"
     r"|\s*(?:\$|>>>|\.\.\.|❯|%|#)\s+\S.*\S$(?<![.!?。！？])"
     r"|\s*[\w.-]+@[\w.-]+:\S*[$#]\s"
     r"|\s*(?:[\w./\\-]+\.\w+):\d+(?::\d+)?(?::|\s+\[)\s*"
     r"|.*\b[A-Z]\w*(?:Error|Exception):\s"
     r"|\s*\{.*\}\s*$|\s*\{\s*\w+:\s"
     r"|\s*(?:error|warning|note|help)(?:\[\w+\])?: "
+    # a linter's line: "error 'x' is defined but never used no-unused-vars"
+    r"|\s*(?:\d+:\d+\s+)?(?:error|warning)\s+\S.*\s(?:@?[\w-]+/)?[a-z]+(?:-[a-z]+)+\s*$"
     r"|\s*-->\s+\S+:\d+"
     r"|\s*npm (?:err|warn)!"
     r"|\s*<[\w-]+(?:\s[^<>]*)?>.*</[\w-]+>\s*$"
@@ -144,6 +152,23 @@ def units(text: str) -> list[Unit]:
     return out
 
 
+def inline_items(line: str) -> list[str]:
+    """A line cut before the markers of a numbered list written inline, when the
+    numbers run 1, 2, 3...: "步骤： 1. A 2. B" is "步骤：", "A", "B". A lone "version
+    2. Then" has no run and stays whole."""
+    marks = list(_INLINE_MARKER.finditer(line))
+    run: list[re.Match[str]] = []
+    for m in marks:
+        if int(m.group(1)) == len(run) + 1:
+            run.append(m)
+    if len(run) < 2:
+        return [line]
+    out = [line[: run[0].start()]]
+    for m, nxt in zip(run, [*run[1:], None], strict=True):
+        out.append(line[m.end() : nxt.start() if nxt else len(line)])
+    return [piece.strip() for piece in out if piece.strip()]
+
+
 def _prose_units(text: str) -> list[Unit]:
     out: list[Unit] = []
     pasted: list[str] = []
@@ -160,12 +185,24 @@ def _prose_units(text: str) -> list[Unit]:
         body = _BULLET.sub("", line.strip()).strip()
         item = body != line.strip()
         quoted = line.lstrip().startswith(">")
-        for sentence in _SENT_SPLIT.split(body):
-            sentence = sentence.strip()
-            if sentence:
-                out += (Unit(c, item=item, quoted=quoted) for c in _cut_hedged_clause(sentence))
+        pieces = inline_items(line.strip())
+        if len(pieces) > 1:
+            lead_in = not _INLINE_MARKER.match(line.strip())
+            for n, piece in enumerate(pieces):
+                out += _sentence_units(piece, item or not (lead_in and n == 0), quoted)
+            continue
+        out += _sentence_units(body, item, quoted)
     if pasted:
         out.append(Unit("\n".join(pasted), pasted=True))
+    return out
+
+
+def _sentence_units(body: str, item: bool, quoted: bool) -> list[Unit]:
+    out: list[Unit] = []
+    for sentence in _SENT_SPLIT.split(body):
+        sentence = sentence.strip()
+        if sentence:
+            out += (Unit(c, item=item, quoted=quoted) for c in _cut_hedged_clause(sentence))
     return out
 
 

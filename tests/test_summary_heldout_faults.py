@@ -1,0 +1,136 @@
+"""Faults public transcripts showed in the built-in summary: numbered lists written on
+one line, JSON a tag was cut out of, a pasted report sent again after an interrupt,
+requests and pasted text read as rules, placeholders and skill texts kept as items.
+Small hand-written sessions in English and Chinese, asserting on the exact items.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from summary_builders import summarize as run
+
+from ctxd.daemon.summary import Summary
+
+
+def users(*texts: str) -> list[dict[str, Any]]:
+    return [{"id": 1 + i, "role": "user", "content": t} for i, t in enumerate(texts)]
+
+
+def items(summary: Summary, section: str) -> list[tuple[str, list[int]]]:
+    return [(i.text, list(i.sources)) for i in summary.sections.get(section, [])]
+
+
+def texts(summary: Summary, section: str) -> list[str]:
+    return [i.text for i in summary.sections.get(section, [])]
+
+
+# ------------------------------------------------------------------ mangled items
+
+
+def test_an_inline_numbered_list_is_cut_before_its_numbers() -> None:
+    summary = run(users(
+        "请你检查当前分支的所有改动，具体可以看 ./ai/intent/20260112-price.md文档； "
+        "具体步骤： 1. 获取当前分支区别于master所有diff改动 2. 根据intent文档做一次全面的review",
+        "1. gildore arena 2. hackathon judges/grant reviewers 3. win a grant+ get intros",
+        "Do NOT: 1. add heavy libraries 2. add 3D engines",
+        "We ship version 2. Then we tag it.",
+    ))
+    assert texts(summary, "goals") == [
+        # no item carries the next one's number, none is a bare "1."
+        "请你检查当前分支的所有改动，具体可以看 ./ai/intent/20260112-price.md文档； 具体步骤： "
+        "获取当前分支区别于master所有diff改动 根据intent文档做一次全面的review",
+        "gildore arena hackathon judges/grant reviewers win a grant+ get intros",
+        # no run of numbers: "2." ends a sentence
+        "We ship version 2. Then we tag it.",
+    ]
+    assert texts(summary, "constraints") == [
+        "Do NOT: add heavy libraries", "Do NOT: add 3D engines",
+    ]
+
+
+_JSON = (
+    '[{"project": "repos", "first_ts": "2026-01-26T03:50:48.757Z", "last_ts": '
+    '"2026-01-26T03:56:53.121Z", "msg_count": 52, "topics": ["<command-message>setup'
+    '</command-message>\\n<command-name>/setup</command-name>", "我现在还有一个问题，能用idd'
+    '分析排查吗"]}, {"project": "master", "first_ts": "2026-01-26T03:16:30.989Z", '
+    '"msg_count": 33, "topics": ["有这个参数吗ABT_LOG_TO_FILE"]}]'
+)
+_REPORT = (
+    "工作总结 - 2026-01-26\n概览\n今日有 4 个会话文件被修改。\n\n会话数据\n" + _JSON
+    + "\n自动生成于 2026-01-26 14:46 Claude CLI 不可用，仅生成基础数据"
+)
+
+
+def test_a_pasted_report_sent_three_times_is_one_goal_and_no_rule() -> None:
+    summary = run(users(
+        "这是今天生成的报告：" + _REPORT,
+        "[Request interrupted by user]",
+        "这是今天生成的报告 " + _REPORT,
+        _REPORT,
+    ))
+    # the JSON (and what a tag cut out of it left, `", "我现在…`) is evidence, no item;
+    # the report's prose sets nothing; the three sends are one goal citing all three
+    assert items(summary, "goals") == [(
+        "这是今天生成的报告：工作总结 - 2026-01-26 概览 今日有 4 个会话文件被修改。 会话数据 "
+        "自动生成于 2026-01-26 14:46 Claude CLI 不可用，仅生成基础数据",
+        [1, 3, 4],
+    )]
+    assert texts(summary, "constraints") == []
+
+
+def test_requests_sharing_one_sentence_stay_apart() -> None:
+    summary = run(users(
+        "Context: the nightly job failed. Check the logs. Fix the parser.",
+        "Context: the nightly job failed. Check the config. Rerun the export.",
+    ))
+    assert texts(summary, "goals") == [
+        "Context: the nightly job failed. Check the logs. Fix the parser.",
+        "Context: the nightly job failed. Check the config. Rerun the export.",
+    ]
+
+
+# ------------------------------------------------- requests and pasted text, no rule
+
+
+def test_requests_remarks_and_lint_output_are_no_constraints() -> None:
+    summary = run(users(
+        "请你检查当前分支的所有改动，我们把框架整体做了调整，具体可以看 "
+        "./ai/intent/20260112-dynamic-price.md文档；",
+        "hmmm, i don't really have any on the top of my head right now",
+        "error 'unusedVar' is defined but never used no-unused-vars",
+        "I don't want you to touch vendor/.",
+        "不要改动 vendor 目录。",
+    ))
+    assert texts(summary, "constraints") == [
+        "I don't want you to touch vendor/.", "不要改动 vendor 目录。",
+    ]
+    assert texts(summary, "goals") == [
+        "请你检查当前分支的所有改动，我们把框架整体做了调整，具体可以看 "
+        "./ai/intent/20260112-dynamic-price.md文档；",
+        "hmmm, i don't really have any on the top of my head right now",
+    ]
+
+
+# -------------------------------------------------------------------- boilerplate
+
+
+def test_image_placeholders_and_skill_texts_stay_out_of_the_summary() -> None:
+    skill = (
+        "Base directory for this skill: ~/.claude/skills/work-session\n\n# Work session\n"
+        "**用户不需要记住**：\n- 不要手动运行 workend。\n- Never edit the log by hand.\n"
+    )
+    tagged = {"id": 3, "role": "user", "content": "# Roast\n- Don't sandwich praise.",
+              "metadata": {"meta": True}}
+    summary = run([
+        *users(
+            "这是今天的报告 [image image/png, ~77997 bytes, sha256:9739f3de32c87724, "
+            "session-logs.jsonl line 271]",
+            skill,
+        ),
+        tagged,
+        {"id": 4, "role": "user", "content": "[image image/png, ~147360 bytes, sha256:"
+         "0a1b2c3d4e5f6a7b, session-logs.jsonl line 300]"},
+    ])
+    assert texts(summary, "goals") == ["这是今天的报告"]
+    assert texts(summary, "constraints") == []
