@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from summary_builders import assistant, call, result, user
 from summary_builders import summarize as run
 
 from ctxd.daemon.summary import Summary
@@ -134,3 +135,36 @@ def test_image_placeholders_and_skill_texts_stay_out_of_the_summary() -> None:
     ])
     assert texts(summary, "goals") == ["这是今天的报告"]
     assert texts(summary, "constraints") == []
+
+
+# ---------------------------------------------------------------------- artifacts
+
+
+def test_a_pull_brings_no_artifact_of_the_agent_and_a_push_does() -> None:
+    summary = run([
+        user(1, "拉一下最新代码，然后推送 feat/x"),
+        assistant(2, None, call("c1", "Bash", command="git pull")),
+        result(3, "c1", "From github.com:acme/app\n   e33d0e7..bd68183  main       -> "
+               "origin/main\n * [new branch]      feat/esm-migrate -> "
+               "origin/feat/esm-migrate\nUpdating e33d0e7..bd68183\nFast-forward"),
+        assistant(4, None, call("c2", "Bash", command="git push -u origin feat/x")),
+        result(5, "c2", "To github.com:acme/app.git\n * [new branch]      feat/x -> feat/x\n"),
+    ])
+    assert texts(summary, "artifacts") == ["branch feat/x"]
+
+
+def test_a_heredoc_file_of_a_multi_line_command_is_written_whatever_ls_lists() -> None:
+    script = (
+        "mkdir -p ~/logs/intents\n\n# 创建 README 说明\n"
+        "cat > ~/logs/intents/README.md << 'EOF'\n# Intent Documents\n\n示例：\n"
+        "- `2026-01-21-auto-renewal.md`\nEOF\n\necho \"Created\"\nls -la ~/logs/"
+    )
+    summary = run([
+        user(1, "Create the intents directory with a README."),
+        assistant(2, None, call("c1", "Bash", command=script)),
+        # a directory named "errors" in a listing, at 17:41, is no failure
+        result(3, "c1", "Created\ntotal 8\ndrwxr-xr-x   4 me  staff   128 Jan 19 17:41 "
+               "errors\ndrwxr-xr-x   3 me  staff    96 Jan 21 15:36 intents"),
+    ])
+    assert texts(summary, "artifacts") == ["wrote ~/logs/intents/README.md"]
+    assert texts(summary, "errors") == []

@@ -177,7 +177,8 @@ _ERROR_LINE = _CueSet(
     (r"no such file or directory|permission denied", "no such file|permission denied"),
     (r"\bexit(?:ed)? (?:with )?(?:code|status) [1-9]\d*", "exit"),
     # \b[1-9], spelt so the pattern starts with a character class the engine can scan for
-    (r"[1-9](?<!\w[1-9])\d* (?:failed|errors?)\b", " failed| error"),
+    # not a time: "17:41 errors" is a directory an `ls -l` lists
+    (r"[1-9](?<![\w:.][1-9])\d* (?:failed|errors?)\b", " failed| error"),
     (
         r"[\"'](?:error|is_error)[\"'][ \t]*:[ \t]*(?!null|none|false|\"\"|''|\[\]|\{\}|0\b)\S"
         r"|[\"'](?:ok|success)[\"']\s*:\s*false|[\"']status[\"']\s*:\s*[\"'](?:error|failed)",
