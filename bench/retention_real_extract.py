@@ -165,6 +165,28 @@ CORRECTION_CUE = re.compile(
     r"|不对|不對|改成|改为|改為|换成|換成|不是[^。]{0,30}而是|应该是|應該是|搞错|搞錯",
     re.IGNORECASE,
 )
+# Cue words a rule states its force with besides DEONTIC, counted only in a sentence that
+# asks nothing (not a question): "Prefer `type` over `interface`", "**Push to remote** -
+# This is mandatory", "Tailwind CSS for all styling — no custom CSS files", 不需要加注释,
+# 别用新的, 格式应该用旧的 ("应该是…" guesses, it sets nothing). "no X" counts at the
+# start of a sentence or clause only: "there is no test for it" tells, "no `any` types"
+# rules; "no, …" is a correction's cue, "no idea" / "no problem" are neither.
+MORE_FORCE = re.compile(
+    r"\bmandatory\b|\bprefer\b"
+    r"|(?:^|[—–:;,]\s*|\s-\s)no\s+(?!(?:one|idea|problem|worries|thanks|need|matter|doubt"
+    r"|way|longer)\b)[`*\w]"
+    r"|不需要|(?<![特区分识级类告性个派差鉴辨])别(?![的人名处忘])|应该(?!是)",
+    re.IGNORECASE,
+)
+
+
+def has_force(sentence: str) -> bool:
+    """A sentence states a rule: a DEONTIC cue, or one of MORE_FORCE outside a question."""
+    if DEONTIC.search(sentence):
+        return True
+    return not sentence.rstrip().endswith(("?", "？")) and bool(MORE_FORCE.search(sentence))
+
+
 PREAMBLE = re.compile(r"AGENTS\.md|CLAUDE\.md|<user_instructions>|<INSTRUCTIONS>")
 _SPLIT = re.compile(r"\n+|(?<=[.!?])\s+|(?<=[。！？；])")
 _BULLET = re.compile(r"^\s*(?:(?:[-*•+>]|\d+[.)])\s+|#+\s*)")
@@ -201,6 +223,10 @@ def user_rules(msgs: list[dict[str, Any]]) -> list[Item]:
         text = text_of(m)
         if text.lstrip().startswith("<environment_context>"):
             continue
+        if (m.get("metadata") or {}).get("meta") or SKILL.match(text):
+            # a skill's text (Claude Code sends it in the user's name, tagged isMeta):
+            # the skill's rules, not the user's
+            continue
         preamble = bool(PREAMBLE.search(text)) and len(text) > 400
         pieces = _preamble_lines(text) if preamble else _SPLIT.split(text)
         for raw in pieces:
@@ -208,7 +234,7 @@ def user_rules(msgs: list[dict[str, Any]]) -> list[Item]:
             if not s or len(s) > MAX_RULE_CHARS or s.startswith("```") or not _substantial(s):
                 continue
             kind = "rule/preamble" if preamble else "rule/sentence"
-            if not preamble and not DEONTIC.search(s):
+            if not preamble and not has_force(s):
                 continue
             found[norm(s)] = Item(kind, norm(s), i)
     return sorted(found.values(), key=lambda it: it.msg_index)
@@ -222,6 +248,31 @@ _REDIRECT = re.compile(r"(?<![0-9&<>=])>{1,2}\s*([^\s;&|<>'\"()]+)"
                        r"|\btee\s+(?:-a\s+)?([^\s;&|<>'\"()]+)"
                        r"|\b(?:Set-Content|Out-File|Add-Content)\s+(?:-(?:Path|FilePath)\s+)?"
                        r"['\"]?([^\s'\";|]+)")
+
+
+# a skill's instructions sent as a user message
+SKILL = re.compile(r"\s*Base directory for this skill:", re.IGNORECASE)
+_HEREDOC = re.compile(r"<<-?\s*(?:'([^'\n]+)'|\"([^\"\n]+)\"|\\?([A-Za-z_][\w.-]*))")
+
+
+def _without_heredoc_bodies(command: str) -> str:
+    """The command with the bodies of its here-documents left out: a script or a
+    README a heredoc carries is data, its `>` are not redirections."""
+    lines = command.split("\n")
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        out.append(line)
+        i += 1
+        for m in _HEREDOC.finditer(line):
+            end = m.group(1) or m.group(2) or m.group(3)
+            j = i
+            while j < len(lines) and lines[j].strip() != end:
+                j += 1
+            if j < len(lines):
+                i = j + 1
+    return "\n".join(out)
 
 
 def _arguments(call: dict[str, Any]) -> tuple[str, Any]:
@@ -261,8 +312,12 @@ def edited_files(msgs: list[dict[str, Any]], cwd: str) -> list[Item]:
                 alts.append(path[len(base):].lstrip("/\\"))
         found[path] = Item("file", path, i, tuple(a for a in alts if a))
 
+    # a call that never got a result (an interrupt, a crash) may have changed nothing
+    answered = {m.get("tool_call_id") for m in msgs if m["role"] == "tool"}
     for i, m in enumerate(msgs):
         for call in m.get("tool_calls") or ():
+            if call.get("id") not in answered:
+                continue
             name = (call.get("function") or {}).get("name", "")
             raw, args = _arguments(call)
             if name in _EDIT_TOOLS and isinstance(args, dict):
@@ -276,7 +331,7 @@ def edited_files(msgs: list[dict[str, Any]], cwd: str) -> list[Item]:
                     for p in _PATCH_HEADER.findall(text):
                         add(p, i)
             if name in _SHELL_TOOLS and "*** Begin Patch" not in command:
-                for groups in _REDIRECT.findall(command):
+                for groups in _REDIRECT.findall(_without_heredoc_bodies(command)):
                     p = next((g for g in groups if g), "")
                     if p:
                         add(p, i)
@@ -288,8 +343,16 @@ def edited_files(msgs: list[dict[str, Any]], cwd: str) -> list[Item]:
 # URL, a CI run or job. A `git log` / `git show` listing of commits that were already
 # there is evidence, not something the call produced: not counted.
 _COMMIT_LINE = re.compile(r"^\[[^\]\s]+(?: \([^)]*\))? ([0-9a-f]{7,40})\]", re.MULTILINE)
-_PUSH = re.compile(r"\b([0-9a-f]{7,40})\.\.\.?([0-9a-f]{7,40})\s+\S+\s+->\s")
-_NEW_BRANCH = re.compile(r"Switched to a new branch '([^']+)'|\[new branch\]\s+(\S+)")
+_PUSH = re.compile(r"\b([0-9a-f]{7,40})\.\.\.?([0-9a-f]{7,40})\s+(\S+)\s+->\s+(\S+)")
+_NEW_BRANCH = re.compile(
+    r"Switched to a new branch '([^']+)'|\[new branch\]\s+(\S+)(?:\s+->\s+(\S+))?"
+)
+
+
+def _fetched(local: str, remote: str) -> bool:
+    """"main -> origin/main", "[new branch] x -> origin/x": what a `git pull` / `git
+    fetch` brought in from the remote, not something the call produced."""
+    return bool(remote) and remote != local and remote.endswith("/" + local)
 _PR_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/pull/(\d+)")
 _RUN_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/actions/runs/(\d+)(?:/job/(\d+))?")
 _RUN_ID = re.compile(r"\b(?:run|job)(?: ID| id|_id)?[:#]?\s+(\d{7,})\b", re.IGNORECASE)
@@ -309,11 +372,15 @@ def tool_ids(msgs: list[dict[str, Any]]) -> list[Item]:
         text = text_of(m)
         command = commands.get(m.get("tool_call_id", ""), "")
         if "git" in command:
-            hashes = _COMMIT_LINE.findall(text) + [b for _, b in _PUSH.findall(text)]
+            hashes = _COMMIT_LINE.findall(text) + [
+                b for _, b, local, remote in _PUSH.findall(text) if not _fetched(local, remote)
+            ]
             for h in hashes:
                 alts = (h[:7],) if len(h) > 7 else ()
                 found.setdefault(h, Item("id/commit", h, i, alts))
-            for a, b in _NEW_BRANCH.findall(text):
+            for a, b, remote in _NEW_BRANCH.findall(text):
+                if b and _fetched(b, remote):
+                    continue
                 found.setdefault(f"branch:{a or b}", Item("id/branch", a or b, i))
         for url in re.finditer(_PR_URL, text):
             n = url.group(1)
@@ -336,7 +403,7 @@ BOILERPLATE = re.compile(
     r"|<task-notification>|<system-reminder>|# Context from my IDE setup"
     r"|This session is being continued from a previous conversation|<user_instructions>"
     r"|\[Image #\d+\]|\blen=\d+|\[image [^\]]*sha256:|<permissions instructions>"
-    r"|\[Request interrupted by user",
+    r"|\[Request interrupted by user|Base directory for this skill:",
     re.IGNORECASE,
 )
 SUPERSEDED = re.compile(r"\[superseded\]|\(was |\(原为|\s→\s")

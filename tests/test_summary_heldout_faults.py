@@ -168,3 +168,29 @@ def test_a_heredoc_file_of_a_multi_line_command_is_written_whatever_ls_lists() -
     ])
     assert texts(summary, "artifacts") == ["wrote ~/logs/intents/README.md"]
     assert texts(summary, "errors") == []
+
+
+# ------------------------------------------------------------ force without modals
+
+
+def test_force_without_a_modal_verb_is_a_rule_and_a_guess_is_not() -> None:
+    summary = run(users(
+        "Strict mode is on — no `any` types, ever.",
+        "Prefer `type` over `interface` unless declaration merging is needed.",
+        "**Push to remote** - This is mandatory.",
+        "There is no test for this yet.",
+        "Which do you prefer?",
+        "summary里的格式应该用旧的",
+        "不需要加注释。",
+        "这个应该没问题",
+    ))
+    assert texts(summary, "constraints") == [
+        "Strict mode is on — no `any` types, ever.",
+        "Prefer `type` over `interface` unless declaration merging is needed.",
+        "**Push to remote** - This is mandatory.",
+        "summary里的格式应该用旧的",
+        "不需要加注释。",
+    ]
+    assert texts(summary, "goals") == [
+        "There is no test for this yet.", "Which do you prefer?", "这个应该没问题",
+    ]

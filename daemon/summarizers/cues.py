@@ -79,7 +79,7 @@ _CONSTRAINT = _Cue(
     # "I never said that" tells what happened; "rave-only" names a kind of thing
     r"|never(?!\s+(?:said|told|asked|meant|wanted|did|had|was|were|knew|saw|got|thought)\b)"
     r"|(?<!-)only(?!-)"
-    r"|for the record|fyi|keep in mind|bear in mind|note that|remember that)\b"
+    r"|for the record|fyi|keep in mind|bear in mind|note that|remember that|mandatory)\b"
     # "i don't really have any right now" tells about the speaker, it asks nothing
     r"|\b(?<!\bi\s)(?:don[’']?t|dont|do not)\b(?!\s+forget)"
     r"|\bi\s+(?:don[’']?t|dont|do not)\b(?!\s+(?:forget|(?:really\s+)?(?:have|know|think"
@@ -88,7 +88,7 @@ _CONSTRAINT = _Cue(
     r"|备注|備註|记住|記住"
     r"|(?<![特区分识级类告性个派差鉴辨])别(?![的人名处忘])",
     "must|never|don|do not|always|avoid|only|should|no longer|for the record|fyi"
-    "|keep in mind|bear in mind|note that|remember that"
+    "|keep in mind|bear in mind|note that|remember that|mandatory"
     "|必须|必須|不要|禁止|务必|務必|一定要|不能|只能|不许|不許|不准|请勿|請勿|备注|備註|记住"
     "|記住|别",
 )
@@ -96,8 +96,16 @@ _CONSTRAINT = _Cue(
 # "Make sure the tests still pass" is as often a one-off request as a standing rule, so
 # a sentence with no stronger cue is kept as a constraint but is the first to go.
 # "Read the setup notes to ensure the environment is ready" says what for, not a rule
-_WEAK_CONSTRAINT = _Cue(r"(?<!\bto\s)\b(?:make sure|ensure)\b|(?<!以)确保",
-                        "make sure|ensure|确保")
+# "Prefer `type` over `interface`", "— no custom CSS files",
+# 不需要加注释, 格式应该用旧的: force without a modal verb. "no X" only opens a sentence or a
+# clause ("there is no test" tells); 应该 that guesses (应该是, 应该可以, 应该没问题) is no rule.
+_WEAK_CONSTRAINT = _Cue(
+    r"(?<!\bto\s)\b(?:make sure|ensure)\b|(?<!以)确保|\bprefer\b"
+    r"|(?:^|[—–:;,]\s*|\s-\s)no\s+(?!(?:one|idea|problem|worries|thanks|need|matter|doubt"
+    r"|way|longer|more)\b)[`*\w]"
+    r"|不需要|应该(?!是|可以|没|不会|能|会|就|也|还|在|已|有)",
+    "make sure|ensure|确保|prefer|no |不需要|应该",
+)
 
 # An imperative that sets a choice ("Use port 8080.", "Set the timeout to 30 s.") is a
 # rule about how, where "Add an endpoint" or "Set up CI" is a request for what; only the
