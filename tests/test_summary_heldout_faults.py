@@ -194,3 +194,37 @@ def test_force_without_a_modal_verb_is_a_rule_and_a_guess_is_not() -> None:
     assert texts(summary, "goals") == [
         "There is no test for this yet.", "Which do you prefer?", "这个应该没问题",
     ]
+
+
+# ------------------------------------------------------ corrections without cue words
+
+
+def test_a_no_reply_and_a_counter_proposal_correct_the_choice() -> None:
+    summary = run([
+        user(1, "报价有效期的文案怎么写？"),
+        assistant(2, "我会把文案写成「报价固化 5 分钟」。"),
+        user(3, "什么叫固化，叫锁定不是更好吗"),
+        user(4, "整理方式用新的按项目分组吧？"),
+        assistant(5, "好的，我会改成按项目整理。"),
+        user(6, "不，我希望用旧的，根据月份来整理；而且，summary里的格式应该用旧的"),
+        user(7, "Wouldn't it be better to call it lock?"),
+        # a bare "不，" and a question that proposes nothing change no value
+        user(8, "不，"),
+        user(9, "为什么不是按周？"),
+    ])
+    assert [(i.text, i.status) for i in summary.sections["constraints"]] == [
+        ("什么叫固化，叫锁定不是更好吗", "current"),
+        ("不，我希望用旧的，根据月份来整理；", "current"),
+        ("而且，summary里的格式应该用旧的", "current"),
+        ("Wouldn't it be better to call it lock?", "current"),
+    ]
+    assert texts(summary, "goals") == [
+        "报价有效期的文案怎么写？", "整理方式用新的按项目分组吧？", "为什么不是按周？",
+    ]
+
+
+def test_a_no_reply_that_sets_a_new_value_replaces_the_old_one() -> None:
+    summary = run(users("导出批次大小 500。", "不，导出批次大小 2000。"))
+    assert [(i.text, i.status) for i in summary.sections["constraints"]] == [
+        ("导出批次大小 500。", "superseded"), ("不，导出批次大小 2000。", "current"),
+    ]

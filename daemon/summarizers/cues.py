@@ -121,12 +121,21 @@ _IMPERATIVE = re.compile(
 # anywhere rather than matched at the start.
 _SETTING = _Cue(r"设为|设置为|设成|设定为|调整为", "设为|设置为|设成|设定为|调整为")
 
+COUNTER_PROPOSAL = (
+    r"不是更(?:好|合适|清楚|准确|直观|简单|合理|贴切)(?:一些|一点)?吗|岂不是?更"
+    r"|\bwouldn[’']?t\s+(?:it\s+)?(?:\w+\s+){0,4}be\s+(?:better|clearer|simpler)\b"
+)
+
 _CORRECTION = _Cue(
     r"\bactually\b|\binstead\b|\bno\s?[,，!]|^\s*nope\b|\bchange\b[^.。!?]{0,60}?\bto\b"
     r"|\bswitch(?:ed)? to\b|\bi meant\b|\brather than\b|\bscratch that\b|\bwrong\b"
-    r"|不对|改成|改为|换成|不是[^。]{0,30}而是|应该是|搞错",
+    r"|不对|改成|改为|换成|不是[^。]{0,30}而是|应该是|搞错"
+    # "不，我希望用旧的": a reply that rejects the choice made; "叫锁定不是更好吗": a
+    # counter-proposal naming the value wanted instead
+    r"|^\s*不\s*[，,!！]\s*\S|" + COUNTER_PROPOSAL,
     "actually|instead|no,|no ,|no，|no ，|no!|no !|nope|change|switch|i meant|rather than"
-    "|scratch that|wrong|不对|改成|改为|换成|而是|应该是|搞错",
+    "|scratch that|wrong|不对|改成|改为|换成|而是|应该是|搞错|不，|不,|不!|不！|不 |不是更|岂不"
+    "|be better",
 )
 
 # A correction that adds to an earlier instruction ("also", "as well") leaves it standing.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from ctxd.daemon.summarizers.cues import (
+    COUNTER_PROPOSAL,
     _ADDITIVE,
     _CONSTRAINT,
     _CORRECTION,
@@ -29,6 +30,8 @@ _SETS_VALUE = re.compile(
     re.IGNORECASE,
 )
 
+
+_COUNTER = re.compile(COUNTER_PROPOSAL, re.IGNORECASE)
 
 # a path or a file name: the numbers in it name the file, they set no value
 _PATHS = re.compile(r"[\w.~-]*/[\w./~-]+|\b[\w-]+\.[a-z]{1,5}\b", re.IGNORECASE)
@@ -86,8 +89,9 @@ def user_kind(
     market.status = PROPOSED", "chainId: 420420417" or "不是太弱，而是太强" there
     describe what to build or argue a point; they set and correct nothing.
     """
-    if sentence.endswith(("?", "？")):
-        # "why don't they show in the viewer?" asks; it sets no rule
+    if sentence.endswith(("?", "？")) and not _COUNTER.search(sentence):
+        # "why don't they show in the viewer?" asks; it sets no rule ("叫锁定不是更好吗？"
+        # asks for the value it names)
         return None
     if document:
         return "rule" if is_deontic(sentence) else None
