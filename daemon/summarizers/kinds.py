@@ -10,13 +10,13 @@ from __future__ import annotations
 import re
 
 from ctxd.daemon.summarizers.cues import (
-    COUNTER_PROPOSAL,
     _ADDITIVE,
     _CONSTRAINT,
     _CORRECTION,
     _IMPERATIVE,
     _SETTING,
     _WEAK_CONSTRAINT,
+    COUNTER_PROPOSAL,
 )
 from ctxd.daemon.summarizers.facts import setting_of
 from ctxd.daemon.summarizers.sentences import Unit, introduces_list, is_request, strip_series
