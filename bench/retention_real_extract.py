@@ -144,7 +144,11 @@ class Item:
 # "read-only" names a kind of access and "I never said that" tells what happened: no
 # force in either (the same reading as the summarizer's, daemon/summarizers/cues.py)
 DEONTIC = re.compile(
-    r"\b(?:must|always|(?<!-)only(?!-)|do not|don't|dont|make sure|should not|shouldn't"
+    # "i don't really have any" tells about the speaker; "agents do not." ends a statement
+    r"\b(?:must|always|(?<!-)only(?!-)|make sure|should not|shouldn't"
+    r"|(?<!\bi\s)(?:do not|don't|dont)(?![\s.,!;]*$)"
+    r"|(?<=\bi\s)(?:do not|don't|dont)(?!\s+(?:really\s+)?(?:have|know|think|remember|see|get"
+    r"|understand|recall|mind|care|feel|believe)\b)(?![\s.,!;]*$)"
     r"|never(?!\s+(?:said|told|asked|meant|wanted|did|had|was|were|knew|saw|got|thought)\b))\b"
     r"|必须|必須|不要|禁止|务必|務必|只能|不得",
     re.IGNORECASE,
@@ -189,6 +193,27 @@ def has_force(sentence: str) -> bool:
 
 PREAMBLE = re.compile(r"AGENTS\.md|CLAUDE\.md|<user_instructions>|<INSTRUCTIONS>")
 _SPLIT = re.compile(r"\n+|(?<=[.!?])\s+|(?<=[。！？；])")
+# "1. A 2. B 3. C" on one line: a list, cut before its numbers when they run 1, 2, 3
+_INLINE = re.compile(r"(?:^|(?<=[\s:：;；，,]))(\d{1,2})[.)、](?=\s|[^\d\s.])", re.MULTILINE)
+# a piece of JSON (a pasted report's data), no sentence of the user's
+_JSONISH = re.compile(r'^\s*(?:[\[{]+\s*"|"\s*[,:\]}])|"\s*,\s*"|"\s*:\s*[\["{\d]')
+
+
+def _sentences(text: str) -> list[str]:
+    cuts: list[int] = []
+    for line in re.finditer(r"[^\n]+", text):
+        run: list[int] = []
+        for m in _INLINE.finditer(line.group(0)):
+            if int(m.group(1)) == len(run) + 1:
+                run.append(line.start() + m.start())
+        if len(run) >= 2:
+            cuts += run
+    pieces, start = [], 0
+    for cut in cuts:
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return [s for piece in pieces for s in _SPLIT.split(piece)]
 _BULLET = re.compile(r"^\s*(?:(?:[-*•+>]|\d+[.)])\s+|#+\s*)")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff]")
 MAX_RULE_CHARS = 400
@@ -228,10 +253,12 @@ def user_rules(msgs: list[dict[str, Any]]) -> list[Item]:
             # the skill's rules, not the user's
             continue
         preamble = bool(PREAMBLE.search(text)) and len(text) > 400
-        pieces = _preamble_lines(text) if preamble else _SPLIT.split(text)
+        pieces = _preamble_lines(text) if preamble else _sentences(text)
         for raw in pieces:
             s = _BULLET.sub("", raw).strip().rstrip(".。;；:：")
             if not s or len(s) > MAX_RULE_CHARS or s.startswith("```") or not _substantial(s):
+                continue
+            if _JSONISH.search(s):
                 continue
             kind = "rule/preamble" if preamble else "rule/sentence"
             if not preamble and not has_force(s):

@@ -228,3 +228,14 @@ def test_a_no_reply_that_sets_a_new_value_replaces_the_old_one() -> None:
     assert [(i.text, i.status) for i in summary.sections["constraints"]] == [
         ("导出批次大小 500。", "superseded"), ("不，导出批次大小 2000。", "current"),
     ]
+
+
+def test_slash_command_arguments_are_the_request_and_a_closing_do_not_no_rule() -> None:
+    summary = run(users(
+        "<command-message>reflect</command-message>\n<command-name>/reflect</command-name>\n"
+        "<command-args>我希望强化反思这个skill，反思的内容都应该提交到github</command-args>",
+        "<command-name>/clear</command-name>",
+        "humans miss entries and let emotions win, agents do not",
+    ))
+    assert texts(summary, "constraints") == ["我希望强化反思这个skill，反思的内容都应该提交到github"]
+    assert texts(summary, "goals") == ["humans miss entries and let emotions win, agents do not"]

@@ -23,7 +23,6 @@ _DROPPED_TAGS = (
     "task-notification",
     "command-name",
     "command-message",
-    "command-args",
     "command-contents",
     "local-command-stdout",
     "local-command-stderr",
@@ -38,6 +37,7 @@ _DROPPED_TAGS = (
     "turn_aborted",
     "user_action",
 )
+_COMMAND_ARGS = re.compile(r"</?command-args\b[^>]*>", re.IGNORECASE)
 _DROPPED = re.compile(
     r"<(" + "|".join(re.escape(t) for t in _DROPPED_TAGS) + r")\b[^>]*>.*?(?:</\1\s*>|\Z)",
     re.DOTALL | re.IGNORECASE,
@@ -250,6 +250,8 @@ def clean(text: str) -> Cleaned:
             rules += _rule_lines(m.group(2))
         text = _RULE_TAGS.sub("\n", text)
         text = _DROPPED.sub("\n", text)
+        # what the person typed after a slash command is their request
+        text = _COMMAND_ARGS.sub("\n", text)
     if "aveat" in text:
         text = _CAVEAT.sub("\n", text)
     if _IDE_CONTEXT.match(text):

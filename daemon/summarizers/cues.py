@@ -81,9 +81,10 @@ _CONSTRAINT = _Cue(
     r"|(?<!-)only(?!-)"
     r"|for the record|fyi|keep in mind|bear in mind|note that|remember that|mandatory)\b"
     # "i don't really have any right now" tells about the speaker, it asks nothing
-    r"|\b(?<!\bi\s)(?:don[’']?t|dont|do not)\b(?!\s+forget)"
+    # "humans let emotions win, agents do not." ends a statement: there is nothing to do
+    r"|\b(?<!\bi\s)(?:don[’']?t|dont|do not)\b(?!\s+forget)(?![\s.,!;]*$)"
     r"|\bi\s+(?:don[’']?t|dont|do not)\b(?!\s+(?:forget|(?:really\s+)?(?:have|know|think"
-    r"|remember|see|get|understand|recall|mind|care|feel|believe)\b))"
+    r"|remember|see|get|understand|recall|mind|care|feel|believe)\b))(?![\s.,!;]*$)"
     r"|必须|必須|不要(?!忘)|禁止|务必(?!须)|務必(?!須)|一定要|不能|只能|不许|不許|不准|请勿|請勿"
     r"|备注|備註|记住|記住"
     r"|(?<![特区分识级类告性个派差鉴辨])别(?![的人名处忘])",
