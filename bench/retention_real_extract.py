@@ -217,6 +217,8 @@ def _sentences(text: str) -> list[str]:
 _BULLET = re.compile(r"^\s*(?:(?:[-*•+>]|\d+[.)])\s+|#+\s*)")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff]")
 MAX_RULE_CHARS = 400
+_COMMAND_MARKUP = re.compile(r"<(command-(?:name|message))>.*?</\1>", re.DOTALL)
+_COMMAND_ARGS = re.compile(r"</?command-args>")
 
 
 def _substantial(s: str) -> bool:
@@ -252,6 +254,8 @@ def user_rules(msgs: list[dict[str, Any]]) -> list[Item]:
             # a skill's text (Claude Code sends it in the user's name, tagged isMeta):
             # the skill's rules, not the user's
             continue
+        # a slash command's name is markup, what the person typed after it their words
+        text = _COMMAND_ARGS.sub("\n", _COMMAND_MARKUP.sub("\n", text))
         preamble = bool(PREAMBLE.search(text)) and len(text) > 400
         pieces = _preamble_lines(text) if preamble else _sentences(text)
         for raw in pieces:

@@ -87,10 +87,12 @@ _CONSTRAINT = _Cue(
     r"|remember|see|get|understand|recall|mind|care|feel|believe)\b))(?![\s.,!;]*$)"
     r"|必须|必須|不要(?!忘)|禁止|务必(?!须)|務必(?!須)|一定要|不能|只能|不许|不許|不准|请勿|請勿"
     r"|备注|備註|记住|記住"
+    # 应该 ("should") that guesses (应该是, 应该可以, 应该没问题) is no rule
+    r"|不需要|应该(?!是|可以|没|不会|能|会|就|也|还|在|已|有)"
     r"|(?<![特区分识级类告性个派差鉴辨])别(?![的人名处忘])",
     "must|never|don|do not|always|avoid|only|should|no longer|for the record|fyi"
     "|keep in mind|bear in mind|note that|remember that|mandatory"
-    "|必须|必須|不要|禁止|务必|務必|一定要|不能|只能|不许|不許|不准|请勿|請勿|备注|備註|记住"
+    "|必须|必須|不要|禁止|务必|務必|一定要|不能|只能|不许|不許|不准|请勿|請勿|备注|備註|记住|不需要|应该"
     "|記住|别",
 )
 
@@ -103,9 +105,8 @@ _CONSTRAINT = _Cue(
 _WEAK_CONSTRAINT = _Cue(
     r"(?<!\bto\s)\b(?:make sure|ensure)\b|(?<!以)确保|\bprefer\b"
     r"|(?:^|[—–:;,]\s*|\s-\s)no\s+(?!(?:one|idea|problem|worries|thanks|need|matter|doubt"
-    r"|way|longer|more)\b)[`*\w]"
-    r"|不需要|应该(?!是|可以|没|不会|能|会|就|也|还|在|已|有)",
-    "make sure|ensure|确保|prefer|no |不需要|应该",
+    r"|way|longer|more)\b)[`*\w]",
+    "make sure|ensure|确保|prefer|no ",
 )
 
 # An imperative that sets a choice ("Use port 8080.", "Set the timeout to 30 s.") is a
