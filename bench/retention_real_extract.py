@@ -166,7 +166,9 @@ FORCE = re.compile(
 CORRECTION_CUE = re.compile(
     r"\bactually\b|\binstead\b|\bno\s?[,，!]|^\s*nope\b|\bchange\b[^.。!?]{0,60}?\bto\b"
     r"|\bswitch(?:ed)? to\b|\bi meant\b|\brather than\b|\bscratch that\b|\bwrong\b"
-    r"|不对|不對|改成|改为|改為|换成|換成|不是[^。]{0,30}而是|应该是|應該是|搞错|搞錯",
+    r"|不对|不對|改成|改为|改為|换成|換成|不是[^。]{0,30}而是|应该是|應該是|搞错|搞錯"
+    # a reply rejecting a choice ("不，我希望用旧的"), a counter-proposal ("叫锁定不是更好吗")
+    r"|^\s*不\s*[，,!！]\s*\S|不是更\S{1,4}吗|wouldn[’']?t\s+(?:it\s+)?(?:\w+\s+){0,4}be\s+better",
     re.IGNORECASE,
 )
 # Cue words a rule states its force with besides DEONTIC, counted only in a sentence that
@@ -203,8 +205,13 @@ def _sentences(text: str) -> list[str]:
     cuts: list[int] = []
     for line in re.finditer(r"[^\n]+", text):
         run: list[int] = []
-        for m in _INLINE.finditer(line.group(0)):
-            if int(m.group(1)) == len(run) + 1:
+        marks = list(_INLINE.finditer(line.group(0)))
+        first = 1 if any(m.group(1) == "1" for m in marks) else 2
+        for m in marks:
+            if int(m.group(1)) == len(run) + first:
+                if not run and first == 2 and not re.search(
+                        r"(?:\s{2,}|[,;:，；：]\s*)$", line.group(0)[: m.start()]):
+                    continue
                 run.append(line.start() + m.start())
         if len(run) >= 2:
             cuts += run

@@ -239,3 +239,31 @@ def test_slash_command_arguments_are_the_request_and_a_closing_do_not_no_rule() 
     ))
     assert texts(summary, "constraints") == ["我希望强化反思这个skill，反思的内容都应该提交到github"]
     assert texts(summary, "goals") == ["humans miss entries and let emotions win, agents do not"]
+
+
+def test_a_terminal_wrapped_paste_and_an_unnumbered_first_item_are_read_whole() -> None:
+    wrapped = (
+        "❯ 请你检查当前分支的所有改动，具体可以看                    \n"
+        "  ./ai/intent/price.md文档； 具体步骤： 1. 获取所有diff改动 2.      \n"
+        "  根据intent文档做一次全面的review 3.                         \n"
+        "  测试需要覆盖：代码优雅度、原功能测试   "
+    )
+    summary = run(users(
+        wrapped,
+        "yes, there is a live demo, number of agents - 2, backtests   2. perp markets .. "
+        "not done yet 3. hmmm, i don't really have any on the top of my head right now",
+        "It costs 2. Maybe 3. ok",
+        "更新\"报价锁定5分钟\"文案，符合 Final Freeze 方案",
+        "use the <idea> and suggest me some great ideas",
+        "Use port 8080.",
+    ))
+    # the prompt line copied from a terminal is evidence; no piece of its list is an item
+    assert texts(summary, "goals") == [
+        "yes, there is a live demo, number of agents - 2, backtests perp markets .. "
+        "hmmm, i don't really have any on the top of my head right now",
+        "It costs 2. Maybe 3. ok",
+        "更新\"报价锁定5分钟\"文案，符合 Final Freeze 方案",
+        "use the <idea> and suggest me some great ideas",
+    ]
+    assert texts(summary, "open_items") == ["not done yet"]
+    assert texts(summary, "constraints") == ["Use port 8080."]

@@ -34,7 +34,19 @@ _SETS_VALUE = re.compile(
 _COUNTER = re.compile(COUNTER_PROPOSAL, re.IGNORECASE)
 
 # a path or a file name: the numbers in it name the file, they set no value
-_PATHS = re.compile(r"[\w.~-]*/[\w./~-]+|\b[\w-]+\.[a-z]{1,5}\b", re.IGNORECASE)
+# (and a quoted text: "更新"报价锁定5分钟"文案" asks for new words, it sets no number)
+_PATHS = re.compile(
+    r"[\w.~-]*/[\w./~-]+|\b[\w-]+\.[a-z]{1,5}\b|\"[^\"\n]{1,80}\"|“[^”\n]{1,80}”"
+    r"|「[^」\n]{1,80}」|'[^'\n]{1,80}'",
+    re.IGNORECASE,
+)
+# "use the <idea> and suggest me some ideas": a request to do the second thing with the
+# first, not a choice of how things are
+_USE_AND_DO = re.compile(
+    r"\band\s+(?:then\s+)?(?:suggest|give|tell|show|write|make|create|find|build|draft"
+    r"|list|generate|come up|explain|summari[sz]e|help)\b",
+    re.IGNORECASE,
+)
 
 
 # a user message with this many lines is a document (a spec, a plan, a review pasted
@@ -117,7 +129,7 @@ def user_kind(
         return "rule"
     if introduces_list(sentence):
         return None
-    if _IMPERATIVE.match(body):
+    if _IMPERATIVE.match(body) and not _USE_AND_DO.search(body):
         return "rule"
     if setting_of(body) is not None and (_SETS_VALUE.search(sentence) or _short(body)):
         # a bare "subject value" ("export batch 500", "连接池上限 100") is a setting

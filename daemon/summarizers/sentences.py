@@ -18,7 +18,7 @@ _FENCE = re.compile(r"^[ \t]*(```|~~~).*?(?:^[ \t]*\1[ \t]*$|\Z)", re.DOTALL | r
 _SENT_SPLIT = re.compile(r"(?<=[.!?])\s+(?=\S)|(?<=[。！？；;])\s*")
 # "具体步骤： 1. 获取改动 2. 做一次 review", "1. gildore arena 2. hackathon judges": a
 # numbered list written on one line; its markers are where the items begin
-_INLINE_MARKER = re.compile(r"(?:^|(?<=[\s:：;；，,]))(\d{1,2})[.)、](?=\s|[^\d\s.])")
+_INLINE_MARKER = re.compile(r"(?:^|(?<=[\s:：;；，,]))(\d{1,2})[.)、](?=\s|$|[^\d\s.])")
 _BULLET = re.compile(r"^(?:[-*•>]+|\d+[.)])\s+")
 
 # A line of pasted output: stack frames, log lines, diffs, tables, checklists, JSON,
@@ -140,8 +140,35 @@ _LEAD_CONJ = re.compile(
 )
 
 
+_ITEM_GAP = re.compile(r"(?:\s{2,}|[,;:，；：]\s*)$")
+_CJK_CHAR = re.compile(r"[\u3400-\u9fff\uff00-\uffef]")
+
+
+def unwrap(text: str) -> str:
+    """A text copied out of a terminal, hard-wrapped at its width (each line padded
+    with spaces, the next indented), as the one paragraph it was: a sentence or a
+    numbered list cut at the screen's edge is read whole. Chinese joins without a
+    space."""
+    lines = text.split("\n")
+    if len(lines) < 2 or "```" in text:
+        return text
+    indented = all(line.startswith("  ") or not line.strip() for line in lines[1:])
+    padded = sum(1 for line in lines[:-1] if line.endswith(" "))
+    if not indented or 2 * padded < len(lines) - 1:
+        return text
+    out = lines[0].rstrip()
+    for line in lines[1:]:
+        piece = line.strip()
+        if not piece:
+            continue
+        cjk = _CJK_CHAR.match(piece[0]) and out and _CJK_CHAR.match(out[-1])
+        out += piece if cjk else " " + piece
+    return out
+
+
 def units(text: str) -> list[Unit]:
     """Sentences and clauses of a message, in order, with pasted output apart."""
+    text = unwrap(text)
     out: list[Unit] = []
     pos = 0
     for m in _FENCE.finditer(text):
@@ -154,12 +181,17 @@ def units(text: str) -> list[Unit]:
 
 def inline_items(line: str) -> list[str]:
     """A line cut before the markers of a numbered list written inline, when the
-    numbers run 1, 2, 3...: "步骤： 1. A 2. B" is "步骤：", "A", "B". A lone "version
-    2. Then" has no run and stays whole."""
+    numbers run 1, 2, 3... (or 2, 3... after an unnumbered first item): "步骤： 1. A 2.
+    B" is "步骤：", "A", "B". A lone "version 2. Then" has no run and stays whole."""
     marks = list(_INLINE_MARKER.finditer(line))
     run: list[re.Match[str]] = []
+    # the first item may go unnumbered ("yes, a demo. 2. perp markets 3. none yet")
+    first = 1 if any(m.group(1) == "1" for m in marks) else 2
     for m in marks:
-        if int(m.group(1)) == len(run) + 1:
+        if int(m.group(1)) == len(run) + first:
+            if not run and first == 2 and not _ITEM_GAP.search(line, 0, m.start()):
+                # "It costs 2. Maybe 3." counts; a list is set apart before its "2."
+                continue
             run.append(m)
     if len(run) < 2:
         return [line]
@@ -331,7 +363,7 @@ _REQUEST = re.compile(
     r"|draft|document|inspect|audit|profile|benchmark|measure|go through|walk through"
     r"|take a look|have a look|resume)\b)"
     r"|^\W*(?:请|麻烦|帮我|帮忙|劳驾|你(?:能|可以)|能不能|可以帮|看一下|看看|再看|检查|运行|跑一下|修复"
-    r"|实现|添加|整理|查一下|排查|调查|继续|接下来)",
+    r"|实现|添加|整理|查一下|排查|调查|继续|接下来|更新|补充|完善|重构|优化)",
     re.IGNORECASE,
 )
 # "Use Task Master MCP to set task status": a tool to use for a task, not a rule of how.
