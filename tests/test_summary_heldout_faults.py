@@ -237,7 +237,9 @@ def test_slash_command_arguments_are_the_request_and_a_closing_do_not_no_rule() 
         "<command-name>/clear</command-name>",
         "humans miss entries and let emotions win, agents do not",
     ))
-    assert texts(summary, "constraints") == ["我希望强化反思这个skill，反思的内容都应该提交到github"]
+    assert texts(summary, "constraints") == [
+        "我希望强化反思这个skill，反思的内容都应该提交到github"
+    ]
     assert texts(summary, "goals") == ["humans miss entries and let emotions win, agents do not"]
 
 
@@ -252,7 +254,7 @@ def test_a_terminal_wrapped_paste_and_an_unnumbered_first_item_are_read_whole() 
         wrapped,
         "yes, there is a live demo, number of agents - 2, backtests   2. perp markets .. "
         "not done yet 3. hmmm, i don't really have any on the top of my head right now",
-        "It costs 2. Maybe 3. ok",
+        "I read page 2. You read page 3. Fine.",
         "更新\"报价锁定5分钟\"文案，符合 Final Freeze 方案",
         "use the <idea> and suggest me some great ideas",
         "Use port 8080.",
@@ -261,7 +263,7 @@ def test_a_terminal_wrapped_paste_and_an_unnumbered_first_item_are_read_whole() 
     assert texts(summary, "goals") == [
         "yes, there is a live demo, number of agents - 2, backtests perp markets .. "
         "hmmm, i don't really have any on the top of my head right now",
-        "It costs 2. Maybe 3. ok",
+        "I read page 2. You read page 3. Fine.",
         "更新\"报价锁定5分钟\"文案，符合 Final Freeze 方案",
         "use the <idea> and suggest me some great ideas",
     ]
