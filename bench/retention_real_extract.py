@@ -179,18 +179,27 @@ CORRECTION_CUE = re.compile(
 # rules; "no, …" is a correction's cue, "no idea" / "no problem" are neither.
 MORE_FORCE = re.compile(
     r"\bmandatory\b|\bprefer\b"
-    r"|(?:^|[—–:;,]\s*|\s-\s)no\s+(?!(?:one|idea|problem|worries|thanks|need|matter|doubt"
-    r"|way|longer)\b)[`*\w]"
     r"|不需要|(?<![特区分识级类告性个派差鉴辨])别(?![的人名处忘])|应该(?!是)",
     re.IGNORECASE,
 )
+# in a document pasted as a message (a spec: "no fee", "yes pool, no pool") "no X"
+# describes what to build; in a preamble line or a short message it is a rule
+NO_X = re.compile(
+    r"(?:^|[—–:;,]\s*|\s-\s)no\s+(?!(?:one|idea|problem|worries|thanks|need|matter|doubt"
+    r"|way|longer|more)\b)[`*\w]",
+    re.IGNORECASE,
+)
+DOCUMENT_LINES = 12
 
 
-def has_force(sentence: str) -> bool:
-    """A sentence states a rule: a DEONTIC cue, or one of MORE_FORCE outside a question."""
+def has_force(sentence: str, document: bool = False) -> bool:
+    """A sentence states a rule: a DEONTIC cue, or one of MORE_FORCE (or, outside a
+    document, NO_X) outside a question."""
     if DEONTIC.search(sentence):
         return True
-    return not sentence.rstrip().endswith(("?", "？")) and bool(MORE_FORCE.search(sentence))
+    if sentence.rstrip().endswith(("?", "？")):
+        return False
+    return bool(MORE_FORCE.search(sentence)) or (not document and bool(NO_X.search(sentence)))
 
 
 PREAMBLE = re.compile(r"AGENTS\.md|CLAUDE\.md|<user_instructions>|<INSTRUCTIONS>")
@@ -265,6 +274,7 @@ def user_rules(msgs: list[dict[str, Any]]) -> list[Item]:
         text = _COMMAND_ARGS.sub("\n", _COMMAND_MARKUP.sub("\n", text))
         preamble = bool(PREAMBLE.search(text)) and len(text) > 400
         pieces = _preamble_lines(text) if preamble else _sentences(text)
+        document = sum(1 for line in text.splitlines() if line.strip()) >= DOCUMENT_LINES
         for raw in pieces:
             s = _BULLET.sub("", raw).strip().rstrip(".。;；:：")
             if not s or len(s) > MAX_RULE_CHARS or s.startswith("```") or not _substantial(s):
@@ -272,7 +282,7 @@ def user_rules(msgs: list[dict[str, Any]]) -> list[Item]:
             if _JSONISH.search(s):
                 continue
             kind = "rule/preamble" if preamble else "rule/sentence"
-            if not preamble and not has_force(s):
+            if not preamble and not has_force(s, document):
                 continue
             found[norm(s)] = Item(kind, norm(s), i)
     return sorted(found.values(), key=lambda it: it.msg_index)

@@ -99,14 +99,17 @@ _CONSTRAINT = _Cue(
 # "Make sure the tests still pass" is as often a one-off request as a standing rule, so
 # a sentence with no stronger cue is kept as a constraint but is the first to go.
 # "Read the setup notes to ensure the environment is ready" says what for, not a rule
-# "Prefer `type` over `interface`", "— no custom CSS files",
-# 不需要加注释, 格式应该用旧的: force without a modal verb. "no X" only opens a sentence or a
-# clause ("there is no test" tells); 应该 that guesses (应该是, 应该可以, 应该没问题) is no rule.
+# "Prefer `type` over `interface`": force without a modal verb.
 _WEAK_CONSTRAINT = _Cue(
-    r"(?<!\bto\s)\b(?:make sure|ensure)\b|(?<!以)确保|\bprefer\b"
-    r"|(?:^|[—–:;,]\s*|\s-\s)no\s+(?!(?:one|idea|problem|worries|thanks|need|matter|doubt"
+    r"(?<!\bto\s)\b(?:make sure|ensure)\b|(?<!以)确保|\bprefer\b",
+    "make sure|ensure|确保|prefer",
+)
+# "— no custom CSS files", "No `any` types, ever": a rule when a person writes it; in a
+# spec pasted in ("no fee", "yes pool, no pool") it describes the thing to build
+NO_X = re.compile(
+    r"(?:^|[—–:;,]\s*|\s-\s)no\s+(?!(?:one|idea|problem|worries|thanks|need|matter|doubt"
     r"|way|longer|more)\b)[`*\w]",
-    "make sure|ensure|确保|prefer|no ",
+    re.IGNORECASE,
 )
 
 # An imperative that sets a choice ("Use port 8080.", "Set the timeout to 30 s.") is a

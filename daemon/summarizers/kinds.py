@@ -17,6 +17,7 @@ from ctxd.daemon.summarizers.cues import (
     _SETTING,
     _WEAK_CONSTRAINT,
     COUNTER_PROPOSAL,
+    NO_X,
 )
 from ctxd.daemon.summarizers.facts import setting_of
 from ctxd.daemon.summarizers.sentences import Unit, introduces_list, is_request, strip_series
@@ -126,6 +127,8 @@ def user_kind(
     if _CONSTRAINT.search(sentence, slow):
         return "rule"
     if _WEAK_CONSTRAINT.search(sentence, slow):
+        return "rule"
+    if NO_X.search(sentence):
         return "rule"
     if introduces_list(sentence):
         return None
