@@ -53,7 +53,8 @@ def test_an_inline_numbered_list_is_cut_before_its_numbers() -> None:
 _JSON = (
     '[{"project": "repos", "first_ts": "2026-01-26T03:50:48.757Z", "last_ts": '
     '"2026-01-26T03:56:53.121Z", "msg_count": 52, "topics": ["<command-message>setup'
-    '</command-message>\\n<command-name>/setup</command-name>", "我现在还有一个问题，能用idd'
+    '</command-message>\\n<command-name>/setup</command-name>\\n<command-args>blocklet dev '
+    '有什么参数</command-args>", "我现在还有一个问题，能用idd'
     '分析排查吗"]}, {"project": "master", "first_ts": "2026-01-26T03:16:30.989Z", '
     '"msg_count": 33, "topics": ["有这个参数吗ABT_LOG_TO_FILE"]}]'
 )

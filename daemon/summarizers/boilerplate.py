@@ -23,6 +23,7 @@ _DROPPED_TAGS = (
     "task-notification",
     "command-name",
     "command-message",
+    "command-args",
     "command-contents",
     "local-command-stdout",
     "local-command-stderr",
@@ -37,7 +38,9 @@ _DROPPED_TAGS = (
     "turn_aborted",
     "user_action",
 )
-_COMMAND_ARGS = re.compile(r"</?command-args\b[^>]*>", re.IGNORECASE)
+_COMMAND_ARGS = re.compile(
+    r"^[ \t]*<command-args\b[^>]*>(.*?)</command-args\s*>", re.IGNORECASE | re.DOTALL | re.MULTILINE
+)
 _DROPPED = re.compile(
     r"<(" + "|".join(re.escape(t) for t in _DROPPED_TAGS) + r")\b[^>]*>.*?(?:</\1\s*>|\Z)",
     re.DOTALL | re.IGNORECASE,
@@ -249,9 +252,10 @@ def clean(text: str) -> Cleaned:
         for m in _RULE_TAGS.finditer(text):
             rules += _rule_lines(m.group(2))
         text = _RULE_TAGS.sub("\n", text)
+        # what the person typed after a slash command is their request (a tag inside a
+        # line, in JSON a report carries, is data and goes with the rest)
+        text = _COMMAND_ARGS.sub(lambda m: "\n" + m.group(1) + "\n", text)
         text = _DROPPED.sub("\n", text)
-        # what the person typed after a slash command is their request
-        text = _COMMAND_ARGS.sub("\n", text)
     if "aveat" in text:
         text = _CAVEAT.sub("\n", text)
     if _IDE_CONTEXT.match(text):
