@@ -8,13 +8,15 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from bench.retention_real_extract import (
-    BOILERPLATE,
-    CORRECTION,
     CORRECTION_CUE,
     FORCE,
     Item,
-    SummaryLine,
     has_force,
+)
+from bench.retention_real_lines import (
+    BOILERPLATE,
+    CORRECTION,
+    SummaryLine,
     in_section,
     marks_superseded,
     not_a_correction,

@@ -20,16 +20,18 @@ import pytest
 
 from bench.retention_real import Replay, replay
 from bench.retention_real_extract import (
-    BOILERPLATE,
-    SummaryLine,
     edited_files,
-    in_section,
     load,
-    marks_superseded,
     norm,
-    summary_lines,
     tool_ids,
     user_rules,
+)
+from bench.retention_real_lines import (
+    BOILERPLATE,
+    SummaryLine,
+    in_section,
+    marks_superseded,
+    summary_lines,
 )
 from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.engine import Engine

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ctxd.daemon.summarizers.cues import _CONSTRAINT, _WEAK_CONSTRAINT
 
@@ -232,6 +233,13 @@ def repeats(texts: list[str]) -> Callable[[str], bool]:
         return bool(t) and any(t in p for p in normed)
 
     return said
+
+
+def is_injected(msg: dict[str, Any]) -> bool:
+    """A user message the front end wrote itself (Claude Code's `isMeta`, imported as
+    `metadata.meta`): a skill's instructions, a caveat. Not what the person said."""
+    meta = msg.get("metadata")
+    return isinstance(meta, dict) and meta.get("meta") is True
 
 
 def clean(text: str) -> Cleaned:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ctxd.daemon.messages import content_text, message_id
 from ctxd.daemon.summarizers.artifacts_fold import fold_unlisted
-from ctxd.daemon.summarizers.boilerplate import clean, repeats
+from ctxd.daemon.summarizers.boilerplate import clean, is_injected, repeats
 from ctxd.daemon.summarizers.cues import (
     _CALL_ID_NOTE,
     _CJK_RUN,
@@ -64,13 +64,6 @@ from ctxd.daemon.summary import SECTIONS, Summary, SummaryRequest
 
 # superseded statements remembered for search (`supersededBy`), the most recent kept
 _MAX_SUPERSESSIONS = 2000
-
-
-def is_injected(msg: dict[str, Any]) -> bool:
-    """A user message the front end wrote itself (Claude Code's `isMeta`, imported as
-    `metadata.meta`): a skill's instructions, a caveat. Not what the person said."""
-    meta = msg.get("metadata")
-    return isinstance(meta, dict) and meta.get("meta") is True
 
 
 class BuiltinSummarizer:
