@@ -68,17 +68,19 @@ if __package__ in (None, ""):
 
 from bench.retention_real_extract import (  # noqa: E402
     Item,
-    SummaryLine,
     Transcript,
     edited_files,
     load,
     model_input_text,
     norm,
-    summary_lines,
-    supersession_pairs,
     text_of,
     tool_ids,
     user_rules,
+)
+from bench.retention_real_lines import (  # noqa: E402
+    SummaryLine,
+    summary_lines,
+    supersession_pairs,
 )
 from bench.retention_real_report import render  # noqa: E402
 

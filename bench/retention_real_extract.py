@@ -8,8 +8,9 @@
   message), files the agent's tools wrote (Edit/Write/MultiEdit, Codex `apply_patch`
   headers, shell redirections), ids the tools produced (commits made or pushed, branches
   created, PR URLs, CI run and job ids; not the commits a `git log` lists).
-- Summary lines: the sections and items of the summary message the model reads, and the
-  tests applied to them (rule cue, boilerplate, superseded marks).
+
+The summary lines the model reads, and the tests applied to them (rule cue,
+boilerplate, superseded marks), are in `bench/retention_real_lines.py`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,7 +148,11 @@ class Item:
 # "read-only" names a kind of access and "I never said that" tells what happened: no
 # force in either (the same reading as the summarizer's, daemon/summarizers/cues.py)
 DEONTIC = re.compile(
-    r"\b(?:must|always|(?<!-)only(?!-)|do not|don't|dont|make sure|should not|shouldn't"
+    # "i don't really have any" tells about the speaker; "agents do not." ends a statement
+    r"\b(?:must|always|(?<!-)only(?!-)|make sure|should not|shouldn't"
+    r"|(?<!\bi\s)(?:do not|don't|dont)(?![\s.,!;]*$)"
+    r"|(?<=\bi\s)(?:do not|don't|dont)(?!\s+(?:really\s+)?(?:have|know|think|remember|see|get"
+    r"|understand|recall|mind|care|feel|believe)\b)(?![\s.,!;]*$)"
     r"|never(?!\s+(?:said|told|asked|meant|wanted|did|had|was|were|knew|saw|got|thought)\b))\b"
     r"|必须|必須|不要|禁止|务必|務必|只能|不得",
     re.IGNORECASE,
@@ -166,14 +170,75 @@ FORCE = re.compile(
 CORRECTION_CUE = re.compile(
     r"\bactually\b|\binstead\b|\bno\s?[,，!]|^\s*nope\b|\bchange\b[^.。!?]{0,60}?\bto\b"
     r"|\bswitch(?:ed)? to\b|\bi meant\b|\brather than\b|\bscratch that\b|\bwrong\b"
-    r"|不对|不對|改成|改为|改為|换成|換成|不是[^。]{0,30}而是|应该是|應該是|搞错|搞錯",
+    r"|不对|不對|改成|改为|改為|换成|換成|不是[^。]{0,30}而是|应该是|應該是|搞错|搞錯"
+    # a reply rejecting a choice ("不，我希望用旧的"), a counter-proposal ("叫锁定不是更好吗")
+    r"|^\s*不\s*[，,!！]\s*\S|不是更\S{1,4}吗|wouldn[’']?t\s+(?:it\s+)?(?:\w+\s+){0,4}be\s+better",
     re.IGNORECASE,
 )
+# Cue words a rule states its force with besides DEONTIC, counted only in a sentence that
+# asks nothing (not a question): "Prefer `type` over `interface`", "**Push to remote** -
+# This is mandatory", "Tailwind CSS for all styling — no custom CSS files", 不需要加注释,
+# 别用新的, 格式应该用旧的 ("应该是…" guesses, it sets nothing). "no X" counts at the
+# start of a sentence or clause only: "there is no test for it" tells, "no `any` types"
+# rules; "no, …" is a correction's cue, "no idea" / "no problem" are neither.
+MORE_FORCE = re.compile(
+    r"\bmandatory\b|\bprefer\b"
+    r"|不需要|(?<![特区分识级类告性个派差鉴辨])别(?![的人名处忘])|应该(?!是)",
+    re.IGNORECASE,
+)
+# in a document pasted as a message (a spec: "no fee", "yes pool, no pool") "no X"
+# describes what to build; in a preamble line or a short message it is a rule
+NO_X = re.compile(
+    r"(?:^|[—–:;,]\s*|\s-\s)no\s+(?!(?:one|idea|problem|worries|thanks|need|matter|doubt"
+    r"|way|longer|more)\b)[`*\w]",
+    re.IGNORECASE,
+)
+DOCUMENT_LINES = 12
+
+
+def has_force(sentence: str, document: bool = False) -> bool:
+    """A sentence states a rule: a DEONTIC cue, or one of MORE_FORCE (or, outside a
+    document, NO_X) outside a question."""
+    if DEONTIC.search(sentence):
+        return True
+    if sentence.rstrip().endswith(("?", "？")):
+        return False
+    return bool(MORE_FORCE.search(sentence)) or (not document and bool(NO_X.search(sentence)))
+
+
 PREAMBLE = re.compile(r"AGENTS\.md|CLAUDE\.md|<user_instructions>|<INSTRUCTIONS>")
 _SPLIT = re.compile(r"\n+|(?<=[.!?])\s+|(?<=[。！？；])")
+# "1. A 2. B 3. C" on one line: a list, cut before its numbers when they run 1, 2, 3
+_INLINE = re.compile(r"(?:^|(?<=[\s:：;；，,]))(\d{1,2})[.)、](?=\s|[^\d\s.])", re.MULTILINE)
+# a piece of JSON (a pasted report's data), no sentence of the user's
+_JSONISH = re.compile(r'^\s*(?:[\[{]+\s*"|"\s*[,:\]}])|"\s*,\s*"|"\s*:\s*[\["{\d]')
+
+
+def _sentences(text: str) -> list[str]:
+    cuts: list[int] = []
+    for line in re.finditer(r"[^\n]+", text):
+        run: list[int] = []
+        marks = list(_INLINE.finditer(line.group(0)))
+        first = 1 if any(m.group(1) == "1" for m in marks) else 2
+        for m in marks:
+            if int(m.group(1)) == len(run) + first:
+                if not run and first == 2 and not re.search(
+                        r"(?:\s{2,}|[,;:，；：]\s*)$", line.group(0)[: m.start()]):
+                    continue
+                run.append(line.start() + m.start())
+        if len(run) >= 2:
+            cuts += run
+    pieces, start = [], 0
+    for cut in cuts:
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return [s for piece in pieces for s in _SPLIT.split(piece)]
 _BULLET = re.compile(r"^\s*(?:(?:[-*•+>]|\d+[.)])\s+|#+\s*)")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff]")
 MAX_RULE_CHARS = 400
+_COMMAND_MARKUP = re.compile(r"<(command-(?:name|message))>.*?</\1>", re.DOTALL)
+_COMMAND_ARGS = re.compile(r"</?command-args>")
 
 
 def _substantial(s: str) -> bool:
@@ -205,14 +270,23 @@ def user_rules(msgs: list[dict[str, Any]]) -> list[Item]:
         text = text_of(m)
         if text.lstrip().startswith("<environment_context>"):
             continue
+        if (m.get("metadata") or {}).get("meta") or SKILL.match(text):
+            # a skill's text (Claude Code sends it in the user's name, tagged isMeta):
+            # the skill's rules, not the user's
+            continue
+        # a slash command's name is markup, what the person typed after it their words
+        text = _COMMAND_ARGS.sub("\n", _COMMAND_MARKUP.sub("\n", text))
         preamble = bool(PREAMBLE.search(text)) and len(text) > 400
-        pieces = _preamble_lines(text) if preamble else _SPLIT.split(text)
+        pieces = _preamble_lines(text) if preamble else _sentences(text)
+        document = sum(1 for line in text.splitlines() if line.strip()) >= DOCUMENT_LINES
         for raw in pieces:
             s = _BULLET.sub("", raw).strip().rstrip(".。;；:：")
             if not s or len(s) > MAX_RULE_CHARS or s.startswith("```") or not _substantial(s):
                 continue
+            if _JSONISH.search(s):
+                continue
             kind = "rule/preamble" if preamble else "rule/sentence"
-            if not preamble and not DEONTIC.search(s):
+            if not preamble and not has_force(s, document):
                 continue
             found[norm(s)] = Item(kind, norm(s), i)
     return sorted(found.values(), key=lambda it: it.msg_index)
@@ -226,6 +300,31 @@ _REDIRECT = re.compile(r"(?<![0-9&<>=])>{1,2}\s*([^\s;&|<>'\"()]+)"
                        r"|\btee\s+(?:-a\s+)?([^\s;&|<>'\"()]+)"
                        r"|\b(?:Set-Content|Out-File|Add-Content)\s+(?:-(?:Path|FilePath)\s+)?"
                        r"['\"]?([^\s'\";|]+)")
+
+
+# a skill's instructions sent as a user message
+SKILL = re.compile(r"\s*Base directory for this skill:", re.IGNORECASE)
+_HEREDOC = re.compile(r"<<-?\s*(?:'([^'\n]+)'|\"([^\"\n]+)\"|\\?([A-Za-z_][\w.-]*))")
+
+
+def _without_heredoc_bodies(command: str) -> str:
+    """The command with the bodies of its here-documents left out: a script or a
+    README a heredoc carries is data, its `>` are not redirections."""
+    lines = command.split("\n")
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        out.append(line)
+        i += 1
+        for m in _HEREDOC.finditer(line):
+            end = m.group(1) or m.group(2) or m.group(3)
+            j = i
+            while j < len(lines) and lines[j].strip() != end:
+                j += 1
+            if j < len(lines):
+                i = j + 1
+    return "\n".join(out)
 
 
 def _arguments(call: dict[str, Any]) -> tuple[str, Any]:
@@ -265,8 +364,12 @@ def edited_files(msgs: list[dict[str, Any]], cwd: str) -> list[Item]:
                 alts.append(path[len(base):].lstrip("/\\"))
         found[path] = Item("file", path, i, tuple(a for a in alts if a))
 
+    # a call that never got a result (an interrupt, a crash) may have changed nothing
+    answered = {m.get("tool_call_id") for m in msgs if m["role"] == "tool"}
     for i, m in enumerate(msgs):
         for call in m.get("tool_calls") or ():
+            if call.get("id") not in answered:
+                continue
             name = (call.get("function") or {}).get("name", "")
             raw, args = _arguments(call)
             if name in _EDIT_TOOLS and isinstance(args, dict):
@@ -280,7 +383,7 @@ def edited_files(msgs: list[dict[str, Any]], cwd: str) -> list[Item]:
                     for p in _PATCH_HEADER.findall(text):
                         add(p, i)
             if name in _SHELL_TOOLS and "*** Begin Patch" not in command:
-                for groups in _REDIRECT.findall(command):
+                for groups in _REDIRECT.findall(_without_heredoc_bodies(command)):
                     p = next((g for g in groups if g), "")
                     if p:
                         add(p, i)
@@ -292,8 +395,16 @@ def edited_files(msgs: list[dict[str, Any]], cwd: str) -> list[Item]:
 # URL, a CI run or job. A `git log` / `git show` listing of commits that were already
 # there is evidence, not something the call produced: not counted.
 _COMMIT_LINE = re.compile(r"^\[[^\]\s]+(?: \([^)]*\))? ([0-9a-f]{7,40})\]", re.MULTILINE)
-_PUSH = re.compile(r"\b([0-9a-f]{7,40})\.\.\.?([0-9a-f]{7,40})\s+\S+\s+->\s")
-_NEW_BRANCH = re.compile(r"Switched to a new branch '([^']+)'|\[new branch\]\s+(\S+)")
+_PUSH = re.compile(r"\b([0-9a-f]{7,40})\.\.\.?([0-9a-f]{7,40})\s+(\S+)\s+->\s+(\S+)")
+_NEW_BRANCH = re.compile(
+    r"Switched to a new branch '([^']+)'|\[new branch\]\s+(\S+)(?:\s+->\s+(\S+))?"
+)
+
+
+def _fetched(local: str, remote: str) -> bool:
+    """"main -> origin/main", "[new branch] x -> origin/x": what a `git pull` / `git
+    fetch` brought in from the remote, not something the call produced."""
+    return bool(remote) and remote != local and remote.endswith("/" + local)
 _PR_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/pull/(\d+)")
 _RUN_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/actions/runs/(\d+)(?:/job/(\d+))?")
 _RUN_ID = re.compile(r"\b(?:run|job)(?: ID| id|_id)?[:#]?\s+(\d{7,})\b", re.IGNORECASE)
@@ -313,11 +424,15 @@ def tool_ids(msgs: list[dict[str, Any]]) -> list[Item]:
         text = text_of(m)
         command = commands.get(m.get("tool_call_id", ""), "")
         if "git" in command:
-            hashes = _COMMIT_LINE.findall(text) + [b for _, b in _PUSH.findall(text)]
+            hashes = _COMMIT_LINE.findall(text) + [
+                b for _, b, local, remote in _PUSH.findall(text) if not _fetched(local, remote)
+            ]
             for h in hashes:
                 alts = (h[:7],) if len(h) > 7 else ()
                 found.setdefault(h, Item("id/commit", h, i, alts))
-            for a, b in _NEW_BRANCH.findall(text):
+            for a, b, remote in _NEW_BRANCH.findall(text):
+                if b and _fetched(b, remote):
+                    continue
                 found.setdefault(f"branch:{a or b}", Item("id/branch", a or b, i))
         for url in re.finditer(_PR_URL, text):
             n = url.group(1)
@@ -329,158 +444,3 @@ def tool_ids(msgs: list[dict[str, Any]]) -> list[Item]:
             for n in _RUN_ID.findall(text):
                 found.setdefault(n, Item("id/ci", n, i))
     return sorted(found.values(), key=lambda it: it.msg_index)
-
-
-# ------------------------------------------------------------------ summary lines
-
-POINTER = re.compile(r" ?\[(?:msg [^\]]*|#[^\]]*)\]| #\d+(?:[-,]\d+)*$")
-MARKS = re.compile(r"^(?:\[(?:superseded|unconfirmed|推测)\]\s*)+")
-BOILERPLATE = re.compile(
-    r"<environment_context>|</?command-(?:name|message|args)>|<local-command-stdout>"
-    r"|<task-notification>|<system-reminder>|# Context from my IDE setup"
-    r"|This session is being continued from a previous conversation|<user_instructions>"
-    r"|\[Image #\d+\]|\blen=\d+|\[image [^\]]*sha256:|<permissions instructions>"
-    r"|\[Request interrupted by user",
-    re.IGNORECASE,
-)
-SUPERSEDED = re.compile(r"\[superseded\]|\(was |\(原为|\s→\s")
-CORRECTION = SUPERSEDED
-# sections where " → " is a call and its result, not an old and a new value
-_ARROW_IS_RESULT = ("tool", "artifact", "file")
-
-
-def marks_superseded(line: SummaryLine, source: str = "") -> bool:
-    """`source`: the transcript's text, normalised; an arrow or "(was" the transcript
-    itself wrote on that line is not the summarizer's mark."""
-    if "[superseded]" in line.raw:
-        return True
-    if line.section.lower().startswith(_ARROW_IS_RESULT) and " → " in line.raw:
-        return bool(re.search(r"\(was |\(原为", line.raw))
-    if not SUPERSEDED.search(line.raw):
-        return False
-    # guesses joined on one line ("A #37; B #41") are each a statement of their own: an
-    # arrow one of them quotes from the transcript ("Intake → Plan → Deliver") is no
-    # mark, whatever the other one says; an excerpt cut short ("…") is checked as far as
-    # it goes
-    return any(
-        SUPERSEDED.search(piece) and norm(piece.rstrip().rstrip("…")) not in source
-        for piece in _JOINED.split(line.text)
-    )
-
-
-# where two joined guesses meet on a summary line: the first one's pointer and a ";"
-_JOINED = re.compile(r"\s#\d+(?:-\d+)?;\s*")
-PASTED = re.compile(
-    r"Traceback|^\s*at \S+ \(|File \"[^\"]+\", line \d+|\[Image #?\d+\]|\blen=\d+"
-    r"|\[image [^\]]*sha256|```|\bERROR\b|Exit code:? \d|^\s*\d+\s*[|→]|\$ \S|<\w+>.*</\w+>"
-    r"|^\s*[+-]{3} |\bat line \d+|:\d+:\d+\b|<[a-z][\w-]*>",
-    re.MULTILINE,
-)
-
-
-@dataclass
-class SummaryLine:
-    section: str  # the section title as rendered
-    raw: str  # the line as the model reads it
-    text: str  # without marks and pointer
-
-
-def summary_lines(summary_message: str) -> list[SummaryLine]:
-    out: list[SummaryLine] = []
-    section = ""
-    body = summary_message.split("Summary of earlier messages", 1)[-1]
-    for line in body.splitlines():
-        if line.startswith("## "):
-            section = line[3:].strip()
-        elif line.startswith("- ") and section:
-            text = MARKS.sub("", POINTER.sub("", line[2:]).strip())
-            out.append(SummaryLine(section, line, text))
-    return out
-
-
-def in_section(ln: SummaryLine, key: str) -> bool:
-    """The line is in the summary section `key` (goals, constraints...): by the title
-    the measured ctxd gives that section, or by the title's first word."""
-    try:
-        from ctxd.daemon.summary import SECTIONS
-
-        title = SECTIONS.get(key)
-    except ImportError:  # a ctxd that names them elsewhere
-        title = None
-    if title is not None and ln.section == title:
-        return True
-    return ln.section.lower().startswith(key)
-
-
-def superseded_parts(line: SummaryLine, same_section: list[SummaryLine]) -> tuple[str, str]:
-    """(old, new) of a line that marks a replaced value, as far as the text tells."""
-    t = line.text
-    if " → " in t:
-        old, new = t.split(" → ", 1)
-        return old, new
-    was = re.search(r"\((?:was|原为) ?([^)]*)\)", t)
-    if was and "[superseded]" not in line.raw:
-        return was.group(1), t[: was.start()].strip()
-    # "[superseded] X": the replacing item is the next current line of the section
-    later = same_section[same_section.index(line) + 1:] if line in same_section else []
-    new = next((x.text for x in later if "[superseded]" not in x.raw), "")
-    return t, new
-
-
-_COUNTER = re.compile(
-    r"(?:step|turn|page|chunk|task|item|line|worker|module|part|phase|round|iteration|"
-    r"number|no\.|#|第|m)\s*$", re.IGNORECASE)
-
-
-def _numbered_series(a: str, b: str) -> bool:
-    """The texts differ only in numbers, and each differing number counts something
-    (step 74 / step 75) or moves by one: a series of requests, not a changed value."""
-    if a == b or re.sub(r"\d+", "#", a) != re.sub(r"\d+", "#", b):
-        return False
-    pa, pb = list(re.finditer(r"\d+", a)), list(re.finditer(r"\d+", b))
-    for x, y in zip(pa, pb, strict=True):
-        if x.group() == y.group():
-            continue
-        counted = bool(_COUNTER.search(a[: x.start()]))
-        if not counted and abs(int(x.group()) - int(y.group())) != 1:
-            return False
-    return True
-
-
-def not_a_correction(old: str, new: str) -> str | None:
-    """Why a superseded pair is not a real correction, or None when it may be one."""
-    a, b = norm(POINTER.sub("", old)), norm(POINTER.sub("", new))
-    if not b:
-        return None  # no replacing text shown: left to the person judging the sample
-    if a == b:
-        return "identical"
-    if _numbered_series(a, b):
-        return "numbered series"
-    if PASTED.search(old) or PASTED.search(new):
-        return "pasted output"
-    return None
-
-
-def supersession_pairs(summary: Any, old_text: Callable[[int], str]) -> list[tuple[str, str, str]]:
-    """(item text, old statement, new statement) of the summary's items that show a
-    replaced value, from its structure; `old_text(id)` reads an archived message.
-    Empty when the summary has no such structure."""
-    out: list[tuple[str, str, str]] = []
-    try:
-        items = [item for _, item in summary.items()]
-        supersessions = dict(getattr(summary, "supersessions", {}) or {})
-        for item in items:
-            was, value = getattr(item, "was", None), getattr(item, "value", None)
-            if was and getattr(item, "status", "current") == "current":
-                before = item.text.replace(value, was, 1) if value and value in item.text else was
-                out.append((item.text, before, item.text))
-            elif getattr(item, "status", "") == "superseded":
-                new_ids = [supersessions[s] for s in item.sources if s in supersessions]
-                new = next((other.text for other in items for n in new_ids
-                            if n in other.sources and other is not item), "")
-                if not new and new_ids:
-                    new = old_text(new_ids[-1])
-                out.append((item.text, item.text, new))
-    except (AttributeError, TypeError, KeyError):
-        return []
-    return out

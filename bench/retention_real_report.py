@@ -8,12 +8,14 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from bench.retention_real_extract import (
-    BOILERPLATE,
-    CORRECTION,
     CORRECTION_CUE,
-    DEONTIC,
     FORCE,
     Item,
+    has_force,
+)
+from bench.retention_real_lines import (
+    BOILERPLATE,
+    CORRECTION,
     SummaryLine,
     in_section,
     marks_superseded,
@@ -126,7 +128,7 @@ def _files_row(name: str, rs: list[Replay]) -> list[str]:
 def _summary_row(name: str, rs: list[Replay]) -> list[str]:
     lines = [ln for r in rs for ln, _ in r.lines.values()]
     cons = [ln for ln in lines if in_section(ln, "constraints")]
-    no_rule = [ln for ln in cons if not DEONTIC.search(ln.text) and not CORRECTION.search(ln.raw)]
+    no_rule = [ln for ln in cons if not has_force(ln.text) and not CORRECTION.search(ln.raw)]
     no_force = [ln for ln in no_rule
                 if not FORCE.search(ln.text) and not CORRECTION_CUE.search(ln.text)]
     goals = [ln for ln in lines if in_section(ln, "goals")]
@@ -166,7 +168,7 @@ def _rules_by_cue(rs: list[Replay]) -> list[list[str]]:
                         ("**all: preamble lines without a cue**", False)):
         sub = [dataclasses.replace(r, items=[
             it for it in r.items if it.kind.startswith("rule")
-            and bool(DEONTIC.search(it.key)) == keep]) for r in rs]
+            and has_force(it.key) == keep]) for r in rs]
         out.append(_rules_row(label, sub))
     return out
 
@@ -221,7 +223,8 @@ def render(replays: list[Replay], skipped: list[str]) -> str:
     out += [
         "A rule is a sentence of a user message with deontic force (must, never, always, "
         "only, do not / don't, make sure, should not; 必须, 不要, 禁止, 务必, 只能, 不得; not "
-        "\"read-only\" nor \"I never said\") or a "
+        "\"read-only\" nor \"I never said\"; outside a question also mandatory, prefer, "
+        "\"no X\" opening a sentence or clause, 不需要, 别, 应该 but not 应该是) or a "
         "line of an AGENTS.md / CLAUDE.md preamble sent as a user message; present = found "
         "in the model input (system messages, pins + summary, tail) after whitespace "
         "normalisation and case folding. Each distinct rule counts once, at its last "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,17 @@ import pytest
 
 from bench.retention_real import Replay, replay
 from bench.retention_real_extract import (
+    edited_files,
+    load,
+    norm,
+    tool_ids,
+    user_rules,
+)
+from bench.retention_real_lines import (
     BOILERPLATE,
     SummaryLine,
     in_section,
-    load,
     marks_superseded,
-    norm,
     summary_lines,
 )
 from ctxd.daemon.config import CompactionPolicy
@@ -132,3 +138,46 @@ def test_joined_guesses_quoting_an_arrow_are_no_correction() -> None:
     assert marks_superseded(line(real, "Constraints and user corrections"), source)
     assert marks_superseded(line(was, "Constraints and user corrections"), source)
     assert marks_superseded(line(both), source)
+
+
+# ------------------------------------------------------- what the count itself reads
+
+
+def _call(cid: str, name: str, args: str) -> dict[str, Any]:
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def test_the_count_reads_heredocs_pulls_and_unanswered_calls_right() -> None:
+    script = ("mkdir -p docs\ncat > docs/README.md << 'EOF'\nre.split(r\"[|>]?\\s*\\n\", s)\n"
+              "EOF\necho done > build.log")
+    msgs = [
+        {"role": "assistant", "content": None, "tool_calls": [
+            _call("c1", "Bash", json.dumps({"command": script})),
+            _call("c2", "Edit", json.dumps({"file_path": "src/never_ran.ts"})),
+            _call("c3", "Bash", json.dumps({"command": "git pull && git push"})),
+        ]},
+        {"role": "tool", "tool_call_id": "c1", "content": "done"},
+        {"role": "tool", "tool_call_id": "c3", "content":
+         "   e33d0e7..bd68183  main -> origin/main\n * [new branch]      feat/esm -> "
+         "origin/feat/esm\nTo github.com:a/b.git\n   bd68183..c0ffee1  main -> main\n"},
+    ]
+    # the heredoc's body is data; the Edit that never got a result changed nothing
+    assert [it.key for it in edited_files(msgs, "")] == ["docs/README.md", "build.log"]
+    # what the pull brought in is the remote's; the push's head is the call's
+    assert [it.key for it in tool_ids(msgs)] == ["c0ffee1"]
+
+
+def test_the_count_takes_more_cue_words_for_rules_and_no_skill_text() -> None:
+    msgs = [
+        {"role": "user", "content": "Strict mode is on — no `any` types, ever. "
+         "Prefer `type` over `interface`. There is no test for it yet. Which do you prefer?"},
+        {"role": "user", "content": "不，我希望用旧的；summary里的格式应该用旧的。"
+         "这个应该是缓存的问题。别用新的模板。不需要加注释。"},
+        {"role": "user", "content": "Base directory for this skill: ~/.claude/skills/x\n"
+         "- Never edit the log by hand."},
+        {"role": "user", "content": "- You must keep it short.", "metadata": {"meta": True}},
+    ]
+    assert [it.key for it in user_rules(msgs)] == [
+        "strict mode is on — no `any` types, ever", "prefer `type` over `interface`",
+        "summary里的格式应该用旧的", "别用新的模板", "不需要加注释",
+    ]

@@ -271,9 +271,7 @@ def test_agents_md_bullets_are_constraints_verbatim() -> None:
         "Only use the public API.",
         "禁止使用全局变量。",
         "NEVER edit generated files in gen/.",
-        # a skill's instructions bind the agent like an AGENTS.md
-        "Don't sandwich with compliments.",
-        "Never say \"overall it's pretty good\" — find the problems.",
+        # a skill's instructions are the skill's own text: archive only, no user rule
     ]
     # under a generic "## Guidelines" heading, a request is still a request
     assert texts(summary, "goals") == [

@@ -15,7 +15,7 @@ from typing import Any
 
 from ctxd.daemon.messages import content_text, message_id
 from ctxd.daemon.summarizers.artifacts_fold import fold_unlisted
-from ctxd.daemon.summarizers.boilerplate import clean, repeats
+from ctxd.daemon.summarizers.boilerplate import clean, is_injected, repeats
 from ctxd.daemon.summarizers.cues import (
     _CALL_ID_NOTE,
     _CJK_RUN,
@@ -138,6 +138,9 @@ class BuiltinSummarizer:
             # many in passing, so it gets a tighter bound.
             limit = self.max_paths_per_message * 2
             if role == "user":
+                if is_injected(msg):
+                    # a skill's text or a caveat the front end sent in the user's name
+                    continue
                 # boilerplate (the run's environment, IDE tabs) names no file of the work
                 text = self._read_user(draft, mid, text, folds, said)
             elif role == "assistant":
@@ -240,7 +243,7 @@ class BuiltinSummarizer:
         # statement ("X is caused by Y. I haven't confirmed that.") binds to it alone
         goal_unit = -2
         pieces = units(text)
-        document = is_document(text)
+        document = is_document(text, pieces)
         for index, unit in enumerate(pieces):
             if unit.pasted:
                 # pasted output is evidence: its error line is kept below, nothing of it
@@ -333,7 +336,7 @@ class BuiltinSummarizer:
             if folds is None:
                 draft.add("goals", request, [mid], unconfirmed=goal_hedged)
             else:
-                folds.add(draft, request, mid, unconfirmed=goal_hedged)
+                folds.add(draft, request, mid, unconfirmed=goal_hedged, sentences=goal)
         return "\n".join([*cleaned.rules, text])
 
     def _read_assistant(self, draft: _Draft, mid: int, text: str) -> None:

@@ -79,22 +79,38 @@ _CONSTRAINT = _Cue(
     # "I never said that" tells what happened; "rave-only" names a kind of thing
     r"|never(?!\s+(?:said|told|asked|meant|wanted|did|had|was|were|knew|saw|got|thought)\b)"
     r"|(?<!-)only(?!-)"
-    r"|for the record|fyi|keep in mind|bear in mind|note that|remember that)\b"
-    r"|\b(?:don[’']?t|dont|do not)\b(?!\s+forget)"
+    r"|for the record|fyi|keep in mind|bear in mind|note that|remember that|mandatory)\b"
+    # "i don't really have any right now" tells about the speaker, it asks nothing
+    # "humans let emotions win, agents do not." ends a statement: there is nothing to do
+    r"|\b(?<!\bi\s)(?:don[’']?t|dont|do not)\b(?!\s+forget)(?![\s.,!;]*$)"
+    r"|\bi\s+(?:don[’']?t|dont|do not)\b(?!\s+(?:forget|(?:really\s+)?(?:have|know|think"
+    r"|remember|see|get|understand|recall|mind|care|feel|believe)\b))(?![\s.,!;]*$)"
     r"|必须|必須|不要(?!忘)|禁止|务必(?!须)|務必(?!須)|一定要|不能|只能|不许|不許|不准|请勿|請勿"
     r"|备注|備註|记住|記住"
+    # 应该 ("should") that guesses (应该是, 应该可以, 应该没问题) is no rule
+    r"|不需要|应该(?!是|可以|没|不会|能|会|就|也|还|在|已|有)"
     r"|(?<![特区分识级类告性个派差鉴辨])别(?![的人名处忘])",
     "must|never|don|do not|always|avoid|only|should|no longer|for the record|fyi"
-    "|keep in mind|bear in mind|note that|remember that"
-    "|必须|必須|不要|禁止|务必|務必|一定要|不能|只能|不许|不許|不准|请勿|請勿|备注|備註|记住"
+    "|keep in mind|bear in mind|note that|remember that|mandatory"
+    "|必须|必須|不要|禁止|务必|務必|一定要|不能|只能|不许|不許|不准|请勿|請勿|备注|備註|记住|不需要|应该"
     "|記住|别",
 )
 
 # "Make sure the tests still pass" is as often a one-off request as a standing rule, so
 # a sentence with no stronger cue is kept as a constraint but is the first to go.
 # "Read the setup notes to ensure the environment is ready" says what for, not a rule
-_WEAK_CONSTRAINT = _Cue(r"(?<!\bto\s)\b(?:make sure|ensure)\b|(?<!以)确保",
-                        "make sure|ensure|确保")
+# "Prefer `type` over `interface`": force without a modal verb.
+_WEAK_CONSTRAINT = _Cue(
+    r"(?<!\bto\s)\b(?:make sure|ensure)\b|(?<!以)确保|\bprefer\b",
+    "make sure|ensure|确保|prefer",
+)
+# "— no custom CSS files", "No `any` types, ever": a rule when a person writes it; in a
+# spec pasted in ("no fee", "yes pool, no pool") it describes the thing to build
+NO_X = re.compile(
+    r"(?:^|[—–:;,]\s*|\s-\s)no\s+(?!(?:one|idea|problem|worries|thanks|need|matter|doubt"
+    r"|way|longer|more)\b)[`*\w]",
+    re.IGNORECASE,
+)
 
 # An imperative that sets a choice ("Use port 8080.", "Set the timeout to 30 s.") is a
 # rule about how, where "Add an endpoint" or "Set up CI" is a request for what; only the
@@ -110,12 +126,21 @@ _IMPERATIVE = re.compile(
 # anywhere rather than matched at the start.
 _SETTING = _Cue(r"设为|设置为|设成|设定为|调整为", "设为|设置为|设成|设定为|调整为")
 
+COUNTER_PROPOSAL = (
+    r"不是更(?:好|合适|清楚|准确|直观|简单|合理|贴切)(?:一些|一点)?吗|岂不是?更"
+    r"|\bwouldn[’']?t\s+(?:it\s+)?(?:\w+\s+){0,4}be\s+(?:better|clearer|simpler)\b"
+)
+
 _CORRECTION = _Cue(
     r"\bactually\b|\binstead\b|\bno\s?[,，!]|^\s*nope\b|\bchange\b[^.。!?]{0,60}?\bto\b"
     r"|\bswitch(?:ed)? to\b|\bi meant\b|\brather than\b|\bscratch that\b|\bwrong\b"
-    r"|不对|改成|改为|换成|不是[^。]{0,30}而是|应该是|搞错",
+    r"|不对|改成|改为|换成|不是[^。]{0,30}而是|应该是|搞错"
+    # "不，我希望用旧的": a reply that rejects the choice made; "叫锁定不是更好吗": a
+    # counter-proposal naming the value wanted instead
+    r"|^\s*不\s*[，,!！]\s*\S|" + COUNTER_PROPOSAL,
     "actually|instead|no,|no ,|no，|no ，|no!|no !|nope|change|switch|i meant|rather than"
-    "|scratch that|wrong|不对|改成|改为|换成|而是|应该是|搞错",
+    "|scratch that|wrong|不对|改成|改为|换成|而是|应该是|搞错|不，|不,|不!|不！|不 |不是更|岂不"
+    "|be better",
 )
 
 # A correction that adds to an earlier instruction ("also", "as well") leaves it standing.
@@ -174,7 +199,8 @@ _ERROR_LINE = _CueSet(
     (r"no such file or directory|permission denied", "no such file|permission denied"),
     (r"\bexit(?:ed)? (?:with )?(?:code|status) [1-9]\d*", "exit"),
     # \b[1-9], spelt so the pattern starts with a character class the engine can scan for
-    (r"[1-9](?<!\w[1-9])\d* (?:failed|errors?)\b", " failed| error"),
+    # not a time: "17:41 errors" is a directory an `ls -l` lists
+    (r"[1-9](?<![\w:.][1-9])\d* (?:failed|errors?)\b", " failed| error"),
     (
         r"[\"'](?:error|is_error)[\"'][ \t]*:[ \t]*(?!null|none|false|\"\"|''|\[\]|\{\}|0\b)\S"
         r"|[\"'](?:ok|success)[\"']\s*:\s*false|[\"']status[\"']\s*:\s*[\"'](?:error|failed)",

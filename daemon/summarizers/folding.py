@@ -18,6 +18,8 @@ from ctxd.daemon.summarizers.draft import _Draft, _Entry
 from ctxd.daemon.summarizers.sentences import SERIES
 
 _DIGITS = re.compile(r"\d+")
+# sentences two requests share to be one text sent twice
+_RESENT_SHARED = 3
 _LEAD = re.compile(r"^\W*(?:(?:please|pls|kindly)\b\s*,?\s*|请)", re.IGNORECASE)
 # what a folded line looks like, so the next compaction can extend it
 _FOLDED_EN = re.compile(
@@ -114,6 +116,22 @@ class Folds:
 
     def __init__(self) -> None:
         self._by_key: dict[str, _Fold] = {}
+        # the sentences of each request kept, to know a text sent again
+        self._sent: list[tuple[frozenset[str], _Entry]] = []
+
+    def _resent(self, draft: _Draft, sentences: list[str]) -> _Entry | None:
+        """The goal a request repeats: the same pasted text sent again after an
+        interrupt, with another lead-in ("这是今天的报告：…", then the report alone).
+        At least three sentences in common, and half of the shorter request's."""
+        own = frozenset(k for k in (_norm(x) for x in sentences) if len(k) >= 2)
+        if len(own) < _RESENT_SHARED:
+            return None
+        for seen, entry in self._sent:
+            shared = len(seen & own)
+            if (shared >= _RESENT_SHARED and 2 * shared >= min(len(seen), len(own))
+                    and entry in draft.sections["goals"]):
+                return entry
+        return None
 
     def load(self, draft: _Draft) -> None:
         """Take up the goals the previous summary left, folded or single."""
@@ -130,6 +148,23 @@ class Folds:
                 )
 
     def add(
+        self, draft: _Draft, text: str, mid: int, *, unconfirmed: bool = False,
+        sentences: list[str] | None = None,
+    ) -> _Entry | None:
+        if sentences:
+            again = self._resent(draft, sentences)
+            if again is not None:
+                again.sources = _merge_sources(again.sources, [mid], draft._max_sources)
+                return again
+            entry = self._add(draft, text, mid, unconfirmed=unconfirmed)
+            if entry is not None:
+                self._sent.append(
+                    (frozenset(k for k in (_norm(x) for x in sentences) if len(k) >= 2), entry)
+                )
+            return entry
+        return self._add(draft, text, mid, unconfirmed=unconfirmed)
+
+    def _add(
         self, draft: _Draft, text: str, mid: int, *, unconfirmed: bool = False
     ) -> _Entry | None:
         shape = shape_of(text)

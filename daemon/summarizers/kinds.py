@@ -16,9 +16,11 @@ from ctxd.daemon.summarizers.cues import (
     _IMPERATIVE,
     _SETTING,
     _WEAK_CONSTRAINT,
+    COUNTER_PROPOSAL,
+    NO_X,
 )
 from ctxd.daemon.summarizers.facts import setting_of
-from ctxd.daemon.summarizers.sentences import introduces_list, is_request, strip_series
+from ctxd.daemon.summarizers.sentences import Unit, introduces_list, is_request, strip_series
 
 # a verb that sets a value: a request that has one ("please raise the batch size to
 # 2000") still changes a setting
@@ -30,13 +32,44 @@ _SETS_VALUE = re.compile(
 )
 
 
+_COUNTER = re.compile(COUNTER_PROPOSAL, re.IGNORECASE)
+
+# a path or a file name: the numbers in it name the file, they set no value
+# (and a quoted text: "更新"报价锁定5分钟"文案" asks for new words, it sets no number)
+_PATHS = re.compile(
+    r"[\w.~-]*/[\w./~-]+|\b[\w-]+\.[a-z]{1,5}\b|\"[^\"\n]{1,80}\"|“[^”\n]{1,80}”"
+    r"|「[^」\n]{1,80}」|'[^'\n]{1,80}'",
+    re.IGNORECASE,
+)
+# "use the <idea> and suggest me some ideas": a request to do the second thing with the
+# first, not a choice of how things are
+_USE_AND_DO = re.compile(
+    r"\band\s+(?:then\s+)?(?:suggest|give|tell|show|write|make|create|find|build|draft"
+    r"|list|generate|come up|explain|summari[sz]e|help)\b",
+    re.IGNORECASE,
+)
+
+
 # a user message with this many lines is a document (a spec, a plan, a review pasted
 # in): what its lines set describes the work, it is no standing setting of the user's
 DOCUMENT_LINES = 12
 
 
-def is_document(text: str) -> bool:
-    return sum(1 for line in text.splitlines() if line.strip()) >= DOCUMENT_LINES
+def is_document(text: str, pieces: list[Unit] | None = None) -> bool:
+    """A spec, a plan, a review, or a report pasted with its data: a message of many
+    lines, or one that is more pasted output (JSON, logs, tables) than prose. The prose
+    lines of a pasted report ("今日有 4 个会话文件被修改。") describe it; they set nothing."""
+    if sum(1 for line in text.splitlines() if line.strip()) >= DOCUMENT_LINES:
+        return True
+    if not pieces:
+        return False
+    pasted = sum(len(u.text) for u in pieces if u.pasted)
+    return pasted >= _PASTED_SHARE * sum(len(u.text) for u in pieces) and pasted >= 200
+
+
+# the share of a message's text that makes it a pasted document (with 200 characters of
+# pasted output at least: a stack frame under a rule leaves the rule a rule)
+_PASTED_SHARE = 0.5
 
 
 # the longest sentence read as a bare setting (words; CJK characters count one each)
@@ -69,8 +102,9 @@ def user_kind(
     market.status = PROPOSED", "chainId: 420420417" or "不是太弱，而是太强" there
     describe what to build or argue a point; they set and correct nothing.
     """
-    if sentence.endswith(("?", "？")):
-        # "why don't they show in the viewer?" asks; it sets no rule
+    if sentence.endswith(("?", "？")) and not _COUNTER.search(sentence):
+        # "why don't they show in the viewer?" asks; it sets no rule ("叫锁定不是更好吗？"
+        # asks for the value it names)
         return None
     if document:
         return "rule" if is_deontic(sentence) else None
@@ -78,7 +112,8 @@ def user_kind(
     if is_request(sentence):
         # "run the cleanup at 04:00" sets when it runs; "please check m74.py" sets
         # nothing (setting_of reads a numbered series as the subject, not a value)
-        sets = setting_of(body) is not None
+        # a number inside a path ("./ai/intent/20260112-price.md") is part of a name
+        sets = setting_of(_PATHS.sub(" ", body)) is not None
         if not sets:
             # a task; "please never push to main" is still a rule, "please check
             # m74.py and make sure its tests pass" is the request itself
@@ -93,9 +128,11 @@ def user_kind(
         return "rule"
     if _WEAK_CONSTRAINT.search(sentence, slow):
         return "rule"
+    if NO_X.search(sentence):
+        return "rule"
     if introduces_list(sentence):
         return None
-    if _IMPERATIVE.match(body):
+    if _IMPERATIVE.match(body) and not _USE_AND_DO.search(body):
         return "rule"
     if setting_of(body) is not None and (_SETS_VALUE.search(sentence) or _short(body)):
         # a bare "subject value" ("export batch 500", "连接池上限 100") is a setting

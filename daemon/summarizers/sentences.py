@@ -16,6 +16,9 @@ from ctxd.daemon.summarizers.facts import is_hedge_only, is_hedged
 
 _FENCE = re.compile(r"^[ \t]*(```|~~~).*?(?:^[ \t]*\1[ \t]*$|\Z)", re.DOTALL | re.MULTILINE)
 _SENT_SPLIT = re.compile(r"(?<=[.!?])\s+(?=\S)|(?<=[。！？；;])\s*")
+# "具体步骤： 1. 获取改动 2. 做一次 review", "1. gildore arena 2. hackathon judges": a
+# numbered list written on one line; its markers are where the items begin
+_INLINE_MARKER = re.compile(r"(?:^|(?<=[\s:：;；，,]))(\d{1,2})[.)、](?=\s|$|[^\d\s.])")
 _BULLET = re.compile(r"^(?:[-*•>]+|\d+[.)])\s+")
 
 # A line of pasted output: stack frames, log lines, diffs, tables, checklists, JSON,
@@ -35,13 +38,18 @@ _PASTED_LINE = re.compile(
     r"|\s*\|.*\|\s*$|\s*[-+|: =]{6,}$"
     r"|\s*[-*]\s*\[[ xX]\]"
     r"|\s*[\[\]{}(),;]+\s*$|\s*\"[^\"\n]{1,80}\"\s*:\s*\S"
-    r"|\s*[{\[]\s*\"[^\"\n]*\"\s*[:,]"
+    r"|\s*[{\[]+\s*\"[^\"\n]*\"\s*[:,]"
+    # the rest of a JSON line a tag was cut out of: `", "next value", ...`
+    r"|\s*\"\s*[,:\]}]+\s*(?:[\"\[{]|$)"
+    r"|\s*(?:\\[nrt]\s*)+$"
     r"|\s*(?:\$|>>>|\.\.\.|❯|%|#)\s+\S.*\S$(?<![.!?。！？])"
     r"|\s*[\w.-]+@[\w.-]+:\S*[$#]\s"
     r"|\s*(?:[\w./\\-]+\.\w+):\d+(?::\d+)?(?::|\s+\[)\s*"
     r"|.*\b[A-Z]\w*(?:Error|Exception):\s"
     r"|\s*\{.*\}\s*$|\s*\{\s*\w+:\s"
     r"|\s*(?:error|warning|note|help)(?:\[\w+\])?: "
+    # a linter's line: "error 'x' is defined but never used no-unused-vars"
+    r"|\s*(?:\d+:\d+\s+)?(?:error|warning)\s+\S.*\s(?:@?[\w-]+/)?[a-z]+(?:-[a-z]+)+\s*$"
     r"|\s*-->\s+\S+:\d+"
     r"|\s*npm (?:err|warn)!"
     r"|\s*<[\w-]+(?:\s[^<>]*)?>.*</[\w-]+>\s*$"
@@ -132,8 +140,35 @@ _LEAD_CONJ = re.compile(
 )
 
 
+_ITEM_GAP = re.compile(r"(?:\s{2,}|[,;:，；：]\s*)$")
+_CJK_CHAR = re.compile(r"[\u3400-\u9fff\uff00-\uffef]")
+
+
+def unwrap(text: str) -> str:
+    """A text copied out of a terminal, hard-wrapped at its width (each line padded
+    with spaces, the next indented), as the one paragraph it was: a sentence or a
+    numbered list cut at the screen's edge is read whole. Chinese joins without a
+    space."""
+    lines = text.split("\n")
+    if len(lines) < 2 or "```" in text:
+        return text
+    indented = all(line.startswith("  ") or not line.strip() for line in lines[1:])
+    padded = sum(1 for line in lines[:-1] if line.endswith(" "))
+    if not indented or 2 * padded < len(lines) - 1:
+        return text
+    out = lines[0].rstrip()
+    for line in lines[1:]:
+        piece = line.strip()
+        if not piece:
+            continue
+        cjk = _CJK_CHAR.match(piece[0]) and out and _CJK_CHAR.match(out[-1])
+        out += piece if cjk else " " + piece
+    return out
+
+
 def units(text: str) -> list[Unit]:
     """Sentences and clauses of a message, in order, with pasted output apart."""
+    text = unwrap(text)
     out: list[Unit] = []
     pos = 0
     for m in _FENCE.finditer(text):
@@ -142,6 +177,28 @@ def units(text: str) -> list[Unit]:
         pos = m.end()
     out += _prose_units(text[pos:])
     return out
+
+
+def inline_items(line: str) -> list[str]:
+    """A line cut before the markers of a numbered list written inline, when the
+    numbers run 1, 2, 3... (or 2, 3... after an unnumbered first item): "步骤： 1. A 2.
+    B" is "步骤：", "A", "B". A lone "version 2. Then" has no run and stays whole."""
+    marks = list(_INLINE_MARKER.finditer(line))
+    run: list[re.Match[str]] = []
+    # the first item may go unnumbered ("yes, a demo. 2. perp markets 3. none yet")
+    first = 1 if any(m.group(1) == "1" for m in marks) else 2
+    for m in marks:
+        if int(m.group(1)) == len(run) + first:
+            if not run and first == 2 and not _ITEM_GAP.search(line, 0, m.start()):
+                # "It costs 2. Maybe 3." counts; a list is set apart before its "2."
+                continue
+            run.append(m)
+    if len(run) < 2:
+        return [line]
+    out = [line[: run[0].start()]]
+    for m, nxt in zip(run, [*run[1:], None], strict=True):
+        out.append(line[m.end() : nxt.start() if nxt else len(line)])
+    return [piece.strip() for piece in out if piece.strip()]
 
 
 def _prose_units(text: str) -> list[Unit]:
@@ -160,12 +217,24 @@ def _prose_units(text: str) -> list[Unit]:
         body = _BULLET.sub("", line.strip()).strip()
         item = body != line.strip()
         quoted = line.lstrip().startswith(">")
-        for sentence in _SENT_SPLIT.split(body):
-            sentence = sentence.strip()
-            if sentence:
-                out += (Unit(c, item=item, quoted=quoted) for c in _cut_hedged_clause(sentence))
+        pieces = inline_items(line.strip())
+        if len(pieces) > 1:
+            lead_in = not _INLINE_MARKER.match(line.strip())
+            for n, piece in enumerate(pieces):
+                out += _sentence_units(piece, item or not (lead_in and n == 0), quoted)
+            continue
+        out += _sentence_units(body, item, quoted)
     if pasted:
         out.append(Unit("\n".join(pasted), pasted=True))
+    return out
+
+
+def _sentence_units(body: str, item: bool, quoted: bool) -> list[Unit]:
+    out: list[Unit] = []
+    for sentence in _SENT_SPLIT.split(body):
+        sentence = sentence.strip()
+        if sentence:
+            out += (Unit(c, item=item, quoted=quoted) for c in _cut_hedged_clause(sentence))
     return out
 
 
@@ -294,7 +363,7 @@ _REQUEST = re.compile(
     r"|draft|document|inspect|audit|profile|benchmark|measure|go through|walk through"
     r"|take a look|have a look|resume)\b)"
     r"|^\W*(?:请|麻烦|帮我|帮忙|劳驾|你(?:能|可以)|能不能|可以帮|看一下|看看|再看|检查|运行|跑一下|修复"
-    r"|实现|添加|整理|查一下|排查|调查|继续|接下来)",
+    r"|实现|添加|整理|查一下|排查|调查|继续|接下来|更新|补充|完善|重构|优化)",
     re.IGNORECASE,
 )
 # "Use Task Master MCP to set task status": a tool to use for a task, not a rule of how.

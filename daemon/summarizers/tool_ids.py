@@ -34,11 +34,19 @@ _LOG_LINE_CHARS = 720
 _LOG_SUBJECT_MIN = 12
 _LOG_TARGET = "git:log"
 _PUSHED = re.compile(
-    r"^\s*[+ ]?\s*([0-9a-f]{7,40})\.\.\.?([0-9a-f]{7,40})\s+\S+ -> \S+", re.M
+    r"^\s*[+ ]?\s*([0-9a-f]{7,40})\.\.\.?([0-9a-f]{7,40})\s+(\S+) -> (\S+)", re.M
 )
 _BRANCH = re.compile(
-    r"Switched to a new branch '([^']+)'|Created branch '?([\w./-]+)|new branch\]\s+(\S+)"
+    r"Switched to a new branch '([^']+)'|Created branch '?([\w./-]+)"
+    r"|new branch\]\s+(\S+)(?: +-> +(\S+))?"
 )
+
+
+def _fetched(local: str, remote: str | None) -> bool:
+    """"main -> origin/main", "[new branch] x -> origin/x": a remote-tracking ref a
+    `git pull` / `git fetch` brought in, the remote's work, not the call's (a push
+    reads "main -> main")."""
+    return bool(remote) and remote != local and remote.endswith("/" + local)
 _PR = re.compile(
     r"https?://[^\s\"'<>)\]]+/(?:pull|pulls|merge_requests)/(\d+)"
     r"|\b(?:pull request|PR|MR) #?(\d+)\b",
@@ -104,6 +112,8 @@ def result_ids(result: str, creates: bool, command: str = "") -> list[tuple[str,
     for m in _COMMIT.finditer(head):
         out.append((m.group(1), f"commit {m.group(1)}"))
     for m in _PUSHED.finditer(head):
+        if _fetched(m.group(3), m.group(4)):
+            continue
         out += [(m.group(1), f"commit {m.group(1)}"), (m.group(2), f"commit {m.group(2)}")]
     if "git" in command and ("log" in command or "show" in command):
         logged = _full_log(head)
@@ -119,6 +129,8 @@ def result_ids(result: str, creates: bool, command: str = "") -> list[tuple[str,
             out.append((m.group(1), f"commit {m.group(1)}"))
             break
     for m in _BRANCH.finditer(head):
+        if m.group(3) and _fetched(m.group(3), m.group(4)):
+            continue
         branch = next(g for g in m.groups() if g)
         out.append((f"branch:{branch}", f"branch {branch}"))
     urls_named: set[str] = set()
