@@ -74,6 +74,10 @@ class PgArchive(ArchiveStore):
         # whose count is exact as of this store's last commit to them
         self._in_tx: dict[str, tuple[int, int]] = {}
         self._exact: dict[str, float] = {}  # session -> until (monotonic)
+        # session -> its last message id before this store's latest append to it: in the
+        # open transaction, then once it committed
+        self._before_tx: dict[str, int] = {}
+        self._preceding: dict[str, int] = {}
 
     COUNT_FROM = "SELECT count(*), max(id) FROM messages WHERE session_id = ? AND id > ?"
 
@@ -101,10 +105,21 @@ class PgArchive(ArchiveStore):
             # exact while the lock is held; kept (with this transaction's appends) only
             # if it commits
             self._in_tx[session_id] = counted
+            self._before_tx.pop(session_id, None)  # a rolled back attempt's
+            self._preceding.pop(session_id, None)
             self.conn.after_commit.append(lambda: self._committed(session_id))
         return base + n
 
+    def preceding_id(self, session_id: str) -> int | None:
+        """The id of the session's last message before the batch this store last
+        appended to it (counted under that append's lock; 0: none), once; None when it
+        is not known."""
+        return self._preceding.pop(session_id, None)
+
     def _committed(self, session_id: str) -> None:
+        before = self._before_tx.pop(session_id, None)
+        if before is not None:
+            self._preceding[session_id] = before
         counted = self._in_tx.pop(session_id, None)
         if counted is not None:
             self._counts[session_id] = counted
@@ -131,6 +146,9 @@ class PgArchive(ArchiveStore):
         if session_id in self._in_tx:  # counted under this lock: the batch counts too
             top, n = self._in_tx[session_id]
             self._in_tx[session_id] = (max(top, ids[-1]), n + len(ids))
+            # the session's last message before this batch (ids follow commit order
+            # within a session): the engine's kept tail is whole if it ends there
+            self._before_tx[session_id] = top
         with c.pipeline():
             self._insert_batch(
                 session_id, messages, ids, batch_id, digest, run_id, client_batch_id, now
