@@ -72,6 +72,7 @@ class _Kept:
     summary: Summary | None = None
     summary_cids: list[str] | None = None
     summary_text: str | None = None
+    summary_pins: list[str] | None = None
     # counted in the view's bound (False once evicted while a caller still holds it)
     tracked: bool = True
 
@@ -202,13 +203,19 @@ class ContextView:
 
     def summary_text(self, session_id: str, summary: Summary) -> str | None:
         """The pins + summary message's text; None when there are neither."""
-        if self.shared:
-            return render_summary_message(self.pin_texts(session_id), summary)
         pins = self.pin_texts(session_id)  # first: it may reset the kept text
         kept = self._entry(session_id)
-        if kept.summary is not summary or kept.summary_cids is not summary.compaction_ids:
-            kept.summary_text = render_summary_message(pins, summary)
-            kept.summary, kept.summary_cids = summary, summary.compaction_ids
+        # on a shared store the pins are read with each request (other daemons change
+        # them) and the store hands out one Summary object while its stored text is the
+        # same (stores/postgres/contexts.py): the text is rendered again when either moved
+        if (kept.summary is not summary or kept.summary_cids is not summary.compaction_ids
+                or (self.shared and kept.summary_pins != pins)):
+            text = render_summary_message(pins, summary)
+            with self._lock:
+                kept.summary_text = text
+                kept.summary, kept.summary_cids, kept.summary_pins = (
+                    summary, summary.compaction_ids, pins)
+            return text
         return kept.summary_text
 
     def tail_messages(self, session_id: str, st: ContextState) -> list[dict[str, Any]]:

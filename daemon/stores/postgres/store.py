@@ -41,6 +41,7 @@ from ctxd.daemon.stores.postgres.connection import (
     DEFAULT_STATEMENT_TIMEOUT,
     PgConnection,
 )
+from ctxd.daemon.stores.postgres.contexts import PgContexts
 from ctxd.daemon.stores.postgres.ids import IdAllocator
 from ctxd.daemon.stores.postgres.locks import CompactionLocks
 from ctxd.daemon.stores.postgres.prefetch import READ_TAIL, READ_TAIL_RANGE
@@ -49,7 +50,7 @@ from ctxd.daemon.stores.postgres.store_ahead import ReadsAhead
 from ctxd.daemon.stores.sqlite.archive import ArchiveStore, _row_to_message
 from ctxd.daemon.stores.sqlite.archive_search import search_where, too_broad
 from ctxd.daemon.stores.sqlite.compaction_log import CompactionLog
-from ctxd.daemon.stores.sqlite.context_store import ContextState, ContextStore, PinStore
+from ctxd.daemon.stores.sqlite.context_store import PinStore
 from ctxd.protocol.errors import InvalidParams, StorageError
 
 log = logging.getLogger("ctxd.pg.store")
@@ -265,40 +266,6 @@ class PgArchive(ArchiveStore):
             }
             for mid, sid, r, created, body, score in rows
         ]
-
-
-_CONTEXT_COLUMNS = (
-    "session_id, version, system_ids, tail_start_id, summary, summary_tokens, "
-    "active_messages, active_tokens, compaction_count, last_compacted_at, base_id, "
-    "dropped_ids, updated_at"
-)
-
-
-class PgContexts(ContextStore):
-    def save(self, st: ContextState) -> None:
-        cols = _CONTEXT_COLUMNS.split(", ")
-        self.conn.execute(
-            f"INSERT INTO conversation_context({_CONTEXT_COLUMNS}) "
-            f"VALUES ({','.join('?' * len(cols))}) ON CONFLICT (session_id) DO UPDATE SET "
-            + ", ".join(f"{c} = excluded.{c}" for c in cols[1:]),
-            (
-                st.session_id,
-                st.version,
-                json.dumps(st.system_ids),
-                st.tail_start_id,
-                None
-                if st.summary.is_empty()
-                else json.dumps(st.summary.to_dict(), ensure_ascii=False),
-                st.summary_tokens,
-                st.active_messages,
-                st.active_tokens,
-                st.compaction_count,
-                st.last_compacted_at,
-                st.base_id,
-                json.dumps(st.dropped_ids) if st.dropped_ids else None,
-                time.time(),
-            ),
-        )
 
 
 class PostgresStore(ReadsAhead):
