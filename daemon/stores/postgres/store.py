@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from psycopg import errors as pgerr
 
 from ctxd.daemon.messages import message_text
-from ctxd.daemon.stores.postgres import events, schema, tsearch
+from ctxd.daemon.stores.postgres import batch_rows, events, schema, tsearch
 from ctxd.daemon.stores.postgres.connection import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_STATEMENT_TIMEOUT,
@@ -150,19 +150,18 @@ class PgArchive(ArchiveStore):
             # the session's last message before this batch (ids follow commit order
             # within a session): the engine's kept tail is whole if it ends there
             self._before_tx[session_id] = top
+        parts = [tsearch.tsvector_parts(message_text(m)) for m, _, _ in messages]
         with c.pipeline():
-            self._insert_batch(
-                session_id, messages, ids, batch_id, digest, run_id, client_batch_id, now
+            # one statement a table (daemon/stores/postgres/batch_rows.py)
+            c.execute(
+                "INSERT INTO batches(id, session_id, client_batch_id, run_id, digest, "
+                "first_message_id, last_message_id, created_at) VALUES (?,?,?,?,?,?,?,?)",
+                (batch_id, session_id, client_batch_id, run_id, digest, ids[0], ids[-1], now),
             )
-            c.executemany(
-                "INSERT INTO messages_search(message_id, part, tsv) VALUES (?, ?, ?::tsvector)",
-                [
-                    (i, part, lit)
-                    for i, (m, _, _) in zip(ids, messages, strict=True)
-                    for part, lit in enumerate(tsearch.tsvector_parts(message_text(m)))
-                ],
-            )
-            self._index_tool_calls(session_id, messages, ids)
+            c.execute(*batch_rows.message_rows(session_id, batch_id, messages, ids, now))
+            c.execute(*batch_rows.search_rows(ids, parts))
+            for sql, params in batch_rows.tool_rows(session_id, messages, ids):
+                c.execute(sql, params)
             # seen by every listening daemon when (and only if) this transaction commits
             c.execute(events.RECORD, (
                 self.origin, session_id,
