@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.store_cpu import CpuMeter
 from bench.workload import _Generator
 from tests.harness.netsim import HostDaemon, Hosts, describe
 from tests.pg import PASSWORD, SUPERUSER
@@ -76,15 +77,23 @@ def fresh_agent(conn_file: str, title: str, seed: int, steps: int, ready: Any,
 
 
 def throughput(daemons: list[HostDaemon], hosts: Hosts, steps: int, seed: int,
-               ) -> dict[str, Any]:
+               cluster_pid: int | None = None) -> dict[str, Any]:
+    """Messages/s, latencies and round trips of CLIENTS_PER_DAEMON clients per daemon,
+    and the CPU ms per turn each kind of process took (bench/store_cpu.py)."""
     from bench.bench_store import run_clients
 
     specs = [(fresh_agent, (str(daemons[i % len(daemons)].connection_file), f"agent {i}",
                             seed + i, steps))
              for i in range(CLIENTS_PER_DAEMON * len(daemons))]
+    meter = CpuMeter({
+        "daemons": [d.proc.pid for d in daemons if d.proc is not None],
+        "postgres": [cluster_pid] if cluster_pid else [],
+        "proxies": [p._proc.pid for p in hosts.proxies if p._proc.pid],
+    }).start()
     rt0 = hosts.round_trips()
     results, _ = run_clients(specs)
     rt = hosts.round_trips() - rt0
+    cpu = meter.stop()
     start_t = min(r[0][0] for r in results)
     end_t = max(r[-1][2] for r in results)
     turns = sum(len(r) for r in results)
@@ -94,6 +103,7 @@ def throughput(daemons: list[HostDaemon], hosts: Hosts, steps: int, seed: int,
                                         for t0, t1, _, _ in r),
         "get_p50": statistics.median((t2 - t1) * 1000 for r in results for _, t1, t2, _ in r),
         "rt_per_turn": rt / turns,
+        **{f"cpu_{k}": v * 1000 / turns for k, v in cpu.items()},
     }
 
 
@@ -166,7 +176,8 @@ def run(stores: Any, history: int, rtts: list[float], counts: list[int], steps: 
             try:
                 daemons = start(stores, hosts, history, n)
                 try:
-                    rs = [throughput(daemons, hosts, steps, 1000 * (r + 1))
+                    pg_pid = stores.cluster.proc.pid if stores.cluster.proc else None
+                    rs = [throughput(daemons, hosts, steps, 1000 * (r + 1), pg_pid)
                           for r in range(rounds)]
                     row = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
                     figures["rows"][(rtt, n)] = row
@@ -194,8 +205,9 @@ def render(f: dict[str, Any], rtts: list[float], counts: list[int], steps: int,
         "every daemon, counted by the proxy (a pipelined burst is one).",
         "",
         "| added RTT ms | daemons | clients | messages/s | x one daemon | append p50 ms | "
-        "context/get p50 ms | round trips per turn |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "context/get p50 ms | round trips per turn | CPU ms per turn: daemons | "
+        "PostgreSQL | proxies |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for rtt in rtts:
         one = f["rows"].get((rtt, 1), {}).get("msgs_per_s")
@@ -205,7 +217,8 @@ def render(f: dict[str, Any], rtts: list[float], counts: list[int], steps: int,
             lines.append(
                 f"| {rtt:g} | {n} | {CLIENTS_PER_DAEMON * n} | {r['msgs_per_s']:.0f} | "
                 f"{ratio} | {r['append_p50']:.1f} | {r['get_p50']:.1f} | "
-                f"{r['rt_per_turn']:.1f} |")
+                f"{r['rt_per_turn']:.1f} | {r.get('cpu_daemons', 0):.1f} | "
+                f"{r.get('cpu_postgres', 0):.1f} | {r.get('cpu_proxies', 0):.1f} |")
     lines += [
         "",
         "One client alone on one daemon (medians of 15 turns), and `context/status` every "

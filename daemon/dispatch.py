@@ -351,22 +351,38 @@ class Dispatcher(RequestFlow):
         return await self.engine.rebuild(p.session_id, dry_run=bool(p.dry_run))
 
     @serves(RUN_START, connection=True)
-    def run_start(self, conn: Connection, p: RunStartParams) -> types.RunStartResult:
-        run = self.scheduler.start_run(p.session_id, self._held)
+    def run_start(self, conn: Connection, p: RunStartParams) -> Any:
+        sid = p.session_id
+        if self.off_loop.wants("run/start"):
+            return self.off_loop.run(conn, sid, lambda: self.scheduler.start_run(sid, self._held),
+                                     lambda run: self._run_started(conn, run))
+        return self._run_started(conn, self.scheduler.start_run(sid, self._held))
+
+    def _run_started(self, conn: Connection, run: dict[str, Any]) -> types.RunStartResult:
         # interrupted when the connection closes; on ZeroMQ, which never says so, when the
         # client stays silent past its lease (see ZmqServer)
         conn.open_runs.add(run["runId"])
+        self.off_loop.learn(run["runId"], run["sessionId"])
+        if conn.closed:  # it closed while the run started beside the loop
+            self.scheduler.client_gone({run["runId"]})
         return types.RunStartResult(run_id=run["runId"], run=run)
 
     def _held(self, run_id: str) -> bool:
-        return any(run_id in c.open_runs for c in self._live)
+        # a copy: asked from a worker thread too, while the loop adds connections
+        return any(run_id in c.open_runs for c in list(self._live))
 
     @serves(RUN_FINISH, connection=True)
     def run_finish(self, conn: Connection, p: RunFinishParams) -> Any:
-        result = self.engine.finish_run(
-            p.run_id, p.outcome, messages=p.messages, client_batch_id=p.client_batch_id
-        )
-        return self._run_finished(conn, p, result)
+        def finish() -> types.RunFinishResult:
+            return self.engine.finish_run(
+                p.run_id, p.outcome, messages=p.messages, client_batch_id=p.client_batch_id
+            )
+
+        sid = None if p.return_context else self.off_loop.session_of("run/finish", p.run_id)
+        if sid is not None:
+            return self.off_loop.run(conn, sid, finish,
+                                     lambda result: self._run_finished(conn, p, result))
+        return self._run_finished(conn, p, finish())
 
     def _run_finished(
         self, conn: Connection, p: Any, result: types.RunFinishResult, gated: bool = False
@@ -388,19 +404,34 @@ class Dispatcher(RequestFlow):
         return self.scheduler.after_run_finished(done)
 
     @serves(APPROVAL_RESOLVE, connection=True)
-    def approval_resolve(self, conn: Connection, p: ApprovalResolveParams) -> dict[str, Any]:
-        approval = self.engine.resolve_approval(p.approval_id, p.decision, p.reason)
+    def approval_resolve(self, conn: Connection, p: ApprovalResolveParams) -> Any:
+        def resolve() -> dict[str, Any]:
+            return self.engine.resolve_approval(p.approval_id, p.decision, p.reason)
+
+        sid = self.off_loop.session_of("approval/resolve", p.approval_id)
+        if sid is not None:
+            return self.off_loop.run(conn, sid, resolve, self._approval_resolved)
+        return self._approval_resolved(resolve())
+
+    def _approval_resolved(self, approval: dict[str, Any]) -> dict[str, Any]:
         self.scheduler.after_approval_resolved(approval)
         return approval
 
     @serves(APPROVAL_REQUEST, connection=True)
-    def approval_request(
-        self, conn: Connection, p: ApprovalRequestParams
-    ) -> types.ApprovalRequestResult:
+    def approval_request(self, conn: Connection, p: ApprovalRequestParams) -> Any:
         self._claim(conn, p.run_id)
-        approval = self.engine.request_approval(
-            p.session_id, p.run_id, p.tool_call_id, p.tool_name, p.arguments
-        )
+
+        def request() -> dict[str, Any]:
+            return self.engine.request_approval(
+                p.session_id, p.run_id, p.tool_call_id, p.tool_name, p.arguments
+            )
+
+        if self.off_loop.wants("approval/request"):
+            return self.off_loop.run(conn, p.session_id, request, self._approval_requested)
+        return self._approval_requested(request())
+
+    def _approval_requested(self, approval: dict[str, Any]) -> types.ApprovalRequestResult:
+        self.off_loop.learn(approval["approvalId"], approval["sessionId"])
         return types.ApprovalRequestResult(approval_id=approval["approvalId"], approval=approval)
 
 

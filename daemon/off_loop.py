@@ -13,6 +13,9 @@ session's calls one after another, so
 - events the engine emits on a worker thread reach subscribers through the loop, in the
   order emitted (`Engine.serve_off_loop`); what follows on the loop (the scheduler's
   auto-compaction) runs there once the call is back.
+Runs and approvals (`run/start`, `run/finish`, `approval/request`, `approval/resolve`)
+go the same way, in their session's order: what the dispatcher does with their result
+(the connection's open runs, the scheduler) runs on the loop once the call is back.
 The embedded store keeps every call on the loop: SQLite answers in microseconds, and its
 connection is the engine's own.
 """
@@ -31,8 +34,13 @@ if TYPE_CHECKING:  # the dispatcher owns this: imported for annotations only
 
 T = TypeVar("T")
 
-# served off the loop on a shared store
-OFF_LOOP = frozenset({"messages/append", "context/get", "context/status"})
+# served off the loop on a shared store; run/finish and approval/resolve name a run or
+# an approval, not a session: they are served here when this daemon knows its session
+# (`session_of`), else on the loop
+OFF_LOOP = frozenset({"messages/append", "context/get", "context/status", "run/start",
+                      "run/finish", "approval/request", "approval/resolve"})
+# runs and approvals whose session is remembered (the oldest forgotten past this)
+KNOWN_MAX = 100_000
 
 
 class InTurn:
@@ -53,6 +61,23 @@ class OffLoop:
         self.enabled = bool(engine.shared and hasattr(engine.store, "in_lane"))
         self._turns = turns
         self._bound = False
+        # run and approval ids -> their session, as runs and approvals went through here
+        self._sessions: dict[str, str] = {}
+
+    def learn(self, item_id: str, session_id: str) -> None:
+        """A run's or an approval's session, for the requests that name only the id."""
+        if not self.enabled:
+            return
+        if len(self._sessions) >= KNOWN_MAX:
+            del self._sessions[next(iter(self._sessions))]
+        self._sessions[item_id] = session_id
+
+    def session_of(self, method: str, item_id: str | None) -> str | None:
+        """The session to serve `method` about the run or approval `item_id` in, off the
+        loop; None: serve it on the loop (not shared, or the session is not known here)."""
+        if item_id is None or not self.wants(method):
+            return None
+        return self._sessions.get(item_id)
 
     def wants(self, method: str) -> bool:
         return self.enabled and method in OFF_LOOP

@@ -35,12 +35,13 @@ from typing import Any, TypeVar
 from psycopg import errors as pgerr
 
 from ctxd.daemon.messages import message_text
-from ctxd.daemon.stores.postgres import events, schema, tsearch
+from ctxd.daemon.stores.postgres import batch_rows, events, schema, tsearch
 from ctxd.daemon.stores.postgres.connection import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_STATEMENT_TIMEOUT,
     PgConnection,
 )
+from ctxd.daemon.stores.postgres.contexts import PgContexts
 from ctxd.daemon.stores.postgres.ids import IdAllocator
 from ctxd.daemon.stores.postgres.locks import CompactionLocks
 from ctxd.daemon.stores.postgres.prefetch import READ_TAIL, READ_TAIL_RANGE
@@ -49,7 +50,7 @@ from ctxd.daemon.stores.postgres.store_ahead import ReadsAhead
 from ctxd.daemon.stores.sqlite.archive import ArchiveStore, _row_to_message
 from ctxd.daemon.stores.sqlite.archive_search import search_where, too_broad
 from ctxd.daemon.stores.sqlite.compaction_log import CompactionLog
-from ctxd.daemon.stores.sqlite.context_store import ContextState, ContextStore, PinStore
+from ctxd.daemon.stores.sqlite.context_store import PinStore
 from ctxd.protocol.errors import InvalidParams, StorageError
 
 log = logging.getLogger("ctxd.pg.store")
@@ -74,6 +75,10 @@ class PgArchive(ArchiveStore):
         # whose count is exact as of this store's last commit to them
         self._in_tx: dict[str, tuple[int, int]] = {}
         self._exact: dict[str, float] = {}  # session -> until (monotonic)
+        # session -> its last message id before this store's latest append to it: in the
+        # open transaction, then once it committed
+        self._before_tx: dict[str, int] = {}
+        self._preceding: dict[str, int] = {}
 
     COUNT_FROM = "SELECT count(*), max(id) FROM messages WHERE session_id = ? AND id > ?"
 
@@ -101,10 +106,21 @@ class PgArchive(ArchiveStore):
             # exact while the lock is held; kept (with this transaction's appends) only
             # if it commits
             self._in_tx[session_id] = counted
+            self._before_tx.pop(session_id, None)  # a rolled back attempt's
+            self._preceding.pop(session_id, None)
             self.conn.after_commit.append(lambda: self._committed(session_id))
         return base + n
 
+    def preceding_id(self, session_id: str) -> int | None:
+        """The id of the session's last message before the batch this store last
+        appended to it (counted under that append's lock; 0: none), once; None when it
+        is not known."""
+        return self._preceding.pop(session_id, None)
+
     def _committed(self, session_id: str) -> None:
+        before = self._before_tx.pop(session_id, None)
+        if before is not None:
+            self._preceding[session_id] = before
         counted = self._in_tx.pop(session_id, None)
         if counted is not None:
             self._counts[session_id] = counted
@@ -131,19 +147,21 @@ class PgArchive(ArchiveStore):
         if session_id in self._in_tx:  # counted under this lock: the batch counts too
             top, n = self._in_tx[session_id]
             self._in_tx[session_id] = (max(top, ids[-1]), n + len(ids))
+            # the session's last message before this batch (ids follow commit order
+            # within a session): the engine's kept tail is whole if it ends there
+            self._before_tx[session_id] = top
+        parts = [tsearch.tsvector_parts(message_text(m)) for m, _, _ in messages]
         with c.pipeline():
-            self._insert_batch(
-                session_id, messages, ids, batch_id, digest, run_id, client_batch_id, now
+            # one statement a table (daemon/stores/postgres/batch_rows.py)
+            c.execute(
+                "INSERT INTO batches(id, session_id, client_batch_id, run_id, digest, "
+                "first_message_id, last_message_id, created_at) VALUES (?,?,?,?,?,?,?,?)",
+                (batch_id, session_id, client_batch_id, run_id, digest, ids[0], ids[-1], now),
             )
-            c.executemany(
-                "INSERT INTO messages_search(message_id, part, tsv) VALUES (?, ?, ?::tsvector)",
-                [
-                    (i, part, lit)
-                    for i, (m, _, _) in zip(ids, messages, strict=True)
-                    for part, lit in enumerate(tsearch.tsvector_parts(message_text(m)))
-                ],
-            )
-            self._index_tool_calls(session_id, messages, ids)
+            c.execute(*batch_rows.message_rows(session_id, batch_id, messages, ids, now))
+            c.execute(*batch_rows.search_rows(ids, parts))
+            for sql, params in batch_rows.tool_rows(session_id, messages, ids):
+                c.execute(sql, params)
             # seen by every listening daemon when (and only if) this transaction commits
             c.execute(events.RECORD, (
                 self.origin, session_id,
@@ -247,40 +265,6 @@ class PgArchive(ArchiveStore):
             }
             for mid, sid, r, created, body, score in rows
         ]
-
-
-_CONTEXT_COLUMNS = (
-    "session_id, version, system_ids, tail_start_id, summary, summary_tokens, "
-    "active_messages, active_tokens, compaction_count, last_compacted_at, base_id, "
-    "dropped_ids, updated_at"
-)
-
-
-class PgContexts(ContextStore):
-    def save(self, st: ContextState) -> None:
-        cols = _CONTEXT_COLUMNS.split(", ")
-        self.conn.execute(
-            f"INSERT INTO conversation_context({_CONTEXT_COLUMNS}) "
-            f"VALUES ({','.join('?' * len(cols))}) ON CONFLICT (session_id) DO UPDATE SET "
-            + ", ".join(f"{c} = excluded.{c}" for c in cols[1:]),
-            (
-                st.session_id,
-                st.version,
-                json.dumps(st.system_ids),
-                st.tail_start_id,
-                None
-                if st.summary.is_empty()
-                else json.dumps(st.summary.to_dict(), ensure_ascii=False),
-                st.summary_tokens,
-                st.active_messages,
-                st.active_tokens,
-                st.compaction_count,
-                st.last_compacted_at,
-                st.base_id,
-                json.dumps(st.dropped_ids) if st.dropped_ids else None,
-                time.time(),
-            ),
-        )
 
 
 class PostgresStore(ReadsAhead):

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ctxd.daemon.stores.postgres import prefetch
 
@@ -24,6 +24,16 @@ if TYPE_CHECKING:  # the store this mixes into
     from ctxd.daemon.stores.sqlite.context_store import ContextStore
 
 T = TypeVar("T")
+
+
+class KeptView(Protocol):
+    """What the reads ahead ask of the engine's kept contexts."""
+
+    def tail_mark(self, session_id: str) -> tuple[int, int] | None: ...
+
+    def keeps_system(self, session_id: str, ids: Any) -> bool: ...
+
+
 # worker threads serving requests off the event loop (in_lane), each with a connection
 LANES = 4
 SWITCH_INTERVAL = 0.0005
@@ -80,21 +90,37 @@ class ReadsAhead:
             reads.append(prefetch.pending_count(session_id))
         return reads
 
+    def keep_view(self, view: KeptView) -> None:
+        """The engine's copy of the sessions' contexts (daemon/engine/context_view.py):
+        a `context/get` reads what that copy lacks, and checks the rest in the same
+        round trip."""
+        self._view = view
+
+    _view: KeptView | None = None
+
     @contextmanager
     def context_reads(self, session_id: str) -> Iterator[None]:
-        """What a `context/get` reads, in two round trips: the context row, pins, open
-        run, pending approvals and archive count; then, as that context names them, its
-        leading system messages, its tail and their size."""
-        reads = self._status_reads(session_id, True, True, True)
-        with self.conn.prefetch([*reads, prefetch.pins(session_id)]):
+        """What a `context/get` reads: the context row, pins, open run, pending
+        approvals, archive count and, when the engine keeps the session's tail, the
+        messages past its last one, in one round trip; then, only for what the engine
+        does not keep as that context names it, its leading system messages, its tail
+        and their size in a second."""
+        reads = [*self._status_reads(session_id, True, True, True), prefetch.pins(session_id)]
+        mark = self._view.tail_mark(session_id) if self._view is not None else None
+        if mark is not None:
+            reads.append(prefetch.tail(session_id, mark[1]))
+        with self.conn.prefetch(reads):
             st = self.contexts.load(session_id)  # answered from what was read ahead
             more = []
-            if st is not None and st.system_ids:
+            if st is not None and st.system_ids and not (
+                    self._view is not None and self._view.keeps_system(session_id,
+                                                                       st.system_ids)):
                 more.append(prefetch.messages(st.system_ids))
-            if st is not None and st.tail_start_id is not None:
-                more.append(prefetch.tail(session_id, st.tail_start_id))
+            start = st.tail_start_id if st is not None else None
+            if start is not None and (mark is None or mark[0] > start):
+                more.append(prefetch.tail(session_id, start))
                 # the reply's size bound (daemon/context_reply.py)
-                more += prefetch.stored_bytes(session_id, st.tail_start_id, st.system_ids,
+                more += prefetch.stored_bytes(session_id, start, st.system_ids,
                                               st.dropped_ids)
             with self.conn.prefetch(more):
                 yield

@@ -17,6 +17,7 @@ and later occurrences is missed) and lexemes over 2046 bytes are not indexed.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 
@@ -37,6 +38,12 @@ def normalize(token: str) -> str:
     token = token.lower()
     if token.isascii():
         return token
+    return _normalize_wide(token)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _normalize_wide(token: str) -> str:
+    # kept per token: most non-ASCII tokens are single CJK characters, repeated often
     decomposed = unicodedata.normalize("NFD", token)
     stripped = "".join(c for c in decomposed if unicodedata.category(c) != "Mn")
     return unicodedata.normalize("NFC", stripped)
@@ -44,6 +51,10 @@ def normalize(token: str) -> str:
 
 def tokens(text: str) -> list[str]:
     """The lexemes of a text, in order."""
+    if text.isascii():
+        # every append indexes its messages here: lowercasing ASCII moves no token
+        # boundary, so the whole text is lowercased at once instead of token by token
+        return _TOKEN.findall(text.replace("\x00", " ").lower())
     return [normalize(t) for t in _TOKEN.findall(fts.index_text(text))]
 
 
@@ -54,11 +65,15 @@ def _quote(lexeme: str) -> str:
 def _literal(lexemes: list[str]) -> str:
     positions: dict[str, list[int]] = {}
     for pos, lex in enumerate(lexemes, start=1):
-        plist = positions.setdefault(lex, [])
-        if len(plist) < MAX_POSITIONS_PER_LEXEME:
+        plist = positions.get(lex)
+        if plist is None:
+            positions[lex] = [pos]
+        elif len(plist) < MAX_POSITIONS_PER_LEXEME:
             plist.append(pos)
+    # a lexeme is a run of word characters (_TOKEN): it holds no quote or backslash to
+    # escape, so it is quoted as it is
     return " ".join(
-        f"{_quote(lex)}:{','.join(map(str, plist))}" for lex, plist in positions.items()
+        f"'{lex}':{','.join(map(str, plist))}" for lex, plist in positions.items()
     )
 
 
@@ -66,7 +81,14 @@ def tsvector_parts(text: str) -> list[str]:
     """`tsvector` literals (cast with ::tsvector) for a message's searchable text: one
     for most messages; a long one is cut into parts that each stay within the type's
     limits, overlapping by OVERLAP tokens so a phrase across a cut is still found."""
-    toks = [t for t in tokens(text) if len(t.encode("utf-8")) <= MAX_LEXEME_BYTES]
+    toks = tokens(text)
+    size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    if size <= MAX_LEXEME_BYTES and len(toks) <= MAX_POSITION and (
+            size + 8 * len(toks) <= MAX_VECTOR_BYTES):
+        # no token can be too long and the whole fits one part (most messages): the
+        # bounds below need not be checked token by token
+        return [_literal(toks)]
+    toks = [t for t in toks if len(t.encode("utf-8")) <= MAX_LEXEME_BYTES]
     parts: list[str] = []
     start = 0
     while True:

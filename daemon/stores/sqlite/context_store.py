@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,7 +89,15 @@ _COLUMNS = (
 )
 
 
-def load_context(conn: apsw.Connection, session_id: str) -> ContextState | None:
+def decode_summary(text: str | None) -> Summary:
+    return Summary.from_dict(json.loads(text)) if text else Summary()
+
+
+def load_context(
+    conn: apsw.Connection, session_id: str,
+    summary_of: Callable[[str, str | None], Summary] | None = None,
+) -> ContextState | None:
+    """`summary_of(session_id, stored text)`: the summary decoded (by default, anew)."""
     row = conn.execute(
         f"SELECT {_COLUMNS} FROM conversation_context WHERE session_id = ?", (session_id,)
     ).fetchone()
@@ -114,7 +122,7 @@ def load_context(conn: apsw.Connection, session_id: str) -> ContextState | None:
         version=version,
         system_ids=json.loads(system_ids),
         tail_start_id=tail_start_id,
-        summary=Summary.from_dict(json.loads(summary)) if summary else Summary(),
+        summary=summary_of(sid, summary) if summary_of else decode_summary(summary),
         summary_tokens=summary_tokens,
         active_messages=active_messages,
         active_tokens=active_tokens,

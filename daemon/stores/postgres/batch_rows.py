@@ -1,0 +1,72 @@
+"""An append's rows on PostgreSQL: one statement a table, whatever the batch's size.
+
+The embedded store inserts a batch's rows one statement each (an executemany), which
+costs SQLite next to nothing. On PostgreSQL each statement is a message psycopg builds
+and the server parses, binds and answers: a turn of four messages wrote a dozen rows in
+as many statements, and those statements cost the daemon and the server more CPU than
+the rows did. Here every table's rows go as arrays in one `INSERT .. SELECT FROM
+unnest(..)`, inside the append's pipeline (the same round trip).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+MESSAGES = (
+    "INSERT INTO messages(id, session_id, batch_id, role, body, tokens, created_at) "
+    "SELECT m.id, ?, ?, m.role, m.body, m.tokens, m.created_at FROM unnest("
+    "?::bigint[], ?::text[], ?::text[], ?::integer[], ?::double precision[]) "
+    "AS m(id, role, body, tokens, created_at)"
+)
+SEARCH = (
+    "INSERT INTO messages_search(message_id, part, tsv) "
+    "SELECT s.id, s.part, s.tsv::tsvector FROM unnest(?::bigint[], ?::integer[], ?::text[]) "
+    "AS s(id, part, tsv)"
+)
+TOOL_CALLS = (
+    "INSERT INTO tool_calls(session_id, tool_call_id, call_message_id) "
+    "SELECT ?, t.call, t.mid FROM unnest(?::text[], ?::bigint[]) AS t(call, mid)"
+)
+TOOL_RESULTS = (
+    "INSERT INTO tool_results(session_id, tool_call_id, result_message_id) "
+    "SELECT ?, t.call, t.mid FROM unnest(?::text[], ?::bigint[]) AS t(call, mid)"
+)
+
+
+def message_rows(
+    session_id: str, batch_id: int, messages: Sequence[tuple[dict[str, Any], str, int]],
+    ids: Sequence[int], now: float,
+) -> tuple[str, list[Any]]:
+    """The `messages` rows of a batch (a message that brings its own time keeps it)."""
+    return MESSAGES, [
+        session_id, batch_id, list(ids), [m["role"] for m, _, _ in messages],
+        [body for _, body, _ in messages], [tokens for _, _, tokens in messages],
+        [float(m.get("createdAt", now)) for m, _, _ in messages],
+    ]
+
+
+def search_rows(ids: Sequence[int], parts: Sequence[list[str]]) -> tuple[str, list[Any]]:
+    """The `messages_search` rows: `parts[k]`, the tsvector literals of message ids[k]."""
+    mids, nums, lits = [], [], []
+    for mid, literals in zip(ids, parts, strict=True):
+        for n, lit in enumerate(literals):
+            mids.append(mid)
+            nums.append(n)
+            lits.append(lit)
+    return SEARCH, [mids, nums, lits]
+
+
+def tool_rows(
+    session_id: str, messages: Sequence[tuple[dict[str, Any], str, int]], ids: Sequence[int],
+) -> list[tuple[str, list[Any]]]:
+    """The `tool_calls` and `tool_results` rows of a batch (none: no statement)."""
+    calls = [(c["id"], i) for i, (m, _, _) in zip(ids, messages, strict=True)
+             for c in m.get("tool_calls") or ()]
+    results = [(m["tool_call_id"], i) for i, (m, _, _) in zip(ids, messages, strict=True)
+               if m["role"] == "tool"]
+    out = []
+    for sql, rows in ((TOOL_CALLS, calls), (TOOL_RESULTS, results)):
+        if rows:
+            out.append((sql, [session_id, [r[0] for r in rows], [r[1] for r in rows]]))
+    return out
