@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psycopg
 import pytest
 from helpers import DaemonProcess, make_config, tool_turn
@@ -27,6 +28,11 @@ from tests.harness.netsim import DelayProxy
 from tests.pg import SUPERUSER
 
 PW_VAR = "CTXD_TEST_PG_PASSWORD"
+
+
+def wire(result: Any) -> Any:
+    """An engine's result as a client reads it (camelCase keys)."""
+    return msgspec.to_builtins(result)
 
 
 @pytest.fixture
@@ -43,7 +49,7 @@ def engines(tmp_path: Path, pg_dsn: str) -> Iterator[list[Engine]]:
 
 def fresh(ref: Engine, sid: str) -> dict[str, Any]:
     ref.view.forget(sid)
-    return ref.get_context(sid)
+    return wire(ref.get_context(sid))
 
 
 def same(got: dict[str, Any], want: dict[str, Any]) -> None:
@@ -55,51 +61,51 @@ def same(got: dict[str, Any], want: dict[str, Any]) -> None:
 
 def test_a_kept_context_sees_every_write_of_another_daemon(engines: list[Engine]) -> None:
     a, b, ref = engines
-    sid = a.create_session(title="kept")["sessionId"]
+    sid = wire(a.create_session(title="kept"))["sessionId"]
     a.append(sid, [{"role": "system", "content": "You are terse."}])
-    same(a.get_context(sid), fresh(ref, sid))
+    same(wire(a.get_context(sid)), fresh(ref, sid))
     rng = random.Random(7)
     for i in range(40):
         writer = rng.choice([a, b])
         step = rng.random()
         if step < 0.6:
-            res = writer.append(sid, [{"role": "user", "content": f"step {i}"},
-                                      *tool_turn(i)])
-            got = a.get_context(sid)
+            res = wire(writer.append(sid, [{"role": "user", "content": f"step {i}"},
+                                      *tool_turn(i)]))
+            got = wire(a.get_context(sid))
             # acknowledged through either daemon: in the very next read through a
             assert got["messageIds"][-1] == res["messageIds"][-1]
         elif step < 0.7:
             writer.add_pin(sid, f"pin {i}")
-            got = a.get_context(sid)
+            got = wire(a.get_context(sid))
             assert any(f"pin {i}" in (m.get("content") or "") for m in got["messages"])
         elif step < 0.8:
             writer.compact_sync(sid, force=True)
-            got = a.get_context(sid)
+            got = wire(a.get_context(sid))
         elif step < 0.9:
             pop(writer, sid, 1)
-            got = a.get_context(sid)
+            got = wire(a.get_context(sid))
         else:
             writer.append(sid, [{"role": "user", "content": f"before clear {i}"}])
             clear(writer, sid)
-            got = a.get_context(sid)
+            got = wire(a.get_context(sid))
             # pins stay (the message without an id); no archived message does
             assert [i for i in got["messageIds"] if i is not None] == []
         same(got, fresh(ref, sid))
         # and a's status agrees, asked on its own
-        assert a.status(sid)["archiveMessages"] == got["status"]["archiveMessages"]
+        assert wire(a.status(sid))["archiveMessages"] == got["status"]["archiveMessages"]
 
 
 def test_an_append_after_another_daemons_keeps_nothing_stale(engines: list[Engine]) -> None:
     """a keeps the tail, b appends, then a appends: a's own batch does not follow its
     kept tail, so what b stored must not be left out of a's next read."""
     a, b, ref = engines
-    sid = a.create_session(title="gap")["sessionId"]
+    sid = wire(a.create_session(title="gap"))["sessionId"]
     a.append(sid, [{"role": "user", "content": "first"}])
     a.get_context(sid)
     for i in range(5):
         b.append(sid, [{"role": "user", "content": f"from b {i}"}])
         a.append(sid, [{"role": "user", "content": f"from a {i}"}])
-        got = a.get_context(sid)
+        got = wire(a.get_context(sid))
         assert [m["content"] for m in got["messages"][-2:]] == [f"from b {i}", f"from a {i}"]
         same(got, fresh(ref, sid))
 
@@ -113,19 +119,19 @@ def test_a_kept_context_is_read_in_one_round_trip(
     e = Engine(make_config(tmp_path / "far"), store=PostgresStore(dsn, password=PASSWORD))
     other = Engine(make_config(tmp_path / "near"), store=PostgresStore(pg_dsn))
     try:
-        sid = e.create_session(title="far")["sessionId"]
+        sid = wire(e.create_session(title="far"))["sessionId"]
         e.append(sid, [{"role": "system", "content": "You are terse."}])
         e.append(sid, [{"role": "user", "content": "hello"}])
         e.get_context(sid)  # reads the whole tail once
         for i in range(4):
             e.append(sid, [{"role": "user", "content": f"step {i}"}, *tool_turn(i)])
             before = proxy.round_trips()
-            ctx = e.get_context(sid)
+            ctx = wire(e.get_context(sid))
             assert proxy.round_trips() - before == 1
             # another daemon's batch is read in that same round trip
-            ids = other.append(sid, [{"role": "user", "content": f"other {i}"}])["messageIds"]
+            ids = wire(other.append(sid, [{"role": "user", "content": f"other {i}"}]))["messageIds"]
             before = proxy.round_trips()
-            ctx = e.get_context(sid)
+            ctx = wire(e.get_context(sid))
             assert proxy.round_trips() - before == 1
             assert ctx["messageIds"][-1] == ids[-1]
     finally:
