@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxd.clients.client import Client
+from ctxd.clients.mcp_daemon import DaemonLink, SessionChoice
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -114,7 +115,7 @@ def serve_stdio(server: Any, max_line: int) -> None:
 
 def run(args: Any, connect: Callable[[], Client], connection_file: Path) -> int:
     try:
-        from ctxd.clients.mcp_server import DaemonLink, SessionChoice, build_server
+        from ctxd.clients.mcp_server import SERVER
     except ImportError:
         print("ctxd: the MCP server needs the mcp extra: pip install 'ctxd[mcp]'",
               file=sys.stderr)
@@ -133,7 +134,7 @@ def run(args: Any, connect: Callable[[], Client], connection_file: Path) -> int:
     except ConnectionError as exc:
         print(f"ctxd: {exc}", file=sys.stderr)
         return 1
-    server = build_server(link, choice)
+    server = SERVER.configure(link, choice)
     try:
         if not args.http:
             from ctxd.clients.mcp_limits import DEFAULT_MAX_LINE_BYTES
