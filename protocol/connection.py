@@ -12,12 +12,13 @@ import hashlib
 import json
 import os
 import stat
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
 import platformdirs
+
+from ctxd.protocol.files import replace_file
 
 CONNECTION_KEYS = (
     "pid",
@@ -106,24 +107,6 @@ def write_connection_file(path: Path, info: dict[str, Any]) -> None:
     """Write atomically with mode 0600 so no reader ever sees a partial file."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     replace_file(path, json.dumps(info, indent=2), 0o600)
-
-
-def replace_file(path: Path, text: str, mode: int) -> None:
-    """Put `text` at `path` atomically with `mode`: written under a fresh name made with
-    O_EXCL in the same directory, then renamed over `path`. Nothing already there (a
-    planted link under a predictable temporary name) is opened or chmod-ed."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def read_connection_file(path: Path | str) -> dict[str, Any]:

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from ctxd.protocol.connection import UnsafePath, ensure_private_dir, replace_file
+from ctxd.protocol.connection import UnsafePath, ensure_private_dir
+from ctxd.protocol.files import replace_file
 
 SCHEME = "ctxd"
 Kind = Literal["transcript", "context", "search"]
