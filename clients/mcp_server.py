@@ -29,6 +29,7 @@ from pydantic import Field
 from ctxd import __version__
 from ctxd.clients.client_methods import _Methods
 from ctxd.clients.mcp_daemon import DaemonLink, SessionChoice
+from ctxd.clients.message_refs import numbered
 from ctxd.protocol.errors import CtxdError
 
 SERVER_NAME = "ctxd"
@@ -99,15 +100,6 @@ def _clip(text: str, limit: int) -> str:
 def _when(ts: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.gmtime(ts)) if isinstance(ts, int | float) \
         else "?"
-
-
-def _numbered(page: dict[str, Any]) -> list[dict[str, Any]]:
-    """The messages of an archive/read page, each with its `#N` in the session."""
-    first = page.get("firstOrdinal")
-    msgs: list[dict[str, Any]] = page["messages"]
-    if first is None:
-        return msgs
-    return [{**m, "ordinal": first + i} for i, m in enumerate(msgs)]
 
 
 def render_message(m: dict[str, Any], limit: int) -> str:
@@ -268,13 +260,13 @@ def read_past_messages(
     if ordinal is not None:
         message_id = ordinal_to_id(daemon, sid, ordinal)
     assert message_id is not None
-    msgs = _numbered(daemon.read(sid, after_id=message_id - 1, limit=after + 1))
+    msgs = numbered(daemon.read(sid, after_id=message_id - 1, limit=after + 1))
     if not msgs or msgs[0]["id"] != message_id:
         raise ToolError(
             f"message {message_id} is not in session {sid}; if the search hit named "
             "another session, pass it as session_id")
     if before:
-        msgs = _numbered(daemon.read(sid, before_id=message_id, limit=before)) + msgs
+        msgs = numbered(daemon.read(sid, before_id=message_id, limit=before)) + msgs
     return read_answer(sid, message_id, msgs, max_chars)
 
 
