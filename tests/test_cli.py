@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_for_connection_file
 
 from ctxd.clients.cli import main
 from ctxd.clients.cli.commands import running
@@ -63,13 +64,12 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         [sys.executable, "-m", "ctxd.daemon", "serve", "--data-dir", str(data_dir),
          "--connection-file", str(conn)],
         env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while not conn.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            log.close()
-            pytest.fail("the daemon did not start:\n" + (tmp / "daemon.log").read_text())
-        time.sleep(0.05)
+    try:
+        wait_for_connection_file(conn, proc, tmp / "daemon.log", STARTUP_TIMEOUT)
+    except (RuntimeError, TimeoutError) as exc:
+        proc.kill()
+        log.close()
+        pytest.fail(f"the daemon did not start: {exc}")
     try:
         yield Daemon(proc, data_dir, conn, env, tmp)
     finally:

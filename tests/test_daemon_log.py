@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from helpers import DaemonProcess
+from helpers import DaemonProcess, wait_for_connection_file
 
 from ctxd.clients.cli import entry as cli
 from ctxd.daemon.logsetup import RATE_BURST
@@ -92,10 +92,7 @@ def test_the_log_of_a_daemon_started_by_ctxd_stdio_is_private(tmp_path: Path) ->
             os.environ.pop("CTXD_RUNTIME_DIR", None)
         else:
             os.environ["CTXD_RUNTIME_DIR"] = env_runtime
-    deadline = time.monotonic() + 20
-    while not conn_file.exists():
-        assert time.monotonic() < deadline, "the spawned daemon did not start"
-        time.sleep(0.05)
+    wait_for_connection_file(conn_file, None, data / "daemon.log", 20)
     pid = json.loads(conn_file.read_text())["pid"]
     try:
         log = data / "daemon.log"
