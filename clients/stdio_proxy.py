@@ -37,7 +37,7 @@ from typing import Any
 
 from ctxd.protocol import auth
 from ctxd.protocol.codec import FrameReader, dumps_json, frame
-from ctxd.protocol.connection import daemon_gone, read_connection_file
+from ctxd.protocol.connection import daemon_gone, read_connection_file, split_endpoint
 
 START_TIMEOUT = 10.0
 # after stdin closes, how long the daemon may take to deliver the last replies
@@ -58,13 +58,6 @@ class DaemonNotAuthentic(ConnectionError):
     """What listens at the file's endpoint could not prove it knows the token."""
 
 
-def _parse_endpoint(endpoint: str) -> tuple[str, int]:
-    host, sep, port = endpoint.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"bad jsonrpc_tcp endpoint {endpoint!r}; expected 'HOST:PORT'")
-    return host.strip("[]"), int(port)
-
-
 def _try_connect(connection_file: Path) -> tuple[socket.socket, dict[str, Any]]:
     info = read_connection_file(connection_file)
     if daemon_gone(info):
@@ -83,7 +76,7 @@ def _try_connect(connection_file: Path) -> tuple[socket.socket, dict[str, Any]]:
             raise
         sock.settimeout(None)
         return sock, info
-    host, port = _parse_endpoint(str(info.get("jsonrpc_tcp", "")))
+    host, port = split_endpoint(str(info.get("jsonrpc_tcp", "")), "jsonrpc_tcp endpoint")
     sock = socket.create_connection((host, port), timeout=2.0)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -97,6 +97,20 @@ def ensure_private_dir(path: Path, *, what: str = "directory", tighten: bool = T
     return path
 
 
+def format_hostport(host: str, port: int) -> str:
+    """`HOST:PORT` as the connection file writes an endpoint (an IPv6 host in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def split_endpoint(endpoint: str, what: str = "endpoint") -> tuple[str, int]:
+    """(host, port) of `HOST:PORT`, `[::1]:PORT` or `SCHEME://HOST:PORT` (the connection
+    file's `jsonrpc_tcp`, `websocket`, a TCP `zmq_router`); ValueError naming `what`."""
+    host, sep, port = endpoint.split("://", 1)[-1].rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"bad {what} {endpoint!r}; expected 'HOST:PORT'")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
 def connection_file_for(data_dir: Path | str) -> Path:
     """The default connection file of the daemon serving `data_dir`: one per data dir."""
     key = hashlib.sha1(str(Path(data_dir).resolve()).encode()).hexdigest()[:12]

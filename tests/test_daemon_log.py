@@ -18,6 +18,7 @@ from helpers import DaemonProcess, wait_for_connection_file
 from ctxd.clients.cli import entry as cli
 from ctxd.daemon.logsetup import RATE_BURST
 from ctxd.protocol.codec import frame
+from ctxd.protocol.connection import split_endpoint
 
 TIMEOUT = 10.0
 
@@ -31,7 +32,7 @@ def start(root: Path, **config: Any) -> DaemonProcess:
 
 def refused(info: dict[str, Any], n: int) -> None:
     """`n` connections without the token, each refused (and logged) by the daemon."""
-    host, port = info["jsonrpc_tcp"].rsplit(":", 1)
+    host, port = split_endpoint(info["jsonrpc_tcp"])
     for i in range(n):
         with socket.create_connection((host, int(port)), timeout=TIMEOUT) as s:
             s.sendall(frame(json.dumps({"jsonrpc": "2.0", "id": i, "method": "session/list",

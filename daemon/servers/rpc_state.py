@@ -8,6 +8,7 @@ from typing import Any
 
 from ctxd.daemon.servers.admission import Gate
 from ctxd.daemon.servers.base import Connection, EventHub, RequestHandler
+from ctxd.protocol.connection import format_hostport
 from ctxd.protocol.errors import CtxdError, InternalError
 
 log = logging.getLogger("ctxd.servers.jsonrpc")
@@ -21,10 +22,6 @@ DEFAULT_CLOSE_GRACE = 5.0
 # before login a frame carries `initialize` only: its params are a few hundred bytes
 PREAUTH_MAX_FRAME = 64 * 1024
 _CLOSE_FLUSH_TIMEOUT = 5.0
-
-
-def format_hostport(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def peer_name(addr: Any) -> str:

@@ -24,11 +24,11 @@ from ctxd.daemon.servers.rpc_state import (
     DEFAULT_MAX_QUEUE_BYTES,
     DEFAULT_MAX_UNAUTHENTICATED,
     ServerCore,
-    format_hostport,
     peer_name,
     too_many_connections,
 )
 from ctxd.protocol.codec import DEFAULT_MAX_FRAME, FrameReader, dumps_json, error_response, frame
+from ctxd.protocol.connection import format_hostport
 from ctxd.protocol.errors import CtxdError
 
 # how long a closing connection keeps reading (and dropping) what the client still sends

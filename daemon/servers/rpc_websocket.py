@@ -40,12 +40,12 @@ from ctxd.daemon.servers.rpc_state import (
     DEFAULT_MAX_QUEUE_BYTES,
     DEFAULT_MAX_UNAUTHENTICATED,
     ServerCore,
-    format_hostport,
     peer_name,
     too_many_connections,
 )
 from ctxd.daemon.servers.web import PageServer
 from ctxd.protocol.codec import DEFAULT_MAX_FRAME, dumps_json, error_response
+from ctxd.protocol.connection import format_hostport
 
 # the opening handshake must be done by then (by the login deadline when there is one;
 # that deadline starts again after the handshake)
