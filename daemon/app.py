@@ -35,7 +35,7 @@ from ctxd.daemon.ownership import (
 )
 from ctxd.daemon.servers.admission import plan_budget, raise_descriptor_limit
 from ctxd.daemon.servers.base import EventHub
-from ctxd.daemon.servers.jsonrpc import start_tcp_server, start_websocket_server
+from ctxd.daemon.servers.jsonrpc import WireLimits, start_tcp_server, start_websocket_server
 from ctxd.daemon.servers.rpc_tcp import JsonRpcTcpServer, start_unix_server
 from ctxd.daemon.servers.rpc_websocket import JsonRpcWebSocketServer
 from ctxd.daemon.servers.web import PageServer
@@ -168,20 +168,20 @@ class Daemon:
         budget = plan_budget(
             raise_descriptor_limit(), cfg.max_connections, cfg.max_unauthenticated_connections
         )
-        wire_limits: dict[str, Any] = {
-            "max_frame": cfg.max_request_bytes,
-            "max_connections": budget.max_connections,
-            "require_login": True,
-            "login_timeout": cfg.auth_timeout_seconds,
-            "max_unauthenticated": budget.max_unauthenticated,
-            "fd_ceiling": budget.ceiling,
-        }
-        wires.tcp = await start_tcp_server(dispatcher, hub, cfg.host, port, **wire_limits)
+        limits = WireLimits(
+            max_frame=cfg.max_request_bytes,
+            max_connections=budget.max_connections,
+            require_login=True,
+            login_timeout=cfg.auth_timeout_seconds,
+            max_unauthenticated=budget.max_unauthenticated,
+            fd_ceiling=budget.ceiling,
+        )
+        wires.tcp = await start_tcp_server(dispatcher, hub, cfg.host, port, limits)
         unix_path = self._unix_socket_path()
         if unix_path is not None:
-            wires.unix = await start_unix_server(dispatcher, hub, unix_path, **wire_limits)
+            wires.unix = await start_unix_server(dispatcher, hub, unix_path, limits)
         wires.ws = await start_websocket_server(
-            dispatcher, hub, cfg.host, port + 1 if port else 0, **wire_limits
+            dispatcher, hub, cfg.host, port + 1 if port else 0, limits
         )
         wires.ws.pages = PageServer(wires.ws.port, cfg.host)
         wires.http = page_base_url(cfg.host, wires.ws.port)
