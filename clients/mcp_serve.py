@@ -20,6 +20,7 @@ from typing import Any
 
 from ctxd.clients.client import Client
 from ctxd.clients.mcp_daemon import DaemonLink, SessionChoice
+from ctxd.protocol.connection import read_connection_file
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -143,7 +144,7 @@ def run(args: Any, connect: Callable[[], Client], connection_file: Path) -> int:
             return 0
         token = os.environ.get("CTXD_MCP_TOKEN") or ""
         if not token and args.daemon_token:
-            token = json.loads(connection_file.read_text())["token"]
+            token = read_connection_file(connection_file).token
         printed = not token
         token = token or secrets.token_urlsafe(32)
 

@@ -41,6 +41,7 @@ from ctxd.daemon.servers.rpc_websocket import JsonRpcWebSocketServer
 from ctxd.daemon.servers.web import PageServer
 from ctxd.daemon.servers.zmq_server import ZmqServer
 from ctxd.protocol.connection import (
+    ConnectionInfo,
     UnsafePath,
     connection_file_for,
     default_runtime_dir,
@@ -89,7 +90,7 @@ class Daemon:
         self.connection_file = config.connection_file or connection_file_for(config.data_dir)
         self.token = secrets.token_urlsafe(32)
         self.stopping = asyncio.Event()
-        self.info: dict[str, Any] = {}
+        self.info: ConnectionInfo | None = None
         self.background = Background()
 
     async def run(self) -> int:
@@ -228,24 +229,25 @@ class Daemon:
         """Announce the daemon: written only once every endpoint is bound."""
         assert wires.tcp is not None and wires.ws is not None and wires.zmq is not None
         cfg = self.config
-        self.info = {
-            "pid": os.getpid(),
-            "jsonrpc_tcp": wires.tcp.endpoint,
-            "jsonrpc_unix": wires.unix.endpoint if wires.unix is not None else None,
-            "websocket": wires.ws.endpoint,
-            "http": wires.http,
-            "zmq_router": wires.zmq.router_endpoint,
-            "zmq_pub": wires.zmq.pub_endpoint,
-            "token": self.token,
-            "data_dir": str(cfg.data_dir),
-            "store": store_description(cfg),
-            "version": __version__,
-        }
+        self.info = ConnectionInfo(
+            pid=os.getpid(),
+            jsonrpc_tcp=wires.tcp.endpoint,
+            jsonrpc_unix=wires.unix.endpoint if wires.unix is not None else None,
+            websocket=wires.ws.endpoint,
+            http=wires.http,
+            zmq_router=wires.zmq.router_endpoint,
+            zmq_pub=wires.zmq.pub_endpoint,
+            token=self.token,
+            data_dir=str(cfg.data_dir),
+            store=store_description(cfg),
+            version=__version__,
+        )
         write_connection_file(self.connection_file, self.info)
 
     def _announce(self, wires: Wires) -> None:
         """One log line, and the endpoints on stderr for the person who started it."""
         assert wires.tcp is not None and wires.ws is not None and wires.zmq is not None
+        assert self.info is not None
         cfg = self.config
         log.info(
             "ctxd %s serving %s; connection file %s",
@@ -255,7 +257,7 @@ class Daemon:
         )
         print(
             f"ctxd {__version__} serving {cfg.data_dir}\n"
-            f"  store:           {self.info['store']}\n"
+            f"  store:           {self.info.store}\n"
             f"  connection file: {self.connection_file}\n"
             f"  json-rpc tcp:    {wires.tcp.endpoint}\n"
             + (f"  json-rpc unix:   {wires.unix.endpoint}\n" if wires.unix is not None else "")
@@ -285,7 +287,7 @@ class Daemon:
         """The start in reverse: unannounce, stop accepting, let a running compaction
         finish, then close the store and let go of the locks whatever failed before."""
         try:
-            if self.info:
+            if self.info is not None:
                 self.connection_file.unlink(missing_ok=True)
             for server in wires.started():
                 await server.close()

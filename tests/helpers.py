@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxd.daemon.config import Config
+from ctxd.protocol.connection import read_connection_file
 
 
 def make_config(path: Path, **policy: Any) -> Config:
@@ -88,7 +89,7 @@ class DaemonProcess:
         return self
 
     def info(self) -> dict[str, Any]:
-        return json.loads(self.connection_file.read_text())
+        return read_connection_file(self.connection_file).to_dict()
 
     def client(self, wire: str = "zmq", **kw: Any) -> Any:
         from ctxd.clients.client import connect

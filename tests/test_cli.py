@@ -27,6 +27,7 @@ from ctxd.clients.cli import main
 from ctxd.clients.cli.commands import running
 from ctxd.clients.cli.commands import watch as watch_command
 from ctxd.clients.client import Client, connect
+from ctxd.protocol.connection import read_connection_file
 
 STARTUP_TIMEOUT = 20.0
 CLI_TIMEOUT = 30.0
@@ -131,7 +132,7 @@ def session(daemon: Daemon) -> dict[str, Any]:
 
 def test_status_reports_the_daemon_and_never_the_token(daemon: Daemon,
                                                        session: dict[str, Any]) -> None:
-    token = json.loads(daemon.connection_file.read_text())["token"]
+    token = read_connection_file(daemon.connection_file).token
     with daemon.client() as c:
         expected = len(c.list_sessions(limit=1000)["sessions"])
     out = cli_json(daemon, "status")

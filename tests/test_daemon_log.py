@@ -18,7 +18,7 @@ from helpers import DaemonProcess, wait_for_connection_file
 from ctxd.clients.cli import entry as cli
 from ctxd.daemon.logsetup import RATE_BURST
 from ctxd.protocol.codec import frame
-from ctxd.protocol.connection import split_endpoint
+from ctxd.protocol.connection import read_connection_file, split_endpoint
 
 TIMEOUT = 10.0
 
@@ -94,7 +94,7 @@ def test_the_log_of_a_daemon_started_by_ctxd_stdio_is_private(tmp_path: Path) ->
         else:
             os.environ["CTXD_RUNTIME_DIR"] = env_runtime
     wait_for_connection_file(conn_file, None, data / "daemon.log", 20)
-    pid = json.loads(conn_file.read_text())["pid"]
+    pid = read_connection_file(conn_file).pid
     try:
         log = data / "daemon.log"
         assert mode(log) == 0o600
