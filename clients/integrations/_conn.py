@@ -11,7 +11,10 @@ not to), so one line is enough to use ctxd from a framework.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import threading
+import uuid
 import weakref
 from pathlib import Path
 from typing import Any
@@ -117,3 +120,14 @@ class Connection:
                 pass
             _created.add((*self._key, session_id))
         return c
+
+
+def batch_id(tag: str, key: object | None) -> str:
+    """The `client_batch_id` of an adapter's append: `tag-` and a digest of `key` (what
+    names the messages: their ids, with the session) when they carry ids, so the same
+    messages sent again are one batch the daemon stores once; a fresh one when `key` is
+    None (messages without ids may honestly repeat)."""
+    if key is None:
+        return f"{tag}-{uuid.uuid4().hex}"
+    body = json.dumps(key, sort_keys=True, default=str)
+    return f"{tag}-" + hashlib.sha256(body.encode()).hexdigest()[:40]
