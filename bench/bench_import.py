@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.helpers import wait_for_connection_file
 from tests.transcript_gen import claude_code_lines, codex_lines
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -151,11 +152,7 @@ def start_daemon(root: Path) -> tuple[subprocess.Popen[bytes], Path, dict[str, s
     proc = subprocess.Popen([sys.executable, "-m", "ctxd.daemon", "serve", "--data-dir",
                              str(root / "data"), "--connection-file", str(conn)],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while not conn.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError((root / "daemon.log").read_text())
-        time.sleep(0.05)
+    wait_for_connection_file(conn, proc, root / "daemon.log", 30)
     return proc, conn, env
 
 

@@ -42,6 +42,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from helpers import wait_for_connection_file  # noqa: E402
 from transcript_gen import write_claude_code  # noqa: E402
 
 from ctxd.daemon.tokens import TokenCounter  # noqa: E402
@@ -56,11 +57,7 @@ def start_daemon(root: Path) -> tuple[subprocess.Popen[bytes], Path, dict[str, s
     proc = subprocess.Popen([sys.executable, "-m", "ctxd.daemon", "serve", "--data-dir",
                              str(root / "data"), "--connection-file", str(conn)],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while not conn.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError((root / "daemon.log").read_text())
-        time.sleep(0.05)
+    wait_for_connection_file(conn, proc, root / "daemon.log", 30)
     return proc, conn, env
 
 

@@ -41,6 +41,9 @@ from ctxd.daemon.config import Config
 from ctxd.daemon.engine import Engine
 from ctxd.protocol.errors import CtxdError
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from helpers import wait_for_connection_file  # noqa: E402
+
 WORDS = [f"common{i}" for i in range(64)]
 BROAD = " ".join(WORDS[:63]) + " zebracorn"
 ALL64 = " ".join(WORDS[:64])
@@ -73,11 +76,7 @@ class Daemon:
             [sys.executable, "-m", "ctxd.daemon", "serve", "--data-dir", str(data_dir),
              "--connection-file", str(self.conn_file), "--config", str(cfg)],
             env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while not self.conn_file.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the daemon did not start; see daemon.log")
-            time.sleep(0.05)
+        wait_for_connection_file(self.conn_file, self.proc, root / "daemon.log", 30)
 
     def client(self, wire: str = "zmq") -> Any:
         return connect(connection_file=self.conn_file, wire=wire, timeout=900)  # type: ignore[arg-type]

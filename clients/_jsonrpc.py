@@ -24,6 +24,7 @@ from ctxd.protocol.codec import (
     loads_json,
     request,
 )
+from ctxd.protocol.connection import split_endpoint
 from ctxd.protocol.errors import PayloadTooLarge
 
 log = logging.getLogger("ctxd.client")
@@ -33,14 +34,6 @@ LostSink = Callable[[BaseException], None]
 
 # Above this much unsent output, a sender waits for the socket to drain.
 _DRAIN_ABOVE = 256 * 1024
-
-
-def split_hostport(address: str) -> tuple[str, int]:
-    """`127.0.0.1:PORT` or `[::1]:PORT` -> (host, port)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"expected HOST:PORT, got {address!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 def _encode(req_id: int, method: str, params: Any, max_frame: int) -> bytes:
@@ -78,7 +71,7 @@ class TcpTransport:
         if self.endpoint.startswith("/"):
             opening = asyncio.open_unix_connection(self.endpoint)
         else:
-            host, port = split_hostport(self.endpoint)
+            host, port = split_endpoint(self.endpoint)
             opening = asyncio.open_connection(host, port)
         try:
             self._reader, self._writer = await asyncio.wait_for(opening, self.connect_timeout)

@@ -23,9 +23,10 @@ from typing import Any
 
 import zmq
 
-from ctxd.clients._jsonrpc import _encode, split_hostport
+from ctxd.clients._jsonrpc import _encode
 from ctxd.protocol import auth
 from ctxd.protocol.codec import FrameReader, frame, loads_json, packb, unpackb
+from ctxd.protocol.connection import split_endpoint
 from ctxd.protocol.errors import InternalError, PayloadTooLarge, error_from_dict
 
 # the longest a lane waits without looking whether the client is closing
@@ -180,7 +181,7 @@ class TcpLane(Lane):
                 sock.close()
                 raise
         else:
-            host, port = split_hostport(address)
+            host, port = split_endpoint(address)
             sock = socket.create_connection((host, port), timeout=connect_timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:

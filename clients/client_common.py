@@ -55,7 +55,7 @@ def find_daemon(
         path = connection_file_for(Path(data_dir) if data_dir else default_data_dir())
     where = f"data dir {data_dir}" if data_dir and connection_file is None else str(path)
     try:
-        info = read_connection_file(path)
+        record = read_connection_file(path)
     except FileNotFoundError:
         raise DaemonNotRunning(
             f"no ctxd daemon: connection file {path} does not exist; start one with "
@@ -63,12 +63,13 @@ def find_daemon(
         ) from None
     except (OSError, ValueError) as exc:
         raise DaemonNotRunning(f"cannot read the connection file {path}: {exc}") from None
-    if daemon_gone(info):
+    if daemon_gone(record):
         raise DaemonNotRunning(
-            f"the daemon of {path} (pid {info['pid']}) is not running; the file is stale. "
+            f"the daemon of {path} (pid {record.pid}) is not running; the file is stale. "
             "Start it again with 'ctxd serve'"
         )
-    return path, info
+    # the clients take the file's keys as a mapping (what `Client(info)` is given)
+    return path, record.to_dict()
 
 
 def _check_wire(wire: str) -> None:

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ctxd.clients.client import Client
+from ctxd.clients.mcp_daemon import DaemonLink, SessionChoice
+from ctxd.protocol.connection import read_connection_file
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -114,7 +116,7 @@ def serve_stdio(server: Any, max_line: int) -> None:
 
 def run(args: Any, connect: Callable[[], Client], connection_file: Path) -> int:
     try:
-        from ctxd.clients.mcp_server import DaemonLink, SessionChoice, build_server
+        from ctxd.clients.mcp_server import SERVER
     except ImportError:
         print("ctxd: the MCP server needs the mcp extra: pip install 'ctxd[mcp]'",
               file=sys.stderr)
@@ -133,7 +135,7 @@ def run(args: Any, connect: Callable[[], Client], connection_file: Path) -> int:
     except ConnectionError as exc:
         print(f"ctxd: {exc}", file=sys.stderr)
         return 1
-    server = build_server(link, choice)
+    server = SERVER.configure(link, choice)
     try:
         if not args.http:
             from ctxd.clients.mcp_limits import DEFAULT_MAX_LINE_BYTES
@@ -142,7 +144,7 @@ def run(args: Any, connect: Callable[[], Client], connection_file: Path) -> int:
             return 0
         token = os.environ.get("CTXD_MCP_TOKEN") or ""
         if not token and args.daemon_token:
-            token = json.loads(connection_file.read_text())["token"]
+            token = read_connection_file(connection_file).token
         printed = not token
         token = token or secrets.token_urlsafe(32)
 

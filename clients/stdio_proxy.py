@@ -37,7 +37,12 @@ from typing import Any
 
 from ctxd.protocol import auth
 from ctxd.protocol.codec import FrameReader, dumps_json, frame
-from ctxd.protocol.connection import daemon_gone, read_connection_file
+from ctxd.protocol.connection import (
+    ConnectionInfo,
+    daemon_gone,
+    read_connection_file,
+    split_endpoint,
+)
 
 START_TIMEOUT = 10.0
 # after stdin closes, how long the daemon may take to deliver the last replies
@@ -58,19 +63,12 @@ class DaemonNotAuthentic(ConnectionError):
     """What listens at the file's endpoint could not prove it knows the token."""
 
 
-def _parse_endpoint(endpoint: str) -> tuple[str, int]:
-    host, sep, port = endpoint.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"bad jsonrpc_tcp endpoint {endpoint!r}; expected 'HOST:PORT'")
-    return host.strip("[]"), int(port)
-
-
 def _try_connect(connection_file: Path) -> tuple[socket.socket, dict[str, Any]]:
     info = read_connection_file(connection_file)
     if daemon_gone(info):
         # a stale file of a dead daemon: its port may now belong to anything
-        raise ConnectionRefusedError(f"daemon pid {info.get('pid')} is not running")
-    unix_path = info.get("jsonrpc_unix")
+        raise ConnectionRefusedError(f"daemon pid {info.pid} is not running")
+    unix_path = info.jsonrpc_unix
     if isinstance(unix_path, str) and unix_path:
         # this user's own socket: no other local user can squat its logins
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -83,7 +81,7 @@ def _try_connect(connection_file: Path) -> tuple[socket.socket, dict[str, Any]]:
             raise
         sock.settimeout(None)
         return sock, info
-    host, port = _parse_endpoint(str(info.get("jsonrpc_tcp", "")))
+    host, port = split_endpoint(info.jsonrpc_tcp or "", "jsonrpc_tcp endpoint")
     sock = socket.create_connection((host, port), timeout=2.0)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -95,9 +93,9 @@ def _try_connect(connection_file: Path) -> tuple[socket.socket, dict[str, Any]]:
     return sock, info
 
 
-def _authenticate(sock: socket.socket, info: dict[str, Any], where: str) -> None:
+def _authenticate(sock: socket.socket, info: ConnectionInfo, where: str) -> None:
     """Mutual authentication before anything of the editor's is sent (see module doc)."""
-    token = info.get("token")
+    token = info.token
     if not isinstance(token, str):
         raise ValueError("the connection file has no token")
     nonce = auth.new_nonce()
@@ -356,7 +354,7 @@ def run_stdio_proxy(connection_file: Path, start_daemon: Callable[[], None] | No
 
     def pump_stdin() -> None:
         try:
-            _stdin_to_daemon(_FdReader(sys.stdin.fileno()), sock, info.get("token"), in_flight)
+            _stdin_to_daemon(_FdReader(sys.stdin.fileno()), sock, info.token, in_flight)
         except OSError:
             return  # the daemon went away; the reading side reports it
         closed_at.append(time.monotonic())

@@ -4,6 +4,7 @@ Start-up order: take the data dir's lock, open the engine, bind every endpoint, 
 write the connection file (so a client that reads it can connect). Shut-down reverses
 it: remove the connection file, stop accepting, let a running compaction finish (or
 abandon it: it commits atomically or not at all), close the database, drop the lock.
+`Daemon.run` is that list of steps, each a method below it.
 """
 
 from __future__ import annotations
@@ -14,20 +15,18 @@ import os
 import secrets
 import signal
 import sys
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
-
-import apsw
 
 from ctxd import __version__
 from ctxd.daemon.config import Config, StartupError
+from ctxd.daemon.data_dir import AlreadyRunning, open_data_dir, reason, store_description
 from ctxd.daemon.dispatch import Dispatcher
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.logsetup import configure_logging
 from ctxd.daemon.ownership import (
     PidLock,
     Refused,
-    check_data_dir,
     connection_file_lock,
     ipc_endpoints,
     jsonrpc_socket_path,
@@ -36,11 +35,13 @@ from ctxd.daemon.ownership import (
 )
 from ctxd.daemon.servers.admission import plan_budget, raise_descriptor_limit
 from ctxd.daemon.servers.base import EventHub
-from ctxd.daemon.servers.jsonrpc import start_tcp_server, start_websocket_server
-from ctxd.daemon.servers.rpc_tcp import start_unix_server
+from ctxd.daemon.servers.jsonrpc import WireLimits, start_tcp_server, start_websocket_server
+from ctxd.daemon.servers.rpc_tcp import JsonRpcTcpServer, start_unix_server
+from ctxd.daemon.servers.rpc_websocket import JsonRpcWebSocketServer
 from ctxd.daemon.servers.web import PageServer
 from ctxd.daemon.servers.zmq_server import ZmqServer
 from ctxd.protocol.connection import (
+    ConnectionInfo,
     UnsafePath,
     connection_file_for,
     default_runtime_dir,
@@ -54,19 +55,33 @@ SHUTDOWN_GRACE_SECONDS = 5.0
 # sun_path holds 108 bytes on Linux, with the terminating NUL
 _MAX_SOCKET_PATH = 108
 
-
-class AlreadyRunning(RuntimeError):
-    pass
+__all__ = ["AlreadyRunning", "Daemon", "page_base_url", "serve"]
 
 
-def data_dir_lock(data_dir: Path) -> PidLock:
-    """An flock on `<data dir>/daemon.lock` holding the owner's pid."""
-    return PidLock(
-        data_dir / "daemon.lock",
-        lambda owner: AlreadyRunning(
-            f"another ctxd daemon (pid {owner}) serves {data_dir}; use it, or stop it first"
-        ),
-    )
+@dataclass
+class Wires:
+    """The servers started so far: shut-down closes whichever exist, so a start that
+    fails half-way closes what it had bound."""
+
+    tcp: JsonRpcTcpServer | None = None
+    unix: JsonRpcTcpServer | None = None
+    ws: JsonRpcWebSocketServer | None = None
+    zmq: ZmqServer | None = None
+    http: str = ""
+
+    def started(self) -> list[JsonRpcTcpServer | JsonRpcWebSocketServer | ZmqServer]:
+        return [s for s in (self.tcp, self.unix, self.ws, self.zmq) if s is not None]
+
+
+@dataclass
+class Background:
+    """Tasks the daemon runs beside the wires, cancelled at shut-down."""
+
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    def cancel(self) -> None:
+        for task in self.tasks:
+            task.cancel()
 
 
 class Daemon:
@@ -75,7 +90,113 @@ class Daemon:
         self.connection_file = config.connection_file or connection_file_for(config.data_dir)
         self.token = secrets.token_urlsafe(32)
         self.stopping = asyncio.Event()
-        self.info: dict[str, Any] = {}
+        self.info: ConnectionInfo | None = None
+        self.background = Background()
+
+    async def run(self) -> int:
+        lock, engine = open_data_dir(self.config)
+        conn_lock = self._claim_connection_file(engine, lock)
+        hub = EventHub()
+        engine.add_listener(hub.publish)
+        dispatcher = self._dispatcher(engine, hub)
+        self._watch_runs(engine, dispatcher, hub)
+        # before anything is announced: a client may stop us as soon as it can find us
+        self._handle_signals()
+        wires = Wires()
+        try:
+            await self._start_wires(wires, dispatcher, hub)
+            self._write_connection_file(wires)
+            self._announce(wires)
+            self._probe_summarizer()
+            await self.stopping.wait()
+            log.info("stopping")
+        finally:
+            await self._shut_down(wires, dispatcher, engine, conn_lock, lock)
+        return 0
+
+    def _claim_connection_file(self, engine: Engine, lock: PidLock) -> PidLock:
+        """Lock the connection file's place (one daemon per connection file); on failure
+        the engine and the data dir's lock are let go again."""
+        conn_lock = connection_file_lock(self.connection_file)
+        try:
+            prepare_connection_dir(self.connection_file)
+            conn_lock.acquire()
+        except BaseException:
+            engine.close()
+            lock.release()
+            raise
+        return conn_lock
+
+    def _dispatcher(self, engine: Engine, hub: EventHub) -> Dispatcher:
+        cfg = self.config
+        return Dispatcher(
+            engine,
+            hub,
+            self.token,
+            on_shutdown=self.stopping.set,
+            wires=["jsonrpc-tcp", "websocket", "zmq", "stdio"],
+            auth_timeout=cfg.auth_timeout_seconds,
+            run_lease=cfg.run_lease_seconds,
+            # the wires' reply limit (see RpcCore): a context above it is refused up front
+            max_reply_bytes=max(cfg.max_request_bytes, 1 << 20),
+        )
+
+    def _watch_runs(self, engine: Engine, dispatcher: Dispatcher, hub: EventHub) -> None:
+        """Runs left open by a daemon that is gone get one lease for their clients to
+        come back; on a shared store, other daemons' events reach this one's subscribers."""
+        if not engine.shared:
+            dispatcher.lease_stale_runs(engine.runs.open_run_ids())
+            return
+        # read only for the sessions one watches; open runs may be other, live daemons'
+        # runs, so none is leased here but the ones whose daemon is found gone
+        from ctxd.daemon.stores.postgres.events import start_relay, watch_orphaned_runs
+
+        loop = asyncio.get_running_loop()
+        self.background.tasks.append(start_relay(engine, loop, hub.watched))
+        self.background.tasks.append(asyncio.create_task(watch_orphaned_runs(
+            engine, dispatcher.lease_stale_runs, max(0.5, self.config.run_lease_seconds / 3)
+        )))
+
+    def _handle_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
+
+    async def _start_wires(self, wires: Wires, dispatcher: Dispatcher, hub: EventHub) -> None:
+        """Bind every endpoint, filling `wires` as each one starts."""
+        cfg = self.config
+        port = cfg.port
+        budget = plan_budget(
+            raise_descriptor_limit(), cfg.max_connections, cfg.max_unauthenticated_connections
+        )
+        limits = WireLimits(
+            max_frame=cfg.max_request_bytes,
+            max_connections=budget.max_connections,
+            require_login=True,
+            login_timeout=cfg.auth_timeout_seconds,
+            max_unauthenticated=budget.max_unauthenticated,
+            fd_ceiling=budget.ceiling,
+        )
+        wires.tcp = await start_tcp_server(dispatcher, hub, cfg.host, port, limits)
+        unix_path = self._unix_socket_path()
+        if unix_path is not None:
+            wires.unix = await start_unix_server(dispatcher, hub, unix_path, limits)
+        wires.ws = await start_websocket_server(
+            dispatcher, hub, cfg.host, port + 1 if port else 0, limits
+        )
+        wires.ws.pages = PageServer(wires.ws.port, cfg.host)
+        wires.http = page_base_url(cfg.host, wires.ws.port)
+        router, pub = self._zmq_endpoints()
+        wires.zmq = ZmqServer(
+            dispatcher,
+            hub,
+            router,
+            pub,
+            max_message_size=cfg.max_request_bytes,
+            curve_token=self.token if cfg.zmq_transport == "tcp" else None,
+            run_lease=cfg.run_lease_seconds,
+        )
+        await wires.zmq.start()
 
     def _zmq_endpoints(self) -> tuple[str, str]:
         if self.config.zmq_transport == "tcp":
@@ -104,197 +225,78 @@ class Daemon:
         refuse_live_socket(f"ipc://{path}")
         return path
 
-    async def run(self) -> int:
+    def _write_connection_file(self, wires: Wires) -> None:
+        """Announce the daemon: written only once every endpoint is bound."""
+        assert wires.tcp is not None and wires.ws is not None and wires.zmq is not None
         cfg = self.config
-        lock, engine = open_data_dir(cfg)
-        conn_lock = connection_file_lock(self.connection_file)
-        try:
-            prepare_connection_dir(self.connection_file)
-            conn_lock.acquire()
-        except BaseException:
-            engine.close()
-            lock.release()
-            raise
-        hub = EventHub()
-        engine.add_listener(hub.publish)
-        dispatcher = Dispatcher(
-            engine,
-            hub,
-            self.token,
-            on_shutdown=self.stopping.set,
-            wires=["jsonrpc-tcp", "websocket", "zmq", "stdio"],
-            auth_timeout=cfg.auth_timeout_seconds,
-            run_lease=cfg.run_lease_seconds,
-            # the wires' reply limit (see RpcCore): a context above it is refused up front
-            max_reply_bytes=max(cfg.max_request_bytes, 1 << 20),
+        self.info = ConnectionInfo(
+            pid=os.getpid(),
+            jsonrpc_tcp=wires.tcp.endpoint,
+            jsonrpc_unix=wires.unix.endpoint if wires.unix is not None else None,
+            websocket=wires.ws.endpoint,
+            http=wires.http,
+            zmq_router=wires.zmq.router_endpoint,
+            zmq_pub=wires.zmq.pub_endpoint,
+            token=self.token,
+            data_dir=str(cfg.data_dir),
+            store=store_description(cfg),
+            version=__version__,
         )
-        if engine.shared:
-            # other daemons' appends reach this one's subscribers (read only for the
-            # sessions one watches); open runs may be other, live daemons' runs, so none
-            # is leased here
-            from ctxd.daemon.stores.postgres.events import start_relay, watch_orphaned_runs
+        write_connection_file(self.connection_file, self.info)
 
-            self.listener_watch = start_relay(engine, asyncio.get_running_loop(), hub.watched)
-            self.orphan_watch = asyncio.create_task(watch_orphaned_runs(
-                engine, dispatcher.lease_stale_runs, max(0.5, cfg.run_lease_seconds / 3)
-            ))
-        else:
-            # runs a dead daemon left open: their clients get one lease to come back
-            dispatcher.lease_stale_runs(engine.runs.open_run_ids())
-        port = cfg.port
-        tcp = ws = zmq_server = unix = None
-        budget = plan_budget(
-            raise_descriptor_limit(), cfg.max_connections, cfg.max_unauthenticated_connections
+    def _announce(self, wires: Wires) -> None:
+        """One log line, and the endpoints on stderr for the person who started it."""
+        assert wires.tcp is not None and wires.ws is not None and wires.zmq is not None
+        assert self.info is not None
+        cfg = self.config
+        log.info(
+            "ctxd %s serving %s; connection file %s",
+            __version__,
+            cfg.data_dir,
+            self.connection_file,
         )
-        wire_limits: dict[str, Any] = {
-            "max_frame": cfg.max_request_bytes,
-            "max_connections": budget.max_connections,
-            "require_login": True,
-            "login_timeout": cfg.auth_timeout_seconds,
-            "max_unauthenticated": budget.max_unauthenticated,
-            "fd_ceiling": budget.ceiling,
-        }
-        # before anything is announced: a client may stop us as soon as it can find us
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stopping.set)
+        print(
+            f"ctxd {__version__} serving {cfg.data_dir}\n"
+            f"  store:           {self.info.store}\n"
+            f"  connection file: {self.connection_file}\n"
+            f"  json-rpc tcp:    {wires.tcp.endpoint}\n"
+            + (f"  json-rpc unix:   {wires.unix.endpoint}\n" if wires.unix is not None else "")
+            + f"  websocket:       {wires.ws.endpoint}\n"
+            f"  web page:        {wires.http} (ctxd ui opens it logged in)\n"
+            f"  zmq router:      {wires.zmq.router_endpoint}\n"
+            f"  zmq pub:         {wires.zmq.pub_endpoint}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _probe_summarizer(self) -> None:
+        if self.config.summarizer != "builtin":
+            # in the background: a slow endpoint must not delay serving
+            self.background.tasks.append(
+                asyncio.create_task(_report_summarizer(self.config))
+            )
+
+    async def _shut_down(
+        self,
+        wires: Wires,
+        dispatcher: Dispatcher,
+        engine: Engine,
+        conn_lock: PidLock,
+        lock: PidLock,
+    ) -> None:
+        """The start in reverse: unannounce, stop accepting, let a running compaction
+        finish, then close the store and let go of the locks whatever failed before."""
         try:
-            tcp = await start_tcp_server(dispatcher, hub, cfg.host, port, **wire_limits)
-            unix_path = self._unix_socket_path()
-            if unix_path is not None:
-                unix = await start_unix_server(dispatcher, hub, unix_path, **wire_limits)
-            ws = await start_websocket_server(
-                dispatcher, hub, cfg.host, port + 1 if port else 0, **wire_limits
-            )
-            ws.pages = PageServer(ws.port, cfg.host)
-            http = page_base_url(cfg.host, ws.port)
-            router, pub = self._zmq_endpoints()
-            zmq_server = ZmqServer(
-                dispatcher,
-                hub,
-                router,
-                pub,
-                max_message_size=cfg.max_request_bytes,
-                curve_token=self.token if cfg.zmq_transport == "tcp" else None,
-                run_lease=cfg.run_lease_seconds,
-            )
-            await zmq_server.start()
-            self.info = {
-                "pid": os.getpid(),
-                "jsonrpc_tcp": tcp.endpoint,
-                "jsonrpc_unix": unix.endpoint if unix is not None else None,
-                "websocket": ws.endpoint,
-                "http": http,
-                "zmq_router": zmq_server.router_endpoint,
-                "zmq_pub": zmq_server.pub_endpoint,
-                "token": self.token,
-                "data_dir": str(cfg.data_dir),
-                "store": store_description(cfg),
-                "version": __version__,
-            }
-            write_connection_file(self.connection_file, self.info)
-            log.info(
-                "ctxd %s serving %s; connection file %s",
-                __version__,
-                cfg.data_dir,
-                self.connection_file,
-            )
-            print(
-                f"ctxd {__version__} serving {cfg.data_dir}\n"
-                f"  store:           {self.info['store']}\n"
-                f"  connection file: {self.connection_file}\n"
-                f"  json-rpc tcp:    {tcp.endpoint}\n"
-                + (f"  json-rpc unix:   {unix.endpoint}\n" if unix is not None else "")
-                + f"  websocket:       {ws.endpoint}\n"
-                f"  web page:        {http} (ctxd ui opens it logged in)\n"
-                f"  zmq router:      {zmq_server.router_endpoint}\n"
-                f"  zmq pub:         {zmq_server.pub_endpoint}",
-                file=sys.stderr,
-                flush=True,
-            )
-            if cfg.summarizer != "builtin":
-                # in the background: a slow endpoint must not delay serving
-                self._probe_task = asyncio.create_task(_report_summarizer(cfg))
-            await self.stopping.wait()
-            log.info("stopping")
+            if self.info is not None:
+                self.connection_file.unlink(missing_ok=True)
+            for server in wires.started():
+                await server.close()
+            await dispatcher.scheduler.drain(SHUTDOWN_GRACE_SECONDS)
         finally:
-            try:
-                if self.info:
-                    self.connection_file.unlink(missing_ok=True)
-                for server in (tcp, unix, ws, zmq_server):
-                    if server is not None:
-                        await server.close()
-                await dispatcher.scheduler.drain(SHUTDOWN_GRACE_SECONDS)
-            finally:
-                for name in ("orphan_watch", "listener_watch"):
-                    watch = getattr(self, name, None)
-                    if watch is not None:
-                        watch.cancel()
-                engine.close()
-                conn_lock.release()
-                lock.release()
-        return 0
-
-
-def store_description(cfg: Config) -> str:
-    """Where the archive lives, for people: the SQLite file, or the PostgreSQL database
-    (its dsn never holds a password: config refuses one)."""
-    if cfg.store == "postgres":
-        from psycopg.conninfo import conninfo_to_dict
-
-        params = conninfo_to_dict(cfg.postgres.dsn)
-        where = params.get("host") or "local socket"
-        port = f":{params['port']}" if params.get("port") else ""
-        return f"postgresql database {params.get('dbname') or '(default)'} on {where}{port}"
-    return f"sqlite {cfg.db_path}"
-
-
-def _open_postgres(cfg: Config, lock: PidLock) -> Engine:
-    """The engine on the PostgreSQL store (the data dir still holds this daemon's own
-    connection file and log); a server that cannot be reached is a StartupError."""
-    import psycopg
-
-    from ctxd.daemon.stores.postgres.factory import store_from_config
-    from ctxd.protocol.errors import StorageError
-
-    try:
-        return Engine(cfg, store=store_from_config(cfg))
-    except StorageError as exc:
-        lock.release()
-        raise StartupError(f"postgres.dsn: {exc.message}") from None
-    except (psycopg.Error, RuntimeError) as exc:  # e.g. no right to create the tables
-        lock.release()
-        raise StartupError(f"postgres.dsn: cannot prepare the database ({exc})") from None
-
-
-def open_data_dir(cfg: Config) -> tuple[PidLock, Engine]:
-    """Take the data dir's lock and open the engine; what stops either (a path that is
-    not a directory, no permission, a full disk, a database that is not ctxd's) becomes
-    one `StartupError` line naming the path."""
-    where = cfg.data_dir
-    try:
-        if cfg.data_dir.exists() and not cfg.data_dir.is_dir():
-            raise NotADirectoryError(20, "it is a file, not a directory")
-        # refuses a data dir, database or lock file another user owns or may write to
-        check_data_dir(cfg.data_dir)
-        lock = data_dir_lock(cfg.data_dir)
-        where = lock.path
-        lock.acquire()
-    except OSError as exc:
-        raise StartupError(
-            f"{where}: {_reason(exc)}; expected a writable data directory of yours with free "
-            "space (data_dir, --data-dir or CTXD_DATA_DIR)"
-        ) from None
-    if cfg.store == "postgres":
-        return lock, _open_postgres(cfg, lock)
-    try:
-        return lock, Engine(cfg)
-    except (OSError, apsw.Error) as exc:
-        lock.release()
-        raise StartupError(
-            f"{cfg.db_path}: cannot open the database ({_reason(exc)}); expected a ctxd "
-            "database on a writable disk with free space"
-        ) from None
+            self.background.cancel()
+            engine.close()
+            conn_lock.release()
+            lock.release()
 
 
 async def _report_summarizer(cfg: Config) -> None:
@@ -304,16 +306,6 @@ async def _report_summarizer(cfg: Config) -> None:
     ok, line = await asyncio.to_thread(summarizer_report, cfg)
     (log.info if ok else log.warning)("%s", line)
     print(f"  {line}", file=sys.stderr, flush=True)
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    if isinstance(exc, apsw.FullError):
-        return "the disk is full"
-    if isinstance(exc, apsw.IOError):
-        return f"I/O error, is the disk full? {exc}"
-    return str(exc) or type(exc).__name__
 
 
 def page_base_url(host: str, port: int) -> str:
@@ -330,7 +322,7 @@ def serve(config: Config) -> int:
         daemon = Daemon(config)
     except OSError as exc:  # the runtime dir for the connection file
         raise StartupError(
-            f"{exc.filename or 'the runtime directory'}: {_reason(exc)}; expected a "
+            f"{exc.filename or 'the runtime directory'}: {reason(exc)}; expected a "
             "writable runtime directory (CTXD_RUNTIME_DIR) or --connection-file"
         ) from None
     try:
@@ -346,6 +338,6 @@ def serve(config: Config) -> int:
         # naming the file and the reason, the traceback in the log for a bug report
         log.debug("start-up failed", exc_info=True)
         where = exc.filename or "start-up"
-        print(f"ctxd: {where}: {_reason(exc)}; expected a writable runtime directory with "
+        print(f"ctxd: {where}: {reason(exc)}; expected a writable runtime directory with "
               "free space (CTXD_RUNTIME_DIR or --connection-file)", file=sys.stderr)
         return 2

@@ -1,9 +1,10 @@
 """Where a daemon lives and how clients find it: data dir, runtime dir, connection file.
 
 The connection file is JSON, mode 0600, in a 0700 runtime dir (like a Jupyter kernel's):
-`{"pid", "jsonrpc_tcp", "jsonrpc_unix", "websocket", "http", "zmq_router", "zmq_pub",
-"token", "data_dir", "store", "version"}`; `http` is the web page's address (`ctxd ui`
-adds a one-time login to it).
+one `ConnectionInfo` record, `{"pid", "jsonrpc_tcp", "jsonrpc_unix", "websocket", "http",
+"zmq_router", "zmq_pub", "token", "data_dir", "store", "version"}`, written by
+`write_connection_file` and read by `read_connection_file` only; `http` is the web
+page's address (`ctxd ui` adds a one-time login to it).
 """
 
 from __future__ import annotations
@@ -12,26 +13,62 @@ import hashlib
 import json
 import os
 import stat
-import tempfile
 import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import platformdirs
 
-CONNECTION_KEYS = (
-    "pid",
-    "jsonrpc_tcp",
-    "jsonrpc_unix",
-    "websocket",
-    "http",
-    "zmq_router",
-    "zmq_pub",
-    "token",
-    "data_dir",
-    "store",
-    "version",
-)
+from ctxd.protocol.files import replace_file
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConnectionInfo:
+    """What the connection file holds: read and written here only, with these keys.
+
+    `token` proves a client to the daemon (and the daemon to the client); `pid` is the
+    daemon's process, checked before its endpoints are trusted; `http` is the web page's
+    address (`ctxd ui` adds a one-time login to it); `jsonrpc_unix` is None when the
+    socket path would be too long. Keys a newer daemon adds are passed over. A dataclass,
+    not a msgspec Struct: a hook asks whether the daemon is there without loading msgspec.
+    """
+
+    pid: int | None = None
+    jsonrpc_tcp: str | None = None
+    jsonrpc_unix: str | None = None
+    websocket: str | None = None
+    http: str | None = None
+    zmq_router: str | None = None
+    zmq_pub: str | None = None
+    token: str
+    data_dir: str | None = None
+    store: str | None = None
+    version: str | None = None
+
+    @classmethod
+    def from_dict(cls, raw: object, where: object = "connection info") -> ConnectionInfo:
+        """The record of a mapping with the file's keys; ValueError naming `where`."""
+        if not isinstance(raw, Mapping) or "token" not in raw:
+            raise ValueError(f"{where} is not a ctxd connection file")
+        values = {k: raw.get(k) for k in CONNECTION_KEYS}
+        for key, value in values.items():
+            wanted: type = int if key == "pid" else str
+            if (value is None and key != "token") or (
+                    isinstance(value, wanted) and not isinstance(value, bool)):
+                continue
+            raise ValueError(f"{where} is not a ctxd connection file: its {key} is "
+                             f"{value!r}, not {'an integer' if key == 'pid' else 'a string'}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The file's keys and values, as the Python clients take them."""
+        return {k: getattr(self, k) for k in CONNECTION_KEYS}
+
+
+# the file's keys, in the order it is written (docs/protocol.md documents each)
+CONNECTION_KEYS: tuple[str, ...] = tuple(f.name for f in fields(ConnectionInfo))
 
 
 def default_data_dir() -> Path:
@@ -96,37 +133,35 @@ def ensure_private_dir(path: Path, *, what: str = "directory", tighten: bool = T
     return path
 
 
+def format_hostport(host: str, port: int) -> str:
+    """`HOST:PORT` as the connection file writes an endpoint (an IPv6 host in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def split_endpoint(endpoint: str, what: str = "endpoint") -> tuple[str, int]:
+    """(host, port) of `HOST:PORT`, `[::1]:PORT` or `SCHEME://HOST:PORT` (the connection
+    file's `jsonrpc_tcp`, `websocket`, a TCP `zmq_router`); ValueError naming `what`."""
+    host, sep, port = endpoint.split("://", 1)[-1].rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"bad {what} {endpoint!r}; expected 'HOST:PORT'")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
 def connection_file_for(data_dir: Path | str) -> Path:
     """The default connection file of the daemon serving `data_dir`: one per data dir."""
     key = hashlib.sha1(str(Path(data_dir).resolve()).encode()).hexdigest()[:12]
     return default_runtime_dir() / f"daemon-{key}.json"
 
 
-def write_connection_file(path: Path, info: dict[str, Any]) -> None:
-    """Write atomically with mode 0600 so no reader ever sees a partial file."""
+def write_connection_file(path: Path, info: ConnectionInfo | Mapping[str, Any]) -> None:
+    """Write atomically with mode 0600 so no reader ever sees a partial file; a mapping
+    is checked as the record first (a value of the wrong type is a ValueError)."""
+    record = info if isinstance(info, ConnectionInfo) else ConnectionInfo.from_dict(info)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    replace_file(path, json.dumps(info, indent=2), 0o600)
+    replace_file(path, json.dumps(record.to_dict(), indent=2), 0o600)
 
 
-def replace_file(path: Path, text: str, mode: int) -> None:
-    """Put `text` at `path` atomically with `mode`: written under a fresh name made with
-    O_EXCL in the same directory, then renamed over `path`. Nothing already there (a
-    planted link under a predictable temporary name) is opened or chmod-ed."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def read_connection_file(path: Path | str) -> dict[str, Any]:
+def read_connection_file(path: Path | str) -> ConnectionInfo:
     """Read a connection file, trusting it only if this user alone could have written it.
 
     Another user who can plant the file (or replace it through its directory) could point
@@ -137,10 +172,8 @@ def read_connection_file(path: Path | str) -> dict[str, Any]:
     check_private(path, "connection file")  # before opening: says why, even if unreadable
     with open(path) as f:
         check_private(path, "connection file", os.fstat(f.fileno()))
-        info = json.load(f)
-    if not isinstance(info, dict) or "token" not in info:
-        raise ValueError(f"{path} is not a ctxd connection file")
-    return info
+        raw = json.load(f)
+    return ConnectionInfo.from_dict(raw, path)
 
 
 def pid_alive(pid: int) -> bool:
@@ -159,8 +192,8 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
-def daemon_gone(info: dict[str, Any]) -> bool:
+def daemon_gone(info: ConnectionInfo | Mapping[str, Any]) -> bool:
     """True when the connection file names a pid and that process no longer runs; a file
     without a usable pid leaves the decision to the connection attempt."""
-    pid = info.get("pid")
+    pid = info.pid if isinstance(info, ConnectionInfo) else info.get("pid")
     return isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and not pid_alive(pid)

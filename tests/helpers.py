@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxd.daemon.config import Config
+from ctxd.protocol.connection import read_connection_file
 
 
 def make_config(path: Path, **policy: Any) -> Config:
@@ -41,6 +42,22 @@ def agent_turn(i: int) -> list[dict[str, Any]]:
             {"role": "assistant", "content": f"done with step {i}"}]
 
 
+def wait_for_connection_file(path: Path, proc: subprocess.Popen[bytes] | None,
+                             log_path: Path, timeout: float = 60.0) -> None:
+    """Until a daemon started as `proc` (None: detached, not ours to poll) has written its
+    connection file, which it does once every endpoint is bound. RuntimeError with its
+    log when it exits first; TimeoutError when it takes longer than `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc is not None and proc.poll() is not None:
+            out = log_path.read_text(errors="replace")
+            raise RuntimeError(f"daemon exited with {proc.returncode}: {out}")
+        if time.monotonic() > deadline:
+            out = log_path.read_text(errors="replace") if log_path.exists() else ""
+            raise TimeoutError(f"daemon did not write its connection file {path}: {out}")
+        time.sleep(0.02)
+
+
 class DaemonProcess:
     """A real `ctxd serve` subprocess on a temp data dir, found through its connection file."""
 
@@ -68,18 +85,11 @@ class DaemonProcess:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command(), env=self.env, stdout=log,
                                          stderr=subprocess.STDOUT, preexec_fn=self.preexec_fn)
-        deadline = time.monotonic() + timeout
-        while not self.connection_file.exists():
-            if self.proc.poll() is not None:
-                out = self.log_path.read_text(errors="replace")
-                raise RuntimeError(f"daemon exited with {self.proc.returncode}: {out}")
-            if time.monotonic() > deadline:
-                raise TimeoutError("daemon did not write its connection file")
-            time.sleep(0.02)
+        wait_for_connection_file(self.connection_file, self.proc, self.log_path, timeout)
         return self
 
     def info(self) -> dict[str, Any]:
-        return json.loads(self.connection_file.read_text())
+        return read_connection_file(self.connection_file).to_dict()
 
     def client(self, wire: str = "zmq", **kw: Any) -> Any:
         from ctxd.clients.client import connect

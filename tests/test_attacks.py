@@ -26,6 +26,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from ctxd.protocol.codec import FrameReader, frame
+from ctxd.protocol.connection import split_endpoint
 
 TIMEOUT = 10.0
 UNAUTHORIZED = -32001
@@ -41,18 +42,13 @@ def start(root: Path, *extra: str, preexec_fn: Any = None, **config: Any) -> Dae
     return DaemonProcess(root, "--config", str(path), *extra, preexec_fn=preexec_fn).start()
 
 
-def host_port(endpoint: str) -> tuple[str, int]:
-    host, port = endpoint.split("://", 1)[-1].rsplit(":", 1)
-    return host.strip("[]"), int(port)
-
-
 class Tcp:
     def __init__(self, info: dict[str, Any], rcvbuf: int | None = None) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if rcvbuf:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.settimeout(TIMEOUT)
-        self.sock.connect(host_port(info["jsonrpc_tcp"]))
+        self.sock.connect(split_endpoint(info["jsonrpc_tcp"]))
         self.reader = FrameReader(max_frame=1 << 30)
         self.pending: list[bytes] = []
         self.n = 0
@@ -285,7 +281,7 @@ def test_header_limit_holds_when_the_header_comes_in_one_read(daemon: DaemonProc
 
 
 def test_two_origin_headers_are_a_bad_request(daemon: DaemonProcess) -> None:
-    _, port = host_port(daemon.info()["websocket"])
+    _, port = split_endpoint(daemon.info()["websocket"])
     request = (b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
                b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
                b"Sec-WebSocket-Version: 13\r\nOrigin: http://127.0.0.1:%d\r\n"
@@ -346,8 +342,8 @@ def test_a_descriptor_flood_does_not_take_the_daemon_down(tmp_path: Path) -> Non
     flood: list[socket.socket] = []
     ctx: zmq.Context[Any] = zmq.Context()
     try:
-        ws_port = host_port(info["websocket"])[1]
-        tcp_addr = host_port(info["jsonrpc_tcp"])
+        ws_port = split_endpoint(info["websocket"])[1]
+        tcp_addr = split_endpoint(info["jsonrpc_tcp"])
         for i in range(600):
             s = socket.socket()
             s.setblocking(False)
@@ -408,7 +404,7 @@ def test_too_many_handshakes_wait_instead_of_failing(tmp_path: Path) -> None:
     d = start(tmp_path, max_unauthenticated_connections=2, auth_timeout_seconds=1.0)
     info = d.info()
     try:
-        idle = [socket.create_connection(host_port(info["websocket"]), timeout=TIMEOUT)
+        idle = [socket.create_connection(split_endpoint(info["websocket"]), timeout=TIMEOUT)
                 for _ in range(2)]
         t0 = time.monotonic()
         try:
@@ -486,7 +482,7 @@ def test_a_full_quota_gives_its_places_to_new_connections(tmp_path: Path) -> Non
     d = start(tmp_path, max_unauthenticated_connections=2, auth_timeout_seconds=30.0)
     info = d.info()
     try:
-        idle = [socket.create_connection(host_port(info["jsonrpc_tcp"]), timeout=TIMEOUT)
+        idle = [socket.create_connection(split_endpoint(info["jsonrpc_tcp"]), timeout=TIMEOUT)
                 for _ in range(2)]
         time.sleep(0.2)
         late = Tcp(info)
@@ -513,7 +509,7 @@ def test_squatters_on_tcp_do_not_reach_ctxd_stdio(tmp_path: Path) -> None:
     squatters: list[socket.socket] = []
     try:
         for _ in range(40):  # far more than the quota: the rest wait in the backlog
-            squatters.append(socket.create_connection(host_port(info["jsonrpc_tcp"]),
+            squatters.append(socket.create_connection(split_endpoint(info["jsonrpc_tcp"]),
                                                       timeout=TIMEOUT))
         body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
                            "params": {"clientName": "t"}}).encode()

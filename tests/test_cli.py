@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_for_connection_file
 
 from ctxd.clients.cli import main
 from ctxd.clients.cli.commands import running
 from ctxd.clients.cli.commands import watch as watch_command
 from ctxd.clients.client import Client, connect
+from ctxd.protocol.connection import read_connection_file
 
 STARTUP_TIMEOUT = 20.0
 CLI_TIMEOUT = 30.0
@@ -63,13 +65,12 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         [sys.executable, "-m", "ctxd.daemon", "serve", "--data-dir", str(data_dir),
          "--connection-file", str(conn)],
         env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while not conn.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            log.close()
-            pytest.fail("the daemon did not start:\n" + (tmp / "daemon.log").read_text())
-        time.sleep(0.05)
+    try:
+        wait_for_connection_file(conn, proc, tmp / "daemon.log", STARTUP_TIMEOUT)
+    except (RuntimeError, TimeoutError) as exc:
+        proc.kill()
+        log.close()
+        pytest.fail(f"the daemon did not start: {exc}")
     try:
         yield Daemon(proc, data_dir, conn, env, tmp)
     finally:
@@ -131,7 +132,7 @@ def session(daemon: Daemon) -> dict[str, Any]:
 
 def test_status_reports_the_daemon_and_never_the_token(daemon: Daemon,
                                                        session: dict[str, Any]) -> None:
-    token = json.loads(daemon.connection_file.read_text())["token"]
+    token = read_connection_file(daemon.connection_file).token
     with daemon.client() as c:
         expected = len(c.list_sessions(limit=1000)["sessions"])
     out = cli_json(daemon, "status")

@@ -21,14 +21,10 @@ from websockets.sync.client import connect as ws_connect
 from ctxd.daemon.compaction.rules import SUMMARY_HEADER
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.codec import FrameReader, frame
+from ctxd.protocol.connection import split_endpoint
 from ctxd.protocol.errors import CompactionInProgress
 
 TIMEOUT = 20.0
-
-
-def host_port(endpoint: str) -> tuple[str, int]:
-    host, port = endpoint.split("://", 1)[-1].rsplit(":", 1)
-    return host.strip("[]"), int(port)
 
 
 def start(root: Path, tables: str = "", **config: Any) -> DaemonProcess:
@@ -53,7 +49,7 @@ def test_an_empty_params_array_means_no_params_on_every_wire(tmp_path: Path) -> 
     info = daemon.info()
     try:
         # JSON-RPC over TCP
-        sock = socket.create_connection(host_port(info["jsonrpc_tcp"]), timeout=TIMEOUT)
+        sock = socket.create_connection(split_endpoint(info["jsonrpc_tcp"]), timeout=TIMEOUT)
         reader = FrameReader()
         pending: list[bytes] = []
 

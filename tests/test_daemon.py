@@ -17,6 +17,7 @@ import pytest
 from helpers import DaemonProcess, agent_turn, tool_turn, wait_for
 
 from ctxd.protocol.codec import FrameReader, dumps_json, frame, loads_json
+from ctxd.protocol.connection import split_endpoint
 from ctxd.protocol.errors import (
     ApprovalPending,
     Conflict,
@@ -62,7 +63,7 @@ def test_sigterm_removes_the_connection_file(tmp_path: Path) -> None:
 
 
 def _raw_tcp(info: dict[str, Any], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    host, port = info["jsonrpc_tcp"].rsplit(":", 1)
+    host, port = split_endpoint(info["jsonrpc_tcp"])
     with socket.create_connection((host, int(port)), timeout=10) as s:
         reader = FrameReader()
         replies: list[dict[str, Any]] = []

@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from helpers import DaemonProcess
+from helpers import DaemonProcess, wait_for_connection_file
 
 from ctxd.clients.cli import entry as cli
 from ctxd.daemon.logsetup import RATE_BURST
 from ctxd.protocol.codec import frame
+from ctxd.protocol.connection import read_connection_file, split_endpoint
 
 TIMEOUT = 10.0
 
@@ -31,7 +32,7 @@ def start(root: Path, **config: Any) -> DaemonProcess:
 
 def refused(info: dict[str, Any], n: int) -> None:
     """`n` connections without the token, each refused (and logged) by the daemon."""
-    host, port = info["jsonrpc_tcp"].rsplit(":", 1)
+    host, port = split_endpoint(info["jsonrpc_tcp"])
     for i in range(n):
         with socket.create_connection((host, int(port)), timeout=TIMEOUT) as s:
             s.sendall(frame(json.dumps({"jsonrpc": "2.0", "id": i, "method": "session/list",
@@ -92,11 +93,8 @@ def test_the_log_of_a_daemon_started_by_ctxd_stdio_is_private(tmp_path: Path) ->
             os.environ.pop("CTXD_RUNTIME_DIR", None)
         else:
             os.environ["CTXD_RUNTIME_DIR"] = env_runtime
-    deadline = time.monotonic() + 20
-    while not conn_file.exists():
-        assert time.monotonic() < deadline, "the spawned daemon did not start"
-        time.sleep(0.05)
-    pid = json.loads(conn_file.read_text())["pid"]
+    wait_for_connection_file(conn_file, None, data / "daemon.log", 20)
+    pid = read_connection_file(conn_file).pid
     try:
         log = data / "daemon.log"
         assert mode(log) == 0o600

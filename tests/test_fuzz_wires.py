@@ -37,6 +37,7 @@ from websockets.sync.client import connect as ws_connect
 
 from ctxd.daemon.servers.rpc_state import PREAUTH_MAX_FRAME
 from ctxd.protocol.codec import FrameReader, check_request, frame
+from ctxd.protocol.connection import split_endpoint
 from ctxd.protocol.errors import CtxdError
 from ctxd.protocol.methods import METHODS
 
@@ -139,7 +140,7 @@ class World:
 
     @property
     def tcp_address(self) -> tuple[str, int]:
-        host, port = self.info["jsonrpc_tcp"].rsplit(":", 1)
+        host, port = split_endpoint(self.info["jsonrpc_tcp"])
         return host, int(port)
 
 
@@ -733,7 +734,7 @@ def test_ws_garbage_text_and_binary_frames_get_parse_errors(
 
 def http_exchange(world: World, data: bytes, *, half_close: bool) -> tuple[bytes, bool]:
     """Raw bytes to the WebSocket port; what came back and whether the daemon closed."""
-    host, port = world.info["websocket"].removeprefix("ws://").rsplit(":", 1)
+    host, port = split_endpoint(world.info["websocket"])
     out = b""
     with socket.create_connection((host, int(port)), timeout=TIMEOUT) as s:
         try:

@@ -24,6 +24,7 @@ from helpers import DaemonProcess
 from transcript_gen import claude_code_lines, write_claude_code
 
 from ctxd.clients.client import Client
+from ctxd.protocol.connection import read_connection_file
 
 FIXTURES = Path(__file__).parent / "fixtures" / "transcripts"
 CC_DIR = FIXTURES / "claude-code"
@@ -434,7 +435,7 @@ def test_follow_survives_a_daemon_restart(tmp_path: Path) -> None:
             proc.kill()
             proc.wait(5)
         if d.connection_file.exists():  # the daemon the importer started
-            pid = json.loads(d.connection_file.read_text())["pid"]
+            pid = read_connection_file(d.connection_file).pid
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline:

@@ -104,6 +104,8 @@ def test_walk_finds_the_core() -> None:
     assert "ctxd.protocol.errors" in graph["ctxd.daemon.engine.core"]
     assert "ctxd.daemon.engine.core" in graph["ctxd.daemon.engine"]
     assert "ctxd.daemon.engine" in graph["ctxd.daemon.dispatch"]
+    # and protocol/'s own imports, which the contract check walks
+    assert "ctxd.protocol.files" in graph["ctxd.protocol.connection"]
     assert len(modules) > 40, sorted(modules)
     assert ctxd.__file__
 
@@ -128,6 +130,9 @@ def test_a_cycle_is_found() -> None:
 # the engine.
 STORE_MODULES = ("ctxd.daemon.stores",)  # the package and every module in it
 ENGINE_MODULES = ("ctxd.daemon.engine",)  # the package and every module in it
+# the contract: daemon and clients are written against it, never the other way
+PROTOCOL_MODULES = ("ctxd.protocol",)
+OUTSIDE_PROTOCOL = ("ctxd.daemon", "ctxd.clients")
 
 
 def _under(name: str, prefixes: tuple[str, ...]) -> bool:
@@ -162,7 +167,7 @@ def test_protocol_imports_no_daemon_and_no_client() -> None:
     # the contract is what daemon and clients are written against, not the other way
     modules = _modules()
     graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
-    bad = _forbidden(graph, ("ctxd.protocol",), ("ctxd.daemon", "ctxd.clients"))
+    bad = _forbidden(graph, PROTOCOL_MODULES, OUTSIDE_PROTOCOL)
     assert not bad, "protocol/ imports the daemon or a client:\n" + "\n".join(bad)
 
 
@@ -182,3 +187,19 @@ def test_the_layer_checks_can_fail() -> None:
              "ctxd.daemon.engine.core": set()}
     assert _forbidden(graph, STORE_MODULES, ENGINE_MODULES) == [
         "ctxd.daemon.stores.postgres.x -> ... ctxd.daemon.util -> ctxd.daemon.engine.core"]
+    # the engine may import the store, and a store other stores: neither is a violation
+    fine = {"ctxd.daemon.engine.core": {"ctxd.daemon.stores.sqlite.store"},
+            "ctxd.daemon.stores.sqlite.store": {"ctxd.daemon.stores.base"},
+            "ctxd.daemon.stores.base": set()}
+    assert _forbidden(fine, STORE_MODULES, ENGINE_MODULES) == []
+    # protocol/ reaching the daemon, directly or through a module between
+    contract = {"ctxd.protocol.methods": {"ctxd.protocol.helper"},
+                "ctxd.protocol.helper": {"ctxd.daemon.dispatch"},
+                "ctxd.protocol.errors": {"ctxd.clients.client"},
+                "ctxd.daemon.dispatch": {"ctxd.protocol.methods"},
+                "ctxd.clients.client": set()}
+    assert _forbidden(contract, PROTOCOL_MODULES, OUTSIDE_PROTOCOL) == [
+        "ctxd.protocol.errors -> ... ctxd.protocol.errors -> ctxd.clients.client",
+        "ctxd.protocol.helper -> ... ctxd.protocol.helper -> ctxd.daemon.dispatch",
+        "ctxd.protocol.methods -> ... ctxd.protocol.helper -> ctxd.daemon.dispatch",
+    ]

@@ -23,6 +23,7 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 
 from ctxd.clients.integrations.langchain import CtxdChatMessageHistory, CtxdThreadMemory
+from ctxd.protocol.connection import read_connection_file
 
 TURNS = 300
 
@@ -185,7 +186,6 @@ def test_create_react_agent_hooks(daemon: DaemonProcess) -> None:
 def test_history_starts_the_daemon_when_none_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import json
     import os
     import time
 
@@ -203,7 +203,7 @@ def test_history_starts_the_daemon_when_none_runs(
         history.add_messages([HumanMessage("hi"), AIMessage("hello")])
         assert [m.content for m in history.messages] == ["hi", "hello"]
     finally:
-        pid = json.loads(Path(where["connection_file"]).read_text())["pid"]
+        pid = read_connection_file(where["connection_file"]).pid
         with connect(connection_file=where["connection_file"]) as c:
             c.call("shutdown", {})
         deadline = time.monotonic() + 60

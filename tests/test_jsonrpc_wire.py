@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from ctxd.daemon.servers.base import Connection, EventHub
 from ctxd.daemon.servers.jsonrpc import (
     JsonRpcTcpServer,
     JsonRpcWebSocketServer,
+    WireLimits,
     start_tcp_server,
     start_websocket_server,
 )
@@ -131,13 +132,16 @@ class Env:
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(TIMEOUT * 2)
 
-    def tcp(self, **kw: Any) -> JsonRpcTcpServer:
-        server = self.run(start_tcp_server(self.handler, self.hub, "127.0.0.1", 0, **kw))
+    def tcp(self, **limits: Any) -> JsonRpcTcpServer:
+        server = self.run(start_tcp_server(self.handler, self.hub, "127.0.0.1", 0,
+                                           WireLimits(**limits)))
         self.servers.append(server)
         return server
 
-    def ws(self, **kw: Any) -> JsonRpcWebSocketServer:
-        server = self.run(start_websocket_server(self.handler, self.hub, "127.0.0.1", 0, **kw))
+    def ws(self, allowed_origins: Iterable[str] = (), **limits: Any) -> JsonRpcWebSocketServer:
+        server = self.run(start_websocket_server(self.handler, self.hub, "127.0.0.1", 0,
+                                                 WireLimits(**limits),
+                                                 allowed_origins=allowed_origins))
         self.servers.append(server)
         return server
 

@@ -29,6 +29,7 @@ from websockets.sync.client import connect as ws_connect
 
 from ctxd.protocol.auth import secure_client_socket
 from ctxd.protocol.codec import FrameReader, frame
+from ctxd.protocol.connection import split_endpoint
 from ctxd.protocol.errors import CtxdError, PayloadTooLarge
 from ctxd.protocol.methods import METHODS
 
@@ -110,12 +111,6 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         assert daemon.stop() == 0
 
 
-def host_port(endpoint: str) -> tuple[str, int]:
-    rest = endpoint.split("://", 1)[-1]
-    host, port = rest.rsplit(":", 1)
-    return host.strip("[]"), int(port)
-
-
 def valid_params(method: str) -> dict[str, Any]:
     """Params that pass validation, so only authentication can refuse the request."""
     out: dict[str, Any] = {}
@@ -144,7 +139,8 @@ def valid_params(method: str) -> dict[str, Any]:
 
 class Tcp:
     def __init__(self, env: Env) -> None:
-        self.sock = socket.create_connection(host_port(env.info["jsonrpc_tcp"]), timeout=TIMEOUT)
+        self.sock = socket.create_connection(split_endpoint(env.info["jsonrpc_tcp"]),
+                                             timeout=TIMEOUT)
         self.reader = FrameReader(max_frame=1 << 30)
         self.pending: list[bytes] = []
         self.n = 0
@@ -417,7 +413,7 @@ def refused(host: str, port: int) -> bool:
 
 
 def test_every_tcp_endpoint_listens_on_127_0_0_1_only(env: Env) -> None:
-    endpoints = {k: host_port(env.info[k])
+    endpoints = {k: split_endpoint(env.info[k])
                  for k in ("jsonrpc_tcp", "websocket", "zmq_router", "zmq_pub")}
     assert env.info["zmq_router"].startswith("tcp://")
     for key, (host, port) in endpoints.items():
@@ -436,7 +432,7 @@ def test_other_local_addresses_do_not_reach_the_daemon(env: Env) -> None:
     if not addresses:
         pytest.skip("this machine has no address outside 127/8")
     for key in ("jsonrpc_tcp", "websocket", "zmq_router", "zmq_pub"):
-        _, port = host_port(env.info[key])
+        _, port = split_endpoint(env.info[key])
         for addr in addresses:
             assert refused(addr, port), (key, addr)
 
@@ -446,7 +442,7 @@ def test_other_local_addresses_do_not_reach_the_daemon(env: Env) -> None:
 
 def raw_http(env: Env, request: bytes, port: int | None = None) -> bytes:
     """Send one HTTP request; everything the daemon answered until it closed."""
-    port = port or host_port(env.info["websocket"])[1]
+    port = port or split_endpoint(env.info["websocket"])[1]
     out = b""
     with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as s:
         s.sendall(request)
@@ -462,7 +458,7 @@ def raw_http(env: Env, request: bytes, port: int | None = None) -> bytes:
 
 def closed_without_answer(env: Env, request: bytes) -> bool:
     """The JSON-RPC TCP port closed the connection without sending a byte."""
-    with socket.create_connection(host_port(env.info["jsonrpc_tcp"]), timeout=TIMEOUT) as s:
+    with socket.create_connection(split_endpoint(env.info["jsonrpc_tcp"]), timeout=TIMEOUT) as s:
         s.sendall(request)
         try:
             return s.recv(65536) == b""
@@ -480,7 +476,7 @@ def handshake(origin: str | None, host: str = "127.0.0.1") -> bytes:
 
 
 def test_foreign_origins_are_refused_at_the_handshake(env: Env) -> None:
-    port = host_port(env.info["websocket"])[1]
+    port = split_endpoint(env.info["websocket"])[1]
     foreign = ["http://evil.example", "null", f"http://localhost:{port + 1}",
                f"https://127.0.0.1:{port}", f"http://127.0.0.1.evil.example:{port}",
                f"http://[::1]:{port}", "file://", f"http://127.0.0.1:{port}/"]
@@ -766,7 +762,7 @@ def test_idle_connections_without_the_token_cannot_lock_clients_out(tmp_path: Pa
     limit = 4
     daemon = start_daemon(tmp_path, max_connections=limit)
     info = daemon.info()
-    squatters = [socket.create_connection(host_port(info["jsonrpc_tcp"]), timeout=TIMEOUT)
+    squatters = [socket.create_connection(split_endpoint(info["jsonrpc_tcp"]), timeout=TIMEOUT)
                  for _ in range(limit)]
     try:
         env = Env(daemon, info, None, zmq.Context())

@@ -33,7 +33,7 @@ from helpers import DaemonProcess, tool_turn
 from ctxd.clients.client import DaemonNotAuthentic, DaemonNotRunning, connect
 from ctxd.protocol import auth
 from ctxd.protocol.codec import FrameReader, dumps_json, frame
-from ctxd.protocol.connection import write_connection_file
+from ctxd.protocol.connection import split_endpoint, write_connection_file
 from ctxd.protocol.errors import RunActive
 
 TIMEOUT = 10.0
@@ -202,7 +202,7 @@ def test_zmq_tcp_connections_that_never_handshake_are_closed(tmp_path: Path) -> 
     try:
         info = d.info()
         for key in ("zmq_router", "zmq_pub"):
-            host, port = info[key].removeprefix("tcp://").rsplit(":", 1)
+            host, port = split_endpoint(info[key])
             for _ in range(25):
                 s = socket.create_connection((host, int(port)), timeout=TIMEOUT)
                 socks.append(s)
@@ -329,7 +329,7 @@ def test_the_daemon_proves_the_token_and_old_clients_still_work(tmp_path: Path) 
     try:
         info = d.info()
         token = info["token"]
-        host, port = info["jsonrpc_tcp"].rsplit(":", 1)
+        host, port = split_endpoint(info["jsonrpc_tcp"])
 
         def initialize(params: dict[str, Any]) -> dict[str, Any]:
             with socket.create_connection((host, int(port)), timeout=TIMEOUT) as s:

@@ -4,11 +4,12 @@ changed, writes that replace a file whole, and a diff for `--dry-run`."""
 from __future__ import annotations
 
 import difflib
-import os
 import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ctxd.protocol.files import replace_file
 
 BACKUP_SUFFIX = ".ctxd-backup"
 
@@ -79,10 +80,4 @@ def _write(target: Path, text: str, like: Path) -> None:
         mode = like.stat().st_mode & 0o777
     except FileNotFoundError:
         mode = 0o600 if like.name.startswith(".") or like.suffix == ".toml" else 0o644
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
+    replace_file(target, text, mode, durable=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -81,24 +80,9 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def _spawn_daemon(args: argparse.Namespace) -> None:
-    cmd = [sys.executable, "-m", "ctxd.daemon", "serve"]
-    if args.data_dir:
-        cmd += ["--data-dir", str(args.data_dir)]
-    if args.connection_file:
-        cmd += ["--connection-file", str(args.connection_file)]
-    if args.config:
-        cmd += ["--config", str(args.config)]
-    log_dir = Path(args.data_dir or default_data_dir())
-    log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    log_path = log_dir / "daemon.log"
-    # the daemon rotates this file itself; until its logging is set up (and for a start
-    # that fails before), its output goes to the same file. 0600: the log is private.
-    cmd += ["--log-file", str(log_path)]
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.fchmod(fd, 0o600)
-    with open(fd, "ab") as log:
-        subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                         start_new_session=True, env=os.environ.copy())
+    from ctxd.clients.daemon_link import spawn_daemon
+
+    spawn_daemon(args.connection_file, args.data_dir, args.config)
 
 
 def _connect(args: argparse.Namespace) -> Any:

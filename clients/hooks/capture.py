@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 from ctxd.clients.importers import FORMATS
 from ctxd.clients.importers.common import FileImporter, Options, Report, safe_id
 from ctxd.protocol.errors import CtxdError
+from ctxd.protocol.files import replace_file
 
 # The text a pin adds to the note is bounded: the note goes into every fresh context.
 MAX_NOTE_CHARS = 8_000
@@ -156,12 +156,8 @@ class NoteState:
         except (OSError, ValueError, AttributeError):
             pass
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            # the text too: a fresh context while the daemon is down still gets the rules
-            json.dump({"note": digest, "text": note}, f)
-        os.replace(tmp, path)
+        # the text too: a fresh context while the daemon is down still gets the rules
+        replace_file(path, json.dumps({"note": digest, "text": note}), 0o600)
         return True
 
     def last(self, key: str) -> str | None:

@@ -11,11 +11,10 @@ not to), so one line is enough to use ctxd from a framework.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
+import hashlib
+import json
 import threading
-import time
+import uuid
 import weakref
 from pathlib import Path
 from typing import Any
@@ -29,11 +28,9 @@ from ctxd.clients.client import (
     connect_async,
     find_daemon,
 )
+from ctxd.clients.daemon_link import START_TIMEOUT, spawn_daemon, wait_for_daemon
 from ctxd.protocol.connection import connection_file_for, default_data_dir
 from ctxd.protocol.errors import Conflict
-
-# polled: a daemon that comes up sooner is used at once; a loaded machine can take a while
-START_TIMEOUT = 60.0
 
 _lock = threading.Lock()
 _lock_start = threading.Lock()
@@ -100,32 +97,8 @@ class Connection:
                 return  # another session of this process started it meanwhile
             except DaemonNotRunning:
                 pass
-            cmd = [sys.executable, "-m", "ctxd.daemon", "serve", "--connection-file", str(path)]
-            if data_dir:
-                cmd += ["--data-dir", str(data_dir)]
-            log_dir = Path(data_dir or default_data_dir())
-            log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            with open(log_dir / "daemon.log", "ab") as log:
-                subprocess.Popen(
-                    cmd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                    start_new_session=True,
-                    env=os.environ.copy(),
-                )
-            deadline = time.monotonic() + START_TIMEOUT
-            while True:
-                try:
-                    find_daemon(path)
-                    return
-                except DaemonNotRunning as exc:
-                    if time.monotonic() >= deadline:
-                        raise DaemonNotRunning(
-                            f"started a daemon but it did not come up through {path} within "
-                            f"{START_TIMEOUT:.0f} s ({exc}); see {log_dir / 'daemon.log'}"
-                        ) from None
-                time.sleep(0.05)
+            log = spawn_daemon(path, Path(data_dir) if data_dir else None)
+            wait_for_daemon(path, START_TIMEOUT, str(log))
 
     def ensure(self, session_id: str, title: str | None = None) -> Client:
         """The client, after creating the ctxd session if this process has not seen it."""
@@ -147,3 +120,14 @@ class Connection:
                 pass
             _created.add((*self._key, session_id))
         return c
+
+
+def batch_id(tag: str, key: object | None) -> str:
+    """The `client_batch_id` of an adapter's append: `tag-` and a digest of `key` (what
+    names the messages: their ids, with the session) when they carry ids, so the same
+    messages sent again are one batch the daemon stores once; a fresh one when `key` is
+    None (messages without ids may honestly repeat)."""
+    if key is None:
+        return f"{tag}-{uuid.uuid4().hex}"
+    body = json.dumps(key, sort_keys=True, default=str)
+    return f"{tag}-" + hashlib.sha256(body.encode()).hexdigest()[:40]

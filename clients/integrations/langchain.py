@@ -25,9 +25,6 @@ message's own serialized form rides along in its `metadata`.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
@@ -45,7 +42,7 @@ from langchain_core.messages import (
 from langchain_core.runnables import RunnableConfig
 
 from ctxd.clients.client import AsyncClient, Client, Wire
-from ctxd.clients.integrations._conn import Connection
+from ctxd.clients.integrations._conn import Connection, batch_id
 from ctxd.protocol.errors import Conflict, RunActive
 
 __all__ = ["CtxdChatMessageHistory", "CtxdThreadMemory", "to_chat", "from_chat"]
@@ -91,10 +88,7 @@ def from_chat(msg: dict[str, Any]) -> BaseMessage:
 def _batch_id(prefix: str, messages: Sequence[BaseMessage]) -> str:
     """Messages with ids (LangGraph gives every message one) are idempotent by id."""
     ids = [m.id for m in messages]
-    if all(ids):
-        digest = hashlib.sha256(json.dumps([prefix, ids]).encode()).hexdigest()[:40]
-        return "lc-" + digest
-    return "lc-" + uuid.uuid4().hex
+    return batch_id("lc", [prefix, ids] if all(ids) else None)
 
 
 def _append_run(c: Client, sid: str, chat: list[dict[str, Any]], batch: str) -> None:

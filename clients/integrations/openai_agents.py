@@ -23,16 +23,14 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
-import uuid
 import weakref
 from typing import Any
 
 from agents.memory.session_settings import SessionSettings
 
 from ctxd.clients.client import AsyncClient, Wire
-from ctxd.clients.integrations._conn import Connection
+from ctxd.clients.integrations._conn import Connection, batch_id
 from ctxd.clients.integrations._responses import (
     context_to_groups,
     items_to_messages,
@@ -175,7 +173,5 @@ def _as_dict(item: Any) -> dict[str, Any]:
 def _batch_id(session_id: str, items: list[dict[str, Any]]) -> str:
     """Items the model made carry ids: the same items twice are one batch. Items without
     ids (user input, tool outputs) may honestly repeat, so they get a fresh key."""
-    if all(isinstance(i.get("id"), str) and i["id"] for i in items):
-        body = json.dumps([session_id, items], sort_keys=True, default=str)
-        return "oa-" + hashlib.sha256(body.encode()).hexdigest()[:40]
-    return "oa-" + uuid.uuid4().hex
+    named = all(isinstance(i.get("id"), str) and i["id"] for i in items)
+    return batch_id("oa", [session_id, items] if named else None)

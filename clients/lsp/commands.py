@@ -1,44 +1,23 @@
 """The commands of `ctxd lsp` (workspace/executeCommand), and the code actions and code
-lenses that offer them. Each command takes one optional argument: an object of named
-fields (a bare string counts as `sessionId`); every command runs in the server."""
+lenses that offer them, each a module-level handler registered on `SERVER`. Each
+command takes one optional argument: an object of named fields (a bare string counts as
+`sessionId`); every command runs in the server."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from lsprotocol import types as t
-from pygls.exceptions import JsonRpcException
 from pygls.uris import to_fs_path
 
 from ctxd.clients.lsp import documents as docs
-from ctxd.clients.lsp.core import BadArgument, Bridge, DaemonGone
-from ctxd.clients.lsp.documents import DocKey, Rendered
-from ctxd.clients.lsp.errors import lsp_error
+from ctxd.clients.lsp.core import BadArgument, DaemonGone
+from ctxd.clients.lsp.documents import DocKey
+from ctxd.clients.lsp.errors import lsp_errors
+from ctxd.clients.lsp.language_server import SERVER, CtxdServer
 from ctxd.protocol.errors import CtxdError
-
-
-class CtxdServer(Protocol):
-    """What the commands use of the language server (server.CtxdServer is one)."""
-
-    cache_dir: Path
-    can_ask: bool
-    can_show_document: bool
-    workspace: Any
-
-    def command(self, name: str) -> Callable[..., Any]: ...
-
-    def feature(self, *args: Any, **kw: Any) -> Callable[..., Any]: ...
-
-    def key_of(self, uri: str) -> DocKey | None: ...
-
-    async def materialize(self, key: DocKey) -> str: ...
-
-    def window_show_document_async(self, params: Any) -> Awaitable[Any]: ...
-
-    def window_show_message_request_async(self, params: Any) -> Awaitable[Any]: ...
 
 COMMANDS = (
     "ctxd.compact",
@@ -93,36 +72,39 @@ def _range_text(ls: CtxdServer, uri: str, rng: Any) -> str:
     return source[doc.offset_at_position(start):doc.offset_at_position(end)]
 
 
-def register(ls: CtxdServer, bridge: Bridge,
-             rendered_for: Callable[[str], Awaitable[Rendered | None]]) -> None:
+async def show(ls: CtxdServer, key: DocKey) -> dict[str, Any]:
+    """Open `key` in the editor when it can be asked to; its URI either way."""
+    uri = await ls.materialize(key)
+    shown = False
+    if ls.can_show_document:
+        result = await ls.window_show_document_async(t.ShowDocumentParams(uri, take_focus=True))
+        shown = bool(result and result.success)
+    return {"uri": uri, "shown": shown}
 
-    def command(name: str) -> Callable[[Callable[[dict[str, Any]], Awaitable[Any]]], Any]:
-        def wrap(fn: Callable[[dict[str, Any]], Awaitable[Any]]) -> Any:
-            async def handler(*args: Any) -> Any:
-                try:
-                    return await fn(one_arg(args))
-                except (BadArgument, DaemonGone, CtxdError, TimeoutError) as exc:
-                    raise lsp_error(exc) from None
 
-            ls.command(name)(handler)
-            return fn
-        return wrap
-
-    @command("ctxd.compact")
-    async def compact(a: dict[str, Any]) -> Any:
+@SERVER.command("ctxd.compact")
+async def compact(ls: CtxdServer, *args: Any) -> Any:
+    with lsp_errors():
+        a = one_arg(args)
         instructions = _str(a, "instructions", required=False)
         force = a.get("force", True)
         if not isinstance(force, bool):
             raise BadArgument("force must be true or false")
-        return await bridge.daemon.compact(bridge.session_of(a), force=force,
-                                           instructions=instructions)
+        return await ls.bridge.daemon.compact(ls.bridge.session_of(a), force=force,
+                                              instructions=instructions)
 
-    @command("ctxd.rebuild")
-    async def rebuild(a: dict[str, Any]) -> Any:
-        return await bridge.daemon.rebuild(bridge.session_of(a))
 
-    @command("ctxd.pin")
-    async def pin(a: dict[str, Any]) -> Any:
+@SERVER.command("ctxd.rebuild")
+async def rebuild(ls: CtxdServer, *args: Any) -> Any:
+    with lsp_errors():
+        a = one_arg(args)
+        return await ls.bridge.daemon.rebuild(ls.bridge.session_of(a))
+
+
+@SERVER.command("ctxd.pin")
+async def pin(ls: CtxdServer, *args: Any) -> Any:
+    with lsp_errors():
+        a = one_arg(args)
         text = a.get("text")
         if text is None:
             uri = _str(a, "uri")
@@ -130,25 +112,22 @@ def register(ls: CtxdServer, bridge: Bridge,
             text = _range_text(ls, uri, a.get("range"))
         if not isinstance(text, str) or not text.strip():
             raise BadArgument("nothing to pin: select some text (or pass text)")
-        return await bridge.daemon.add_pin(bridge.session_of(a), text)
+        return await ls.bridge.daemon.add_pin(ls.bridge.session_of(a), text)
 
-    @command("ctxd.unpin")
-    async def unpin(a: dict[str, Any]) -> Any:
+
+@SERVER.command("ctxd.unpin")
+async def unpin(ls: CtxdServer, *args: Any) -> Any:
+    with lsp_errors():
+        a = one_arg(args)
         pin_id = _str(a, "pinId")
         assert pin_id is not None
-        return await bridge.daemon.remove_pin(bridge.session_of(a), pin_id)
+        return await ls.bridge.daemon.remove_pin(ls.bridge.session_of(a), pin_id)
 
-    async def show(key: DocKey) -> dict[str, Any]:
-        uri = await ls.materialize(key)
-        shown = False
-        if ls.can_show_document:
-            result = await ls.window_show_document_async(
-                t.ShowDocumentParams(uri, take_focus=True))
-            shown = bool(result and result.success)
-        return {"uri": uri, "shown": shown}
 
-    @command("ctxd.openSession")
-    async def open_session(a: dict[str, Any]) -> Any:
+@SERVER.command("ctxd.openSession")
+async def open_session(ls: CtxdServer, *args: Any) -> Any:
+    with lsp_errors():
+        a = one_arg(args)
         kind = a.get("document", "context")
         if kind not in ("context", "transcript"):
             raise BadArgument("document must be 'context' or 'transcript'")
@@ -156,17 +135,19 @@ def register(ls: CtxdServer, bridge: Bridge,
         if start is not None and (not isinstance(start, int) or isinstance(start, bool)
                                   or start < 1):
             raise BadArgument("from must be a message id (a positive integer)")
-        sid = bridge.session_of(a)
-        await bridge.title(sid)  # SessionNotFound before anything is written
-        return await show(DocKey(kind, sid, start if kind == "transcript" else None))
+        sid = ls.bridge.session_of(a)
+        await ls.bridge.title(sid)  # SessionNotFound before anything is written
+        return await show(ls, DocKey(kind, sid, start if kind == "transcript" else None))
 
-    @command("ctxd.chooseSession")
-    async def choose_session(a: dict[str, Any]) -> Any:
-        sid = a.get("sessionId")
+
+@SERVER.command("ctxd.chooseSession")
+async def choose_session(ls: CtxdServer, *args: Any) -> Any:
+    with lsp_errors():
+        sid = one_arg(args).get("sessionId")
         if sid is None:
             if not ls.can_ask:
                 raise BadArgument("pass sessionId (this editor cannot show a choice)")
-            sessions = await bridge.sessions(CHOICES_SHOWN)
+            sessions = await ls.bridge.sessions(CHOICES_SHOWN)
             if not sessions:
                 raise BadArgument("the daemon has no sessions yet")
             labels = {f"{s.get('title') or s['sessionId']} ({s['sessionId']})": s["sessionId"]
@@ -177,85 +158,91 @@ def register(ls: CtxdServer, bridge: Bridge,
             if item is None or item.title not in labels:
                 return None
             sid = labels[item.title]
-        return await bridge.choose(bridge.session_of({"sessionId": sid}))
+        return await ls.bridge.choose(ls.bridge.session_of({"sessionId": sid}))
 
-    @command("ctxd.resolveApproval")
-    async def resolve_approval(a: dict[str, Any]) -> Any:
+
+@SERVER.command("ctxd.resolveApproval")
+async def resolve_approval(ls: CtxdServer, *args: Any) -> Any:
+    with lsp_errors():
+        a = one_arg(args)
         decision = a.get("decision")
         if decision not in ("approved", "denied"):
             raise BadArgument("decision must be 'approved' or 'denied'")
         aid = _str(a, "approvalId")
         assert aid is not None
-        return await bridge.resolve(aid, decision)
+        return await ls.bridge.resolve(aid, decision)
 
-    @command("ctxd.fileHistory")
-    async def file_history(a: dict[str, Any]) -> Any:
-        path = _str(a, "path")
+
+@SERVER.command("ctxd.fileHistory")
+async def file_history(ls: CtxdServer, *args: Any) -> Any:
+    with lsp_errors():
+        path = _str(one_arg(args), "path")
         assert path is not None
-        history = await bridge.file_history(path)
-        shown = await show(DocKey("search", query=path)) if history["hits"] else None
+        history = await ls.bridge.file_history(path)
+        shown = await show(ls, DocKey("search", query=path)) if history["hits"] else None
         return {**{k: v for k, v in history.items() if k != "hits"}, "document": shown}
 
-    @command("ctxd.search")
-    async def search(a: dict[str, Any]) -> Any:
-        query = _str(a, "query")
+
+@SERVER.command("ctxd.search")
+async def search(ls: CtxdServer, *args: Any) -> Any:
+    with lsp_errors():
+        query = _str(one_arg(args), "query")
         assert query is not None
-        return await show(DocKey("search", query=query))
+        return await show(ls, DocKey("search", query=query))
 
-    @ls.feature(t.TEXT_DOCUMENT_CODE_ACTION, t.CodeActionOptions(
-        code_action_kinds=[t.CodeActionKind.Empty, t.CodeActionKind.QuickFix,
-                           t.CodeActionKind.Source]))
-    async def code_action(params: t.CodeActionParams) -> list[t.CodeAction]:
-        uri, rng = params.text_document.uri, params.range
-        out = []
-        if rng.start != rng.end:
-            where = {"start": {"line": rng.start.line, "character": rng.start.character},
-                     "end": {"line": rng.end.line, "character": rng.end.character}}
-            pin = t.Command("Pin to agent context", "ctxd.pin",
-                            arguments=[{"uri": uri, "range": where}])
-            out.append(t.CodeAction("Pin to agent context", kind=t.CodeActionKind.Empty,
-                                    command=pin))
-        for aid, approval in list(bridge.unanswered.items()):
-            tool = approval.get("toolName") or "tool call"
-            for verb, decision in (("approve", "approved"), ("deny", "denied")):
-                title = f"ctxd: {verb} {tool} ({aid})"
-                out.append(t.CodeAction(title, kind=t.CodeActionKind.QuickFix,
-                                        command=t.Command(title, "ctxd.resolveApproval", arguments=[
-                                            {"approvalId": aid, "decision": decision}])))
-        key = ls.key_of(uri)
-        if key is not None and key.session_id:
-            for title, cmd in (("ctxd: compact this session", "ctxd.compact"),
-                               ("ctxd: rebuild the summary", "ctxd.rebuild"),
-                               ("ctxd: make this the current session", "ctxd.chooseSession")):
-                out.append(t.CodeAction(title, kind=t.CodeActionKind.Source, command=t.Command(
-                    title, cmd, arguments=[{"sessionId": key.session_id}])))
-        return out
 
-    @ls.feature(t.TEXT_DOCUMENT_CODE_LENS)
-    async def code_lens(params: t.CodeLensParams) -> list[t.CodeLens]:
-        uri = params.text_document.uri
-        r = await rendered_for(uri)
-        if r is not None:
-            return [t.CodeLens(t.Range(t.Position(lens.line, 0), t.Position(lens.line, 0)),
-                               t.Command(lens.title, lens.command, arguments=[lens.arguments]))
-                    for lens in r.lenses]
-        rel = relative_path(ls, uri)
-        if rel is None:
-            return []
-        try:
-            history = await bridge.file_history(rel)
-        except (DaemonGone, CtxdError, TimeoutError):
-            return []  # a lens is decoration: never an error popup per file
-        if not history["sessions"]:
-            return []
-        n = history["sessions"]
-        title = (f"ctxd: {n} session{'s' if n != 1 else ''}, last "
-                 f"{docs.ago(history['lastAt'], time.time())}")
-        return [t.CodeLens(t.Range(t.Position(0, 0), t.Position(0, 0)),
-                           t.Command(title, "ctxd.fileHistory", arguments=[{"path": rel}]))]
+@SERVER.feature(t.TEXT_DOCUMENT_CODE_ACTION, t.CodeActionOptions(
+    code_action_kinds=[t.CodeActionKind.Empty, t.CodeActionKind.QuickFix,
+                       t.CodeActionKind.Source]))
+async def code_action(ls: CtxdServer, params: t.CodeActionParams) -> list[t.CodeAction]:
+    uri, rng = params.text_document.uri, params.range
+    out = []
+    if rng.start != rng.end:
+        where = {"start": {"line": rng.start.line, "character": rng.start.character},
+                 "end": {"line": rng.end.line, "character": rng.end.character}}
+        pin = t.Command("Pin to agent context", "ctxd.pin",
+                        arguments=[{"uri": uri, "range": where}])
+        out.append(t.CodeAction("Pin to agent context", kind=t.CodeActionKind.Empty,
+                                command=pin))
+    for aid, approval in list(ls.bridge.unanswered.items()):
+        tool = approval.get("toolName") or "tool call"
+        for verb, decision in (("approve", "approved"), ("deny", "denied")):
+            title = f"ctxd: {verb} {tool} ({aid})"
+            out.append(t.CodeAction(title, kind=t.CodeActionKind.QuickFix,
+                                    command=t.Command(title, "ctxd.resolveApproval", arguments=[
+                                        {"approvalId": aid, "decision": decision}])))
+    key = ls.key_of(uri)
+    if key is not None and key.session_id:
+        for title, cmd in (("ctxd: compact this session", "ctxd.compact"),
+                           ("ctxd: rebuild the summary", "ctxd.rebuild"),
+                           ("ctxd: make this the current session", "ctxd.chooseSession")):
+            out.append(t.CodeAction(title, kind=t.CodeActionKind.Source, command=t.Command(
+                title, cmd, arguments=[{"sessionId": key.session_id}])))
+    return out
 
-    _ = (compact, rebuild, pin, unpin, open_session, choose_session, resolve_approval,
-         file_history, search, code_action, code_lens, JsonRpcException)
+
+@SERVER.feature(t.TEXT_DOCUMENT_CODE_LENS)
+async def code_lens(ls: CtxdServer, params: t.CodeLensParams) -> list[t.CodeLens]:
+    uri = params.text_document.uri
+    r = await ls.rendered_for(uri)
+    if r is not None:
+        return [t.CodeLens(t.Range(t.Position(lens.line, 0), t.Position(lens.line, 0)),
+                           t.Command(lens.title, lens.command, arguments=[lens.arguments]))
+                for lens in r.lenses]
+    rel = relative_path(ls, uri)
+    if rel is None:
+        return []
+    try:
+        history = await ls.bridge.file_history(rel)
+    except (DaemonGone, CtxdError, TimeoutError):
+        return []  # a lens is decoration: never an error popup per file
+    if not history["sessions"]:
+        return []
+    n = history["sessions"]
+    title = (f"ctxd: {n} session{'s' if n != 1 else ''}, last "
+             f"{docs.ago(history['lastAt'], time.time())}")
+    return [t.CodeLens(t.Range(t.Position(0, 0), t.Position(0, 0)),
+                       t.Command(title, "ctxd.fileHistory", arguments=[{"path": rel}]))]
 
 
 def relative_path(ls: CtxdServer, uri: str) -> str | None:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from ctxd.clients.client import AsyncClient, DaemonNotRunning, find_daemon
 from ctxd.clients.client_methods import _Methods
+from ctxd.clients.daemon_link import wait_for_daemon
 from ctxd.clients.lsp import documents as docs
 from ctxd.clients.lsp.documents import DocKey, Rendered
 from ctxd.protocol.errors import Conflict, CtxdError
@@ -162,14 +163,8 @@ class Bridge:
             if self.start_daemon is None:
                 raise
         self.start_daemon()
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            try:
-                return await self._open()
-            except ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.1)
+        await asyncio.to_thread(wait_for_daemon, self.connection_file, START_TIMEOUT)
+        return await self._open()
 
     async def _supervise(self) -> None:
         first, told = True, False

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from ctxd.protocol.connection import UnsafePath, ensure_private_dir, replace_file
+from ctxd.clients.message_refs import numbered, ref_and_id, ref_label
+from ctxd.protocol.connection import UnsafePath, ensure_private_dir
+from ctxd.protocol.files import replace_file
 
 SCHEME = "ctxd"
 Kind = Literal["transcript", "context", "search"]
@@ -249,9 +251,7 @@ def _message_header(w: _Writer, msg: dict[str, Any], level: str, key: DocKey | N
     mid = msg.get("id")
     # "#N": the message's place in its session, as summary lines cite it; the archive id
     # is written "msg N" (see docs/protocol.md)
-    ordinal = msg.get("ordinal")
-    label = f"#{ordinal}" if isinstance(ordinal, int) else f"msg {mid}"
-    suffix = f" · msg {mid}" if isinstance(ordinal, int) else ""
+    label, suffix = ref_and_id(mid, msg.get("ordinal"))
     suffix += f" {msg.get('role', '?')}"
     if msg.get("createdAt") is not None:
         suffix += f" · {when(msg['createdAt'])}"
@@ -283,10 +283,7 @@ def render_transcript(key: DocKey, title: str, page: dict[str, Any]) -> Rendered
     w.add("")
     w.add("---")
     assert w.line == FIRST_MESSAGE_LINE
-    messages = page.get("messages") or []
-    first = page.get("firstOrdinal")
-    if isinstance(first, int):
-        messages = [{**m, "ordinal": first + i} for i, m in enumerate(messages)]
+    messages = numbered(page)
     bodies: dict[int, str] = {}
     for msg in messages:
         _message_header(w, msg, "##", None)
@@ -375,8 +372,7 @@ def render_context(key: DocKey, title: str, context: dict[str, Any],
             mid = src.get("id")
             if not isinstance(mid, int):
                 continue
-            ordinal = src.get("ordinal")
-            label = f"#{ordinal}" if isinstance(ordinal, int) else f"msg {mid}"
+            label = ref_label(mid, src.get("ordinal"))
             line += " "
             spans.append((len(line), len(line) + len(label), mid, src.get("snippet") or ""))
             line += label + (" (broken)" if src.get("broken") else "")
@@ -416,9 +412,7 @@ def render_search(key: DocKey, hits: list[dict[str, Any]], titles: dict[str, str
         sid, mid = str(hit.get("sessionId")), hit.get("messageId")
         if not isinstance(mid, int):
             continue
-        ordinal = hit.get("ordinal")
-        label = f"#{ordinal}" if isinstance(ordinal, int) else f"msg {mid}"
-        where = f" · msg {mid}" if isinstance(ordinal, int) else ""
+        label, where = ref_and_id(mid, hit.get("ordinal"))
         w.add_linked("## ", label, f"{where} {hit.get('role')} · {titles.get(sid, sid)} · "
                      f"{ago(hit.get('createdAt'), now)}", page_of(sid, mid), mid)
         w.add(clean_snippet(str(hit.get("snippet", ""))))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 
 from ctxd.clients.lsp.core import BadArgument, DaemonGone
@@ -22,3 +25,13 @@ def lsp_error(exc: Exception) -> JsonRpcException:
     if isinstance(exc, TimeoutError):
         return JsonRpcException(code=REQUEST_FAILED, message=f"ctxd: {exc}")
     return JsonRpcException(code=-32603, message=f"ctxd: {exc}")
+
+
+@contextlib.contextmanager
+def lsp_errors() -> Iterator[None]:
+    """Inside: a failure of the core (a bad argument, the daemon gone, a typed error,
+    a timeout) leaves as the LSP error reply for it."""
+    try:
+        yield
+    except (BadArgument, DaemonGone, CtxdError, TimeoutError) as exc:
+        raise lsp_error(exc) from None

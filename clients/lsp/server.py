@@ -1,4 +1,5 @@
-"""`ctxd lsp`: thin pygls handlers over `core.Bridge`.
+"""`ctxd lsp`: the LSP features, each a module-level handler registered on `SERVER`
+(`language_server.py`) that calls the core (`core.Bridge`) and shapes the answer.
 
 Standard LSP only: workspace/symbol searches the archive; session documents are served
 through `workspace/textDocumentContent` on `ctxd:` URIs when the client advertises it,
@@ -6,7 +7,8 @@ else as read-only files under ctxd's cache dir kept current on events; documentL
 definition and hover follow summary source pointers; approvals arrive as
 showMessageRequest (showMessage when the client cannot answer one); compactions show as
 work-done progress; `ctxd/status` carries the current session's numbers. Every command
-runs here and is listed in executeCommandProvider.
+(`commands.py`, registered on the same object) runs here and is listed in
+executeCommandProvider.
 """
 
 from __future__ import annotations
@@ -19,319 +21,105 @@ from pathlib import Path
 from typing import Any
 
 from lsprotocol import types as t
-from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
-from pygls.lsp.server import LanguageServer
-from pygls.protocol import LanguageServerProtocol
-from pygls.protocol.language_server import lsp_method
-from pygls.uris import from_fs_path, to_fs_path
+from pygls.exceptions import JsonRpcInvalidParams
 
-from ctxd import __version__
 from ctxd.clients.lsp import commands
 from ctxd.clients.lsp import documents as docs
-from ctxd.clients.lsp.core import Bridge, DaemonGone
-from ctxd.clients.lsp.documents import DocKey, Rendered
-from ctxd.clients.lsp.errors import lsp_error
-from ctxd.protocol.errors import CtxdError
+from ctxd.clients.lsp.errors import lsp_errors
+from ctxd.clients.lsp.language_server import SERVER, STATUS_NOTIFICATION, CtxdServer
 
-log = logging.getLogger("ctxd.lsp")
+__all__ = ["SERVER", "STATUS_NOTIFICATION", "run"]
 
-STATUS_NOTIFICATION = "ctxd/status"
+# the commands registered on SERVER as their module was imported: the ones it lists
+if set(SERVER.protocol.fm.commands) != set(commands.COMMANDS):
+    raise RuntimeError(f"ctxd lsp registers {sorted(SERVER.protocol.fm.commands)}, "
+                       f"not the commands listed: {sorted(commands.COMMANDS)}")
 FILE_MODE_SYMBOLS = 50  # in file mode every hit's page is written before answering
 
 
-class _Dropped:
-    """A message already answered while being decoded: `handle_message` skips it."""
-
-    jsonrpc = "dropped"
-
-
-class CtxdProtocol(LanguageServerProtocol):
-    """pygls's protocol, plus two things: `workspace.textDocumentContent` (LSP 3.18) in the
-    capabilities, and a typed error reply to a request whose params do not decode (pygls
-    would only show a message, and the client would wait forever for its reply)."""
-
-    def structure_message(self, data: dict[str, Any]) -> Any:
-        try:
-            return super().structure_message(data)
-        except JsonRpcException:
-            method = data.get("method")
-            if "jsonrpc" not in data or not isinstance(method, str):
-                raise
-            if "id" in data:
-                self._send_response(data["id"], error=JsonRpcInvalidParams(
-                    message=f"invalid params for {method}: expected the object the LSP "
-                            "specification defines for it",
-                ).to_response_error())
-            log.warning("dropped %s: its params do not decode", method)
-            return _Dropped()
-
-    @lsp_method(t.INITIALIZE)
-    def lsp_initialize(self, params: t.InitializeParams) -> Any:
-        result = yield from super().lsp_initialize(params)
-        server = self._server
-        if isinstance(server, CtxdServer) and server.virtual_docs:
-            workspace = result.capabilities.workspace or t.WorkspaceOptions()
-            workspace.text_document_content = t.TextDocumentContentOptions(schemes=[docs.SCHEME])
-            result.capabilities.workspace = workspace
-        return result
+@SERVER.feature(t.INITIALIZE)
+def initialize(ls: CtxdServer, params: t.InitializeParams) -> None:
+    ls.read_client(params.capabilities)
+    ls.bridge.start()
 
 
-class CtxdServer(LanguageServer):
-    def __init__(self, connection_file: Path, cache_dir: Path,
-                 start_daemon: Callable[[], None] | None) -> None:
-        super().__init__("ctxd", __version__, protocol_cls=CtxdProtocol,
-                         text_document_sync_kind=t.TextDocumentSyncKind.Full)
-        self.cache_dir = cache_dir
-        self.bridge = Bridge(connection_file, EditorUI(self), start_daemon)
-        self.virtual_docs = False
-        self.can_ask = False
-        self.can_show_document = False
-        self.can_progress = False
-        self._progress: asyncio.Queue[tuple[str, dict[str, Any]]] | None = None
-
-    # capabilities the client declared
-
-    def read_client(self, caps: t.ClientCapabilities) -> None:
-        ws, win = caps.workspace, caps.window
-        self.virtual_docs = bool(ws and ws.text_document_content is not None)
-        self.can_ask = bool(win and win.show_message is not None)
-        self.can_show_document = bool(win and win.show_document and win.show_document.support)
-        self.can_progress = bool(win and win.work_done_progress)
-
-    # documents: a DocKey <-> the URI this client reads
-
-    def uri_of(self, key: DocKey) -> str:
-        if self.virtual_docs:
-            return key.uri()
-        return from_fs_path(str(self.cache_dir / key.file_name())) or ""
-
-    def key_of(self, uri: str) -> DocKey | None:
-        key = docs.parse_uri(uri)
-        if key is None and uri.startswith("file:"):
-            path = to_fs_path(uri)
-            if path:
-                key = docs.parse_file(self.cache_dir, Path(path))
-        return key
-
-    async def materialize(self, key: DocKey) -> str:
-        """The URI of `key`, its file written first when the client reads files."""
-        if not self.virtual_docs:
-            path = self.cache_dir / key.file_name()
-            if key not in self.bridge.live or not path.exists():
-                docs.write_file(self.cache_dir, key, (await self.bridge.render(key)).text)
-        return self.uri_of(key)
-
-    def col(self, line: str, index: int) -> int:
-        return int(self.workspace.position_codec.client_num_units(line[:index]))
-
-    def span(self, rendered: Rendered, line: int, start: int, end: int) -> t.Range:
-        lines = rendered.lines
-        text = lines[line] if line < len(lines) else ""
-        return t.Range(t.Position(line, self.col(text, start)),
-                       t.Position(line, self.col(text, end)))
-
-    def index(self, rendered: Rendered, pos: t.Position) -> int:
-        lines = rendered.lines
-        text = lines[pos.line] if pos.line < len(lines) else ""
-        units = 0
-        for i, ch in enumerate(text):
-            if units >= pos.character:
-                return i
-            units += self.col(ch, 1)
-        return len(text)
-
-    async def location(self, key: DocKey, message_id: int) -> t.Location:
-        """Where message `message_id` is: the page starting at it has it on a fixed line."""
-        line = docs.FIRST_MESSAGE_LINE if key.start == message_id else 0
-        return t.Location(await self.materialize(key),
-                          t.Range(t.Position(line, 0), t.Position(line, 0)))
-
-    # progress, one worker so create/begin/report/end keep their order
-
-    def queue_progress(self, token: str, value: dict[str, Any]) -> None:
-        if self._progress is None:
-            self._progress = asyncio.Queue()
-            asyncio.ensure_future(self._progress_worker(self._progress))
-        self._progress.put_nowait((token, value))
-
-    async def _progress_worker(self, queue: asyncio.Queue[tuple[str, dict[str, Any]]]) -> None:
-        created: set[str] = set()
-        while True:
-            token, value = await queue.get()
-            kind = value.get("kind")
-            try:
-                if kind == "begin":
-                    await self.work_done_progress.create_async(token)
-                    created.add(token)
-                    self.work_done_progress.begin(token, t.WorkDoneProgressBegin(
-                        title=str(value.get("title") or "ctxd: compacting"),
-                        message=value.get("message"), percentage=value.get("percentage"),
-                        cancellable=False))
-                elif token not in created:
-                    continue
-                elif kind == "report":
-                    self.work_done_progress.report(token, t.WorkDoneProgressReport(
-                        message=value.get("message"), percentage=value.get("percentage")))
-                elif kind == "end":
-                    created.discard(token)
-                    self.work_done_progress.end(
-                        token, t.WorkDoneProgressEnd(message=value.get("message")))
-            except Exception as exc:  # the client refused the token: no progress shown
-                log.info("progress %s not shown: %s", token, exc)
+@SERVER.feature(t.SHUTDOWN)
+async def shutdown(ls: CtxdServer, *_: Any) -> None:
+    await ls.bridge.close()
 
 
-class EditorUI:
-    """What the core asks of the editor, in LSP."""
-
-    def __init__(self, server: CtxdServer) -> None:
-        self.server = server
-
-    async def ask_approval(self, approval: dict[str, Any]) -> str | None:
-        ls = self.server
-        prompt = str(approval["prompt"])
-        if not ls.can_ask:
-            ls.window_show_message(t.ShowMessageParams(
-                t.MessageType.Warning,
-                f"{prompt} Answer with the code action 'ctxd: approve' or 'ctxd: deny' "
-                f"(on any file), or the command ctxd.resolveApproval "
-                f"{{\"approvalId\": \"{approval.get('approvalId')}\", "
-                f"\"decision\": \"approved\"}}"))
-            return None
-        item = await ls.window_show_message_request_async(t.ShowMessageRequestParams(
-            t.MessageType.Warning, prompt,
-            [t.MessageActionItem("Approve"), t.MessageActionItem("Deny")]))
-        if item is None:
-            return None
-        return {"Approve": "approved", "Deny": "denied"}.get(item.title)
-
-    def show(self, level: str, text: str) -> None:
-        kind = {"error": t.MessageType.Error, "warning": t.MessageType.Warning}.get(
-            level, t.MessageType.Info)
-        self.server.window_show_message(t.ShowMessageParams(kind, text))
-
-    def progress(self, session_id: str, token: str, value: dict[str, Any]) -> None:
-        if self.server.can_progress:
-            self.server.queue_progress(token, value)
-
-    def status(self, params: dict[str, Any]) -> None:
-        self.server.protocol.notify(STATUS_NOTIFICATION, params)
-
-    def documents_changed(self, rendered: list[Rendered]) -> None:
-        ls = self.server
-        for r in rendered:
-            if ls.virtual_docs:
-                ls.workspace_text_document_content_refresh(
-                    t.TextDocumentContentRefreshParams(r.key.uri()))
-            else:
-                docs.write_file(ls.cache_dir, r.key, r.text)
+@SERVER.feature(t.WORKSPACE_SYMBOL)
+async def workspace_symbol(ls: CtxdServer,
+                           params: t.WorkspaceSymbolParams) -> list[t.SymbolInformation]:
+    query = (params.query or "").strip()
+    if not query:
+        return []  # editors ask with "" first; the archive has no "everything" answer
+    with lsp_errors():
+        limit = None if ls.virtual_docs else FILE_MODE_SYMBOLS
+        hits = await ls.bridge.search(query, **({"limit": limit} if limit else {}))
+        keys = [docs.page_of(h["sessionId"], h["messageId"]) for h in hits]
+        if not ls.virtual_docs:
+            await asyncio.gather(*(ls.materialize(k) for k in set(keys)))
+        return [t.SymbolInformation(
+            name=docs.clean_snippet(hit.get("snippet", ""))[:200] or f"msg {hit['messageId']}",
+            kind=t.SymbolKind.String,
+            location=await ls.location(key, hit["messageId"]),
+            container_name=f"{hit['title']} · {hit['role']} "
+            f"#{hit.get('ordinal', '?')} · msg {hit['messageId']}")
+            for hit, key in zip(hits, keys, strict=True)]
 
 
-def build(connection_file: Path, cache_dir: Path,
-          start_daemon: Callable[[], None] | None) -> CtxdServer:
-    ls = CtxdServer(connection_file, cache_dir, start_daemon)
-    bridge = ls.bridge
+@SERVER.feature(t.WORKSPACE_TEXT_DOCUMENT_CONTENT)
+async def text_document_content(
+        ls: CtxdServer, params: t.TextDocumentContentParams) -> t.TextDocumentContentResult:
+    key = docs.parse_uri(params.uri)
+    if key is None:
+        raise JsonRpcInvalidParams(message=f"not a ctxd document: {params.uri}")
+    with lsp_errors():
+        return t.TextDocumentContentResult((await ls.bridge.render(key)).text)
 
-    @ls.feature(t.INITIALIZE)
-    def initialize(params: t.InitializeParams) -> None:
-        ls.read_client(params.capabilities)
-        bridge.start()
 
-    @ls.feature(t.SHUTDOWN)
-    async def shutdown(*_: Any) -> None:
-        await bridge.close()
+@SERVER.feature(t.TEXT_DOCUMENT_DOCUMENT_LINK)
+async def document_link(ls: CtxdServer, params: t.DocumentLinkParams) -> list[t.DocumentLink]:
+    r = await ls.rendered_for(params.text_document.uri)
+    if r is None:
+        return []
+    with lsp_errors():
+        targets = {k: await ls.materialize(k) for k in {link.target for link in r.links}}
+    return [t.DocumentLink(ls.span(r, link.line, link.start, link.end),
+                           target=targets[link.target], tooltip=link.tooltip or None)
+            for link in r.links]
 
-    @ls.feature(t.WORKSPACE_SYMBOL)
-    async def workspace_symbol(params: t.WorkspaceSymbolParams) -> list[t.SymbolInformation]:
-        query = (params.query or "").strip()
-        if not query:
-            return []  # editors ask with "" first; the archive has no "everything" answer
-        try:
-            limit = None if ls.virtual_docs else FILE_MODE_SYMBOLS
-            hits = await bridge.search(query, **({"limit": limit} if limit else {}))
-            keys = [docs.page_of(h["sessionId"], h["messageId"]) for h in hits]
-            if not ls.virtual_docs:
-                await asyncio.gather(*(ls.materialize(k) for k in set(keys)))
-            out = []
-            for hit, key in zip(hits, keys, strict=True):
-                out.append(t.SymbolInformation(
-                    name=docs.clean_snippet(hit.get("snippet", ""))[:200]
-                    or f"msg {hit['messageId']}",
-                    kind=t.SymbolKind.String,
-                    location=await ls.location(key, hit["messageId"]),
-                    container_name=f"{hit['title']} · {hit['role']} "
-                    f"#{hit.get('ordinal', '?')} · msg {hit['messageId']}"))
-            return out
-        except (DaemonGone, CtxdError, TimeoutError) as exc:
-            raise lsp_error(exc) from None
 
-    @ls.feature(t.WORKSPACE_TEXT_DOCUMENT_CONTENT)
-    async def text_document_content(
-            params: t.TextDocumentContentParams) -> t.TextDocumentContentResult:
-        key = docs.parse_uri(params.uri)
-        if key is None:
-            raise JsonRpcInvalidParams(message=f"not a ctxd document: {params.uri}")
-        try:
-            return t.TextDocumentContentResult((await bridge.render(key)).text)
-        except (DaemonGone, CtxdError, TimeoutError) as exc:
-            raise lsp_error(exc) from None
+@SERVER.feature(t.TEXT_DOCUMENT_DEFINITION)
+async def definition(ls: CtxdServer, params: t.DefinitionParams) -> t.Location | None:
+    r = await ls.rendered_for(params.text_document.uri)
+    link = r.link_at(params.position.line, ls.index(r, params.position)) if r else None
+    if link is None:
+        return None
+    with lsp_errors():
+        return await ls.location(link.target, link.message_id or -1)
 
-    async def rendered_for(uri: str) -> Rendered | None:
-        key = ls.key_of(uri)
-        if key is None:
-            return None
-        try:
-            return await bridge.rendered(key)
-        except (DaemonGone, CtxdError, TimeoutError) as exc:
-            raise lsp_error(exc) from None
 
-    @ls.feature(t.TEXT_DOCUMENT_DOCUMENT_LINK)
-    async def document_link(params: t.DocumentLinkParams) -> list[t.DocumentLink]:
-        r = await rendered_for(params.text_document.uri)
-        if r is None:
-            return []
-        try:
-            targets = {k: await ls.materialize(k) for k in {link.target for link in r.links}}
-        except (DaemonGone, CtxdError, TimeoutError) as exc:
-            raise lsp_error(exc) from None
-        return [t.DocumentLink(ls.span(r, link.line, link.start, link.end),
-                               target=targets[link.target], tooltip=link.tooltip or None)
-                for link in r.links]
-
-    @ls.feature(t.TEXT_DOCUMENT_DEFINITION)
-    async def definition(params: t.DefinitionParams) -> t.Location | None:
-        r = await rendered_for(params.text_document.uri)
-        link = r.link_at(params.position.line, ls.index(r, params.position)) if r else None
-        if link is None:
-            return None
-        try:
-            return await ls.location(link.target, link.message_id or -1)
-        except (DaemonGone, CtxdError, TimeoutError) as exc:
-            raise lsp_error(exc) from None
-
-    @ls.feature(t.TEXT_DOCUMENT_HOVER)
-    async def hover(params: t.HoverParams) -> t.Hover | None:
-        r = await rendered_for(params.text_document.uri)
-        link = r.link_at(params.position.line, ls.index(r, params.position)) if r else None
-        if link is None or link.message_id is None:
-            return None
-        body = r.bodies.get(link.message_id) if r else None
-        if body is None:
-            try:
-                page = await bridge.rendered(docs.page_of(link.target.session_id,
-                                                          link.message_id))
-            except (DaemonGone, CtxdError, TimeoutError) as exc:
-                raise lsp_error(exc) from None
-            body = page.bodies.get(link.message_id, "(not in the archive)")
-        # the pointer as shown (#N, the message's place in its session) and its archive id
-        shown = r.lines[link.line][link.start:link.end] if r else ""
-        head = f"{shown} · msg {link.message_id}" if shown.startswith("#") \
-            else f"msg {link.message_id}"
-        return t.Hover(t.MarkupContent(t.MarkupKind.Markdown,
-                                       f"**ctxd message {head}**\n\n{body}"),
-                       ls.span(r, link.line, link.start, link.end) if r else None)
-
-    commands.register(ls, bridge, rendered_for)
-    return ls
+@SERVER.feature(t.TEXT_DOCUMENT_HOVER)
+async def hover(ls: CtxdServer, params: t.HoverParams) -> t.Hover | None:
+    r = await ls.rendered_for(params.text_document.uri)
+    link = r.link_at(params.position.line, ls.index(r, params.position)) if r else None
+    if r is None or link is None or link.message_id is None:
+        return None
+    body = r.bodies.get(link.message_id)
+    if body is None:
+        with lsp_errors():
+            page = await ls.bridge.rendered(docs.page_of(link.target.session_id,
+                                                         link.message_id))
+        body = page.bodies.get(link.message_id, "(not in the archive)")
+    # the pointer as shown (#N, the message's place in its session) and its archive id
+    shown = r.lines[link.line][link.start:link.end]
+    head = f"{shown} · msg {link.message_id}" if shown.startswith("#") \
+        else f"msg {link.message_id}"
+    return t.Hover(t.MarkupContent(t.MarkupKind.Markdown,
+                                   f"**ctxd message {head}**\n\n{body}"),
+                   ls.span(r, link.line, link.start, link.end))
 
 
 def run(connection_file: Path, cache_dir: Path, start_daemon: Callable[[], None] | None,
@@ -343,12 +131,12 @@ def run(connection_file: Path, cache_dir: Path, start_daemon: Callable[[], None]
     # one with a traceback
     logging.getLogger("pygls.protocol.json_rpc").setLevel(logging.CRITICAL)
     cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    ls = build(connection_file, cache_dir, start_daemon)
+    SERVER.configure(connection_file, cache_dir, start_daemon)
     if tcp is not None:
-        ls.start_tcp(*tcp)
+        SERVER.start_tcp(*tcp)
         return 0
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     # stdout carries only protocol: anything printed by mistake goes to stderr instead
     sys.stdout = sys.stderr
-    ls.start_io(stdin, stdout)
+    SERVER.start_io(stdin, stdout)
     return 0

@@ -99,6 +99,7 @@ from ctxd.daemon.servers.rpc_state import (
     DEFAULT_MAX_QUEUE_BYTES,
     DEFAULT_MAX_UNAUTHENTICATED,
     PREAUTH_MAX_FRAME,
+    WireLimits,
 )
 from ctxd.daemon.servers.rpc_tcp import JsonRpcTcpServer, TcpConnection, start_tcp_server
 from ctxd.daemon.servers.rpc_websocket import (
@@ -121,6 +122,7 @@ __all__ = [
     "JsonRpcWebSocketServer",
     "TcpConnection",
     "WebSocketConnection",
+    "WireLimits",
     "start_tcp_server",
     "start_websocket_server",
 ]

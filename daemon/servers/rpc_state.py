@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from ctxd.daemon.servers.admission import Gate
 from ctxd.daemon.servers.base import Connection, EventHub, RequestHandler
+from ctxd.protocol.codec import DEFAULT_MAX_FRAME
+from ctxd.protocol.connection import format_hostport
 from ctxd.protocol.errors import CtxdError, InternalError
 
 log = logging.getLogger("ctxd.servers.jsonrpc")
@@ -23,8 +26,35 @@ PREAUTH_MAX_FRAME = 64 * 1024
 _CLOSE_FLUSH_TIMEOUT = 5.0
 
 
-def format_hostport(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+@dataclass(frozen=True)
+class WireLimits:
+    """The bounds of one listening JSON-RPC server (TCP, Unix socket or WebSocket): what
+    `daemon/app.py` sets from the config, and what a test of a wire changes.
+
+    `max_frame`: the largest request frame (before login `PREAUTH_MAX_FRAME`);
+    `max_queue_bytes`: unsent output before a client is dropped (events are shed from
+    three quarters of it); `max_connections`: logged-in clients; `max_inflight`: requests
+    of one connection running at once; `require_login`: `initialize` first, within
+    `login_timeout` seconds, at most `max_unauthenticated` connections waiting to;
+    `max_batch`: requests in one batch; `max_reply_bytes`: the largest reply (None: the
+    frame limit, at least 1 MiB); `fd_ceiling`: descriptors left for the process before
+    the wire stops accepting (see admission.py).
+    """
+
+    max_frame: int = DEFAULT_MAX_FRAME
+    max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_inflight: int = DEFAULT_MAX_INFLIGHT
+    require_login: bool = False
+    login_timeout: float | None = None
+    max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED
+    max_batch: int = DEFAULT_MAX_BATCH
+    max_reply_bytes: int | None = None
+    fd_ceiling: int | None = None
+
+
+# a bare transport's limits (what the wire tests start with): no login, the defaults
+BARE_LIMITS = WireLimits()
 
 
 def peer_name(addr: Any) -> str:
@@ -50,34 +80,23 @@ class ServerCore:
     it (a bare transport, as the wire tests use) every connection counts as a client.
     """
 
-    def __init__(
-        self,
-        handler: RequestHandler,
-        hub: EventHub,
-        *,
-        max_frame: int,
-        max_queue_bytes: int,
-        max_connections: int,
-        max_inflight: int,
-        require_login: bool = False,
-        login_timeout: float | None = None,
-        max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
-        max_batch: int = DEFAULT_MAX_BATCH,
-        max_reply_bytes: int | None = None,
-        fd_ceiling: int | None = None,
-    ) -> None:
+    def __init__(self, handler: RequestHandler, hub: EventHub, limits: WireLimits) -> None:
         self.handler = handler
         self.hub = hub
-        self.max_frame = max_frame
-        self.max_queue_bytes = max_queue_bytes
-        self.max_connections = max_connections
-        self.max_inflight = max(1, max_inflight)
-        self.require_login = require_login
-        self.login_timeout = login_timeout
-        self.max_batch = max(1, max_batch)
-        self.max_reply_bytes = max_reply_bytes or max(max_frame, 1 << 20)
-        self.preauth_max_frame = min(max_frame, PREAUTH_MAX_FRAME)
-        self.gate = Gate(max_unauthenticated if require_login else max_connections, fd_ceiling)
+        self.limits = limits
+        self.max_frame = limits.max_frame
+        self.max_queue_bytes = limits.max_queue_bytes
+        self.max_connections = limits.max_connections
+        self.max_inflight = max(1, limits.max_inflight)
+        self.require_login = limits.require_login
+        self.login_timeout = limits.login_timeout
+        self.max_batch = max(1, limits.max_batch)
+        self.max_reply_bytes = limits.max_reply_bytes or max(limits.max_frame, 1 << 20)
+        self.preauth_max_frame = min(limits.max_frame, PREAUTH_MAX_FRAME)
+        self.gate = Gate(
+            limits.max_unauthenticated if limits.require_login else limits.max_connections,
+            limits.fd_ceiling,
+        )
         # JsonRpcConnections (rpc_core.py, which builds on this module)
         self.connections: set[Connection] = set()
         self.clients: set[Connection] = set()  # logged in (all, without login)

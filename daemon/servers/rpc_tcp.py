@@ -8,7 +8,6 @@ import os
 import re
 import socket
 from collections import deque
-from typing import Any
 
 from ctxd.daemon.servers.admission import Acceptor, bind_listener
 from ctxd.daemon.servers.base import EventHub, RequestHandler
@@ -17,18 +16,15 @@ from ctxd.daemon.servers.rpc_core import (
     log,
 )
 from ctxd.daemon.servers.rpc_state import (
+    BARE_LIMITS,
     DEFAULT_CLOSE_GRACE,
-    DEFAULT_MAX_BATCH,
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_INFLIGHT,
-    DEFAULT_MAX_QUEUE_BYTES,
-    DEFAULT_MAX_UNAUTHENTICATED,
     ServerCore,
-    format_hostport,
+    WireLimits,
     peer_name,
     too_many_connections,
 )
-from ctxd.protocol.codec import DEFAULT_MAX_FRAME, FrameReader, dumps_json, error_response, frame
+from ctxd.protocol.codec import FrameReader, dumps_json, error_response, frame
+from ctxd.protocol.connection import format_hostport
 from ctxd.protocol.errors import CtxdError
 
 # how long a closing connection keeps reading (and dropping) what the client still sends
@@ -238,33 +234,10 @@ async def start_tcp_server(
     hub: EventHub,
     host: str = "127.0.0.1",
     port: int = 0,
-    *,
-    max_frame: int = DEFAULT_MAX_FRAME,
-    max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES,
-    max_connections: int = DEFAULT_MAX_CONNECTIONS,
-    max_inflight: int = DEFAULT_MAX_INFLIGHT,
-    require_login: bool = False,
-    login_timeout: float | None = None,
-    max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
-    max_batch: int = DEFAULT_MAX_BATCH,
-    max_reply_bytes: int | None = None,
-    fd_ceiling: int | None = None,
+    limits: WireLimits = BARE_LIMITS,
 ) -> JsonRpcTcpServer:
     """Listen for Content-Length framed JSON-RPC on `host:port` (0 picks a free port)."""
-    core = ServerCore(
-        handler,
-        hub,
-        max_frame=max_frame,
-        max_queue_bytes=max_queue_bytes,
-        max_connections=max_connections,
-        max_inflight=max_inflight,
-        require_login=require_login,
-        login_timeout=login_timeout,
-        max_unauthenticated=max_unauthenticated,
-        max_batch=max_batch,
-        max_reply_bytes=max_reply_bytes,
-        fd_ceiling=fd_ceiling,
-    )
+    core = ServerCore(handler, hub, limits)
     loop = asyncio.get_running_loop()
     listener = bind_listener(host, port)
     # asyncio's server owns the socket (and closes it); the acceptor decides when to accept
@@ -279,17 +252,13 @@ async def start_tcp_server(
 
 
 async def start_unix_server(
-    handler: RequestHandler, hub: EventHub, path: str, **limits: Any
+    handler: RequestHandler, hub: EventHub, path: str, limits: WireLimits = BARE_LIMITS
 ) -> JsonRpcTcpServer:
     """The same framed JSON-RPC on a Unix socket (mode 0600, in the daemon's private
     runtime dir). Only this user can connect to it, so other local users can neither
-    squat its login quota nor slow its logins; `ctxd stdio` prefers it. `limits` are
-    `start_tcp_server`'s keyword arguments; this wire has a quota of its own."""
-    core = ServerCore(handler, hub, **{
-        "max_frame": DEFAULT_MAX_FRAME, "max_queue_bytes": DEFAULT_MAX_QUEUE_BYTES,
-        "max_connections": DEFAULT_MAX_CONNECTIONS, "max_inflight": DEFAULT_MAX_INFLIGHT,
-        **limits,
-    })
+    squat its login quota nor slow its logins; `ctxd stdio` prefers it. The same limits
+    as the TCP wire, with a quota of its own."""
+    core = ServerCore(handler, hub, limits)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(path)

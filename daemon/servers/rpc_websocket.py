@@ -33,19 +33,16 @@ from ctxd.daemon.servers.rpc_core import (
 )
 from ctxd.daemon.servers.rpc_state import (
     _CLOSE_FLUSH_TIMEOUT,
+    BARE_LIMITS,
     DEFAULT_CLOSE_GRACE,
-    DEFAULT_MAX_BATCH,
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_INFLIGHT,
-    DEFAULT_MAX_QUEUE_BYTES,
-    DEFAULT_MAX_UNAUTHENTICATED,
     ServerCore,
-    format_hostport,
+    WireLimits,
     peer_name,
     too_many_connections,
 )
 from ctxd.daemon.servers.web import PageServer
-from ctxd.protocol.codec import DEFAULT_MAX_FRAME, dumps_json, error_response
+from ctxd.protocol.codec import dumps_json, error_response
+from ctxd.protocol.connection import format_hostport
 
 # the opening handshake must be done by then (by the login deadline when there is one;
 # that deadline starts again after the handshake)
@@ -323,18 +320,9 @@ async def start_websocket_server(
     hub: EventHub,
     host: str = "127.0.0.1",
     port: int = 0,
+    limits: WireLimits = BARE_LIMITS,
     *,
     allowed_origins: Iterable[str] = (),
-    max_frame: int = DEFAULT_MAX_FRAME,
-    max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES,
-    max_connections: int = DEFAULT_MAX_CONNECTIONS,
-    max_inflight: int = DEFAULT_MAX_INFLIGHT,
-    require_login: bool = False,
-    login_timeout: float | None = None,
-    max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED,
-    max_batch: int = DEFAULT_MAX_BATCH,
-    max_reply_bytes: int | None = None,
-    fd_ceiling: int | None = None,
 ) -> JsonRpcWebSocketServer:
     """Listen for JSON-RPC over WebSocket on `host:port` (0 picks a free port).
 
@@ -343,20 +331,7 @@ async def start_websocket_server(
     Compression is off: deflate costs CPU on every message and opens compression side
     channels, and loopback clients gain nothing from it.
     """
-    core = ServerCore(
-        handler,
-        hub,
-        max_frame=max_frame,
-        max_queue_bytes=max_queue_bytes,
-        max_connections=max_connections,
-        max_inflight=max_inflight,
-        require_login=require_login,
-        login_timeout=login_timeout,
-        max_unauthenticated=max_unauthenticated,
-        max_batch=max_batch,
-        max_reply_bytes=max_reply_bytes,
-        fd_ceiling=fd_ceiling,
-    )
+    core = ServerCore(handler, hub, limits)
     out = JsonRpcWebSocketServer(core, host, allowed_origins)
     listener = bind_listener(host, port)
     # the library builds the connections and runs the handshake; it never accepts by
@@ -369,9 +344,9 @@ async def start_websocket_server(
         process_response=out._process_response,
         server_header=None,
         # by the login deadline when there is one (it starts again after the handshake)
-        open_timeout=login_timeout or HANDSHAKE_TIMEOUT,
+        open_timeout=limits.login_timeout or HANDSHAKE_TIMEOUT,
         close_timeout=_CLOSE_FLUSH_TIMEOUT,
-        max_size=core.preauth_max_frame if require_login else max_frame,
+        max_size=core.preauth_max_frame if limits.require_login else limits.max_frame,
         compression=None,
         create_connection=type("Transport", (_Transport,), {"core": core}),
     )

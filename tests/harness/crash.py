@@ -50,6 +50,7 @@ from typing import Any
 from ctxd.clients.client import Client, connect
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.codec import FrameReader, dumps_json, frame
+from ctxd.protocol.connection import split_endpoint
 from tests.harness.image import (
     SessionImage,
     check_context_api,
@@ -188,7 +189,7 @@ class Harness:
     def raw_compact(self, sid: str) -> socket.socket:
         """Send `context/compact` on a fresh TCP connection without waiting for it."""
         info = self.daemon.info()
-        host, port = info["jsonrpc_tcp"].rsplit(":", 1)
+        host, port = split_endpoint(info["jsonrpc_tcp"])
         s = socket.create_connection((host, int(port)), timeout=10)
         s.sendall(
             frame(

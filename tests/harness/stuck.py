@@ -18,6 +18,7 @@ import zmq
 from ctxd.clients.client import AsyncClient, connect_async
 from ctxd.daemon.servers.zmq_server import ZmqServer
 from ctxd.protocol.codec import FrameReader, dumps_json, frame
+from ctxd.protocol.connection import split_endpoint
 from tests.harness.image import read_archive
 from tests.harness.probes import (
     MIB,
@@ -171,7 +172,7 @@ class StuckTcp:
 
     def __init__(self, d: LoggedDaemon, sid: str) -> None:
         info = d.info()
-        host, port = info["jsonrpc_tcp"].rsplit(":", 1)
+        host, port = split_endpoint(info["jsonrpc_tcp"])
         self.sock = socket.socket()
         # a small window so the daemon's queue, not the kernel, holds what is unread
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

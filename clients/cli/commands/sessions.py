@@ -3,9 +3,7 @@ export."""
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ from ctxd.clients.cli.commands.output import (
 )
 from ctxd.clients.cli.commands.running import Context, all_sessions, archive_pages
 from ctxd.clients.cli.text import cli_message
+from ctxd.protocol.files import replacing
 
 
 def cmd_status(ctx: Context) -> int:
@@ -196,21 +195,11 @@ def cmd_export(ctx: Context) -> int:
             ctx.out.record(_export_record(msg))
         return EXIT_OK
     target: Path = ctx.args.output
-    # write beside the target and rename at the end: a failed export leaves no half file
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
-                               suffix=".part")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            n = 0
-            for msg in archive_pages(ctx.client, sid):
-                f.write(json_line(_export_record(msg)) + "\n")
-                n += 1
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    # written beside the target and renamed at the end: a failed export leaves no half file
+    with replacing(target, 0o600) as f:
+        n = 0
+        for msg in archive_pages(ctx.client, sid):
+            f.write(json_line(_export_record(msg)) + "\n")
+            n += 1
     sys.stderr.write(f"exported {n} messages of {sid} to {target}\n")
     return EXIT_OK
