@@ -30,6 +30,7 @@ from typing import Any
 
 import apsw
 import apsw.fts5
+import msgspec
 
 # Run as a script, the repository root is not on sys.path; `bench.workload` needs it.
 if __package__ in (None, ""):
@@ -692,7 +693,8 @@ class CompactionSession:
             self.engine.append(self.sid, t)
             added += len(t)
         t0, c0 = time.perf_counter(), time.process_time()
-        result = runner.run(self.engine.compact(self.sid, force=True))
+        # wire form: a dict on every revision compared
+        result = msgspec.to_builtins(runner.run(self.engine.compact(self.sid, force=True)))
         dt, dc = time.perf_counter() - t0, time.process_time() - c0
         first, last = result["summarizedFrom"], result["summarizedTo"]
         self.rounds.append(

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ctxd.daemon.compaction.rules import SUMMARY_HEADER
 from ctxd.daemon.config import Config
 from ctxd.daemon.engine import Engine
@@ -396,7 +398,7 @@ async def run(lang: str, sessions: int, seed: int, root: Path) -> Tally:
                 for _ in range(TURNS):
                     s.turn(chunk)
                 old = engine.context_state(s.sid).summary_tokens
-                result = await engine.compact(s.sid)
+                result = msgspec.to_builtins(await engine.compact(s.sid))
                 size(engine, s.sid, old, result, tally)
                 s.check(chunk, tally)
             tally.messages += engine.archive.message_count(s.sid)

@@ -113,7 +113,7 @@ def test_auto_limits_and_compaction_keep_about_the_tail(engine: Engine) -> None:
     assert engine.status(sid).active_messages == 81
     assert engine.auto_compaction_due(sid)
     result = asyncio.run(engine.compact(sid, trigger="auto"))
-    assert result["effective"] is True
+    assert result.effective is True
     status = engine.status(sid)
     # system + summary message + a tail of about 24
     assert 20 <= status.active_messages - 2 <= 28
@@ -140,8 +140,8 @@ def test_not_effective_compaction_changes_nothing(engine: Engine) -> None:
     before = engine.status(sid)
     ctx_before = engine.context_messages(sid)
     result = asyncio.run(engine.compact(sid, force=True))
-    assert result["effective"] is False and result["compactionId"] is None
-    assert "reason" in result
+    assert result.effective is False and result.compaction_id is None
+    assert result.reason
     after = engine.status(sid)
     assert after.version == before.version
     assert after.compaction_count == 0
@@ -155,9 +155,9 @@ def test_force_compaction_works_on_short_contexts(engine: Engine) -> None:
     _fill(engine, sid, 3)  # 12 messages, far below the limits
     assert not engine.auto_compaction_due(sid)
     result = asyncio.run(engine.compact(sid, force=True, instructions="focus on mod1"))
-    assert result["effective"] is True
-    assert result["after"]["messages"] < result["before"]["messages"]
-    assert result["after"]["tokens"] < result["before"]["tokens"]
+    assert result.effective is True
+    assert result.after.messages < result.before.messages
+    assert result.after.tokens < result.before.tokens
     ctx = engine.context_messages(sid)
     assert any(m["role"] == "user" and m["content"] == "step 2: look at src/mod2.py"
                for m in ctx), "the latest user message must stay"
@@ -195,20 +195,20 @@ def test_incremental_summary_keeps_earlier_items_and_pointers(engine: Engine) ->
     engine.append(sid, [{"role": "user", "content": "You must never edit migrations/."}])
     _fill(engine, sid, 25)
     first = asyncio.run(engine.compact(sid))
-    assert first["effective"]
+    assert first.effective
     s1 = engine.context_state(sid).summary
     constraint = [i for _, i in s1.items() if "never edit migrations" in i.text]
     assert constraint and constraint[0].sources == [1]
     _fill(engine, sid, 25, start=100)
     second = asyncio.run(engine.compact(sid))
-    assert second["effective"]
+    assert second.effective
     # the second compaction only summarized what left the context since the first
-    assert second["summarizedFrom"] > first["summarizedTo"]
+    assert second.summarized_from > first.summarized_to
     s2 = engine.context_state(sid).summary
     kept = [i for _, i in s2.items() if "never edit migrations" in i.text]
     assert kept and kept[0].sources == [1]
-    assert s2.compaction_ids == [first["compactionId"], second["compactionId"]]
-    assert s2.covers_from == 1 and s2.covers_to == second["summarizedTo"]
+    assert s2.compaction_ids == [first.compaction_id, second.compaction_id]
+    assert s2.covers_from == 1 and s2.covers_to == second.summarized_to
     assert engine.status(sid).compaction_count == 2
 
 
@@ -246,9 +246,9 @@ def test_appends_during_a_slow_compaction_are_kept_exactly(tmp_path: Path) -> No
 
     out = asyncio.run(scenario())
     result = out["result"]
-    assert result["effective"]
+    assert result.effective
     archive = engine.read_archive(sid, limit=5000).messages
-    boundary = next(m["id"] for m in archive if m["id"] > result["summarizedTo"])
+    boundary = next(m["id"] for m in archive if m["id"] > result.summarized_to)
     expected_tail = [m for m in archive if m["id"] >= boundary]
     ctx = engine.context_messages(sid)
     assert ctx[0]["role"] == "system"  # the summary message
@@ -306,7 +306,7 @@ def test_pins_render_first_and_survive_rebuild(engine: Engine) -> None:
     assert "Pinned" in ctx[1]["content"]
     assert ctx[1]["content"].index("release branch") < ctx[1]["content"].index("Summary of")
     rebuilt = asyncio.run(engine.rebuild(sid))
-    assert rebuilt["compactionId"]
+    assert rebuilt.compaction_id
     assert "release branch" in engine.context_messages(sid)[1]["content"]
     assert (engine.status(sid).active_messages,
             engine.status(sid).estimated_tokens) == _recount(engine, sid)
@@ -323,9 +323,9 @@ def test_rebuild_rederives_from_the_archive(engine: Engine) -> None:
     _fill(engine, sid, 10, start=50)
     asyncio.run(engine.compact(sid, force=True))
     result = asyncio.run(engine.rebuild(sid))
-    assert result["compactionId"] and result["summarizedFrom"] == 1
+    assert result.compaction_id and result.summarized_from == 1
     summary = engine.context_state(sid).summary
-    assert summary.compaction_ids == [result["compactionId"]]
+    assert summary.compaction_ids == [result.compaction_id]
     assert json.dumps(summary.to_dict())  # serializable
 
 

@@ -85,7 +85,7 @@ def test_clear_starts_fresh_and_compaction_respects_it(tmp_path: Path) -> None:
         for i in range(10, 16):
             engine.append(sid, agent_turn(i))
         rebuilt = asyncio.run(engine.rebuild(sid))
-        assert rebuilt["summarizedFrom"] > 25  # nothing from before the clear
+        assert rebuilt.summarized_from > 25  # nothing from before the clear
         text = " ".join(str(m["content"]) for m in engine.get_context(sid).messages)
         assert "new rules" in text and "old rules" not in text and "step 0:" not in text
         assert engine.search("step 0", session_id=sid)  # the archive still finds it

@@ -188,7 +188,7 @@ def test_disk_full_during_compaction_leaves_the_context_as_it_was(tmp_path: Path
         check_consistent(engine, sid, 600)
         engine.conn.pragma("max_page_count", 1 << 30)
         result = engine.compact_sync(sid, force=True)
-        assert result["effective"] and engine.status(sid).compaction_count == 1
+        assert result.effective and engine.status(sid).compaction_count == 1
         assert engine.status(sid).archive_messages == 600
     finally:
         engine.close()

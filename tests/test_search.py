@@ -98,7 +98,7 @@ def test_hits_say_whether_they_are_still_in_context(engine: Engine) -> None:
     for i in range(25):
         engine.append(s, agent_turn(i))
     assert engine.search("zebra", session_id=s)[0]["inActiveContext"] is True
-    assert asyncio.run(engine.compact(s))["effective"]
+    assert asyncio.run(engine.compact(s)).effective
     assert engine.search("zebra", session_id=s)[0]["inActiveContext"] is False
 
 

@@ -241,7 +241,7 @@ def test_a_compaction_waiting_for_another_daemons_ends_its_progress_when_the_ser
     assert progress[0]["kind"] == "begin" and progress[-1]["kind"] == "end"
     assert not b.status(sid).compacting
     a.store.release_compaction_lock(sid)
-    assert asyncio.run(b.compact(sid, force=True))["effective"]
+    assert asyncio.run(b.compact(sid, force=True)).effective
 
 
 def test_an_unwatched_session_relays_nothing_yet_its_compaction_is_known(

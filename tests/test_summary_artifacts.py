@@ -479,7 +479,7 @@ def test_every_form_survives_three_later_compactions_in_the_engine(tmp_path: Pat
             engine.append(sid, produced)
             for i in range(3):
                 engine.append(sid, _turn(i, lang))
-            assert asyncio.run(engine.compact(sid))["effective"]
+            assert asyncio.run(engine.compact(sid)).effective
             lines = _summary_lines(engine, sid)
             for text in expected:
                 assert f"- {text}" in lines, text
@@ -497,7 +497,7 @@ def test_every_form_survives_three_later_compactions_in_the_engine(tmp_path: Pat
                 ])
                 for i in range(2):
                     engine.append(sid, _turn(100 + 10 * round_ + i, lang))
-                assert asyncio.run(engine.compact(sid))["effective"]
+                assert asyncio.run(engine.compact(sid)).effective
             lines = _summary_lines(engine, sid)
             for text in expected:
                 assert f"- {text}" in lines, text

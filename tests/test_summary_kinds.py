@@ -307,7 +307,7 @@ def test_pointers_are_session_ordinals_mapped_exactly_in_explain(tmp_path: Path)
             ids += engine.append(sid, [{"role": "user", "content": text},
                                        {"role": "assistant", "content": DONE}]).message_ids
             if i % 12 == 11:
-                assert asyncio.run(engine.compact(sid))["effective"]
+                assert asyncio.run(engine.compact(sid)).effective
         ordinal = {mid: n for n, mid in enumerate(ids, start=1)}
         out = explain(engine, sid)
         assert out.broken_pointers == 0

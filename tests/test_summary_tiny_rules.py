@@ -62,9 +62,9 @@ def test_manual_compaction_of_tiny_rules_is_effective(
     msgs = tiny_rules(n, zh, replies)
     engine.append(sid, msgs)
     result = asyncio.run(engine.compact(sid, force=True))
-    assert result["effective"], result
-    assert result["after"]["tokens"] < result["before"]["tokens"]
-    assert result["after"]["messages"] < result["before"]["messages"]
+    assert result.effective, result
+    assert result.after.tokens < result.before.tokens
+    assert result.after.messages < result.before.messages
     after = engine.context_messages(sid)
     text = model_input(after)
     # every rule is still in the model input, in its own words
@@ -79,7 +79,7 @@ def test_manual_compaction_of_tiny_rules_is_effective(
     out = explain(engine, sid)
     assert out.broken_pointers == 0
     cited = {src["snippet"].strip() for item in out.items for src in item["sources"]}
-    left = {m["content"] for m in msgs[: result["summarizedTo"]] if m["role"] == "user"}
+    left = {m["content"] for m in msgs[: result.summarized_to] if m["role"] == "user"}
     assert left <= cited
 
 
@@ -93,7 +93,7 @@ def test_a_large_summary_keeps_a_pointer_per_line(engine: Engine) -> None:
         for i in range(30)
     ]
     engine.append(sid, long_rules)
-    assert asyncio.run(engine.compact(sid, force=True))["effective"]
+    assert asyncio.run(engine.compact(sid, force=True)).effective
     summary = engine.context_messages(sid)[0]["content"]
     assert "search_past_messages recalls the full text" in summary
     lines = [ln for ln in summary.splitlines() if ln.startswith("- ")]

@@ -80,7 +80,7 @@ def test_compaction_history_carries_archive_sizes(engine: Engine) -> None:
     for i in range(20):
         engine.append(sid, agent_turn(i))
     first = engine.compact_sync(sid, force=True)
-    assert first["effective"]
+    assert first.effective
     size_then = engine.archive_count(sid)
     tokens_then = sum(m["tokens"] for m in engine.read_archive(sid, 0, 5000).messages)
     # counted now, then continued from this checkpoint for the next compaction

@@ -44,9 +44,12 @@ from ctxd.protocol.errors import (
 from ctxd.protocol.types import (
     Compaction,
     CompactionFailed,
+    CompactResult,
+    DidCompact,
     ErrorObject,
     Progress,
     ProgressValue,
+    Size,
     Status,
 )
 
@@ -174,7 +177,8 @@ class Compactor:
         instructions: str | None = None,
         trigger: str = "manual",
         dry_run: bool = False,
-    ) -> dict[str, Any]:
+    ) -> CompactResult | None:
+        """The result; None for an automatic one found no longer due."""
         self.contexts.require_session(session_id)
         cid = new_id("cmp")
         begun = False
@@ -221,13 +225,12 @@ class Compactor:
             # compacted the session since (compacting it again would only shrink the tail)
             self._unlock(session_id)
             log.info("auto-compaction of %s skipped: compacted meanwhile", session_id)
-            return {"effective": False, "compactionId": None, "trigger": trigger,
-                    "skipped": True}
+            return None
         try:
             result = await self._attempt(
                 session_id, force, instructions, trigger, dry_run, cid, begun
             )
-            if under and trigger == "manual" and not force and not result["effective"]:
+            if under and trigger == "manual" and not force and not result.effective:
                 self._say_under_limits(result)
             if instructions and not dry_run:
                 commit.say_instructions(result)
@@ -238,13 +241,14 @@ class Compactor:
         finally:
             self._unlock(session_id)
         if not dry_run:
-            if result.get("compactionId"):
+            if result.compaction_id:
                 self.auto_failures.pop(session_id, None)
             # sent once the attempt is over, so the status it carries is final
             self.emit(
                 session_id,
                 "context/didCompact",
-                {"sessionId": session_id, **result, "status": self.contexts.status(session_id)},
+                DidCompact(session_id=session_id, status=self.contexts.status(session_id),
+                           **_event_members(result)),
             )
         return result
 
@@ -262,15 +266,15 @@ class Compactor:
         if self._shared_release is not None:
             self._shared_release(session_id)
 
-    def _say_under_limits(self, result: dict[str, Any]) -> None:
+    def _say_under_limits(self, result: CompactResult) -> None:
         """A compaction nobody forced, of a context under its limits: that is the news."""
         p = self.policy
-        before = result["before"]
-        result["underLimits"] = True
-        result["limits"] = {"messages": p.max_active_messages, "tokens": p.max_active_tokens}
-        result["reason"] = (
-            f"the context is under its limits ({before['messages']} of "
-            f"{p.max_active_messages} messages, {before['tokens']} of {p.max_active_tokens} "
+        before = result.before
+        result.under_limits = True
+        result.limits = Size(messages=p.max_active_messages, tokens=p.max_active_tokens)
+        result.reason = (
+            f"the context is under its limits ({before.messages} of "
+            f"{p.max_active_messages} messages, {before.tokens} of {p.max_active_tokens} "
             "tokens): nothing is due; pass force to compact it anyway"
         )
 
@@ -349,7 +353,7 @@ class Compactor:
         dry_run: bool,
         cid: str,
         begun: bool = False,
-    ) -> dict[str, Any]:
+    ) -> CompactResult:
         a = Attempt(cid, session_id, trigger, time.time(), instructions, dry_run)
         st = self.contexts.context_state(session_id)
         before = {"messages": st.rendered_messages, "tokens": st.rendered_tokens}
@@ -489,7 +493,7 @@ class Compactor:
         tail_start_id: int,
         leaving: list[dict[str, Any]],
         rederived: bool,
-    ) -> dict[str, Any]:
+    ) -> CompactResult:
         session_id = a.session_id
         with self.store.transaction(session_id):
             o = commit.apply_summary(
@@ -517,7 +521,7 @@ class Compactor:
         )
         return result
 
-    def _not_effective(self, a: Attempt, before: dict[str, int], reason: str) -> dict[str, Any]:
+    def _not_effective(self, a: Attempt, before: dict[str, int], reason: str) -> CompactResult:
         with self.store.transaction():
             commit.record(self.store, a, self._name(), before, before, False, False, [], None)
         if a.trigger == "auto":
@@ -543,3 +547,11 @@ class Compactor:
 
     def history(self, session_id: str, limit: int = 50) -> list[Compaction]:
         return self.store.compactions.history(session_id, limit)
+
+
+def _event_members(result: CompactResult) -> dict[str, Any]:
+    """The result's members that `context/didCompact` carries (all but a dry run's)."""
+    members = msgspec.structs.asdict(result)
+    for dry_run_only in ("dry_run", "messages", "diff"):
+        del members[dry_run_only]
+    return members

@@ -50,6 +50,7 @@ from ctxd.protocol.methods import (
 from ctxd.protocol.types import (
     AppendResult,
     Compaction,
+    CompactResult,
     DidAppend,
     ListedSession,
     SessionGetResult,
@@ -516,15 +517,18 @@ class Engine(ContextReads, RunsAndApprovals):
         force: bool = False,
         instructions: str | None = None,
         trigger: str = "manual",
-    ) -> dict[str, Any]:
+    ) -> CompactResult | None:
+        """The result; None only for an automatic one no longer due when it ran."""
         return await self.compactor.compact(
             session_id, force=force, instructions=instructions, trigger=trigger
         )
 
-    async def rebuild(self, session_id: str, *, dry_run: bool = False) -> dict[str, Any]:
-        return await self.compactor.compact(session_id, trigger="rebuild", dry_run=dry_run)
+    async def rebuild(self, session_id: str, *, dry_run: bool = False) -> CompactResult:
+        result = await self.compactor.compact(session_id, trigger="rebuild", dry_run=dry_run)
+        assert result is not None  # only an automatic compaction is ever skipped
+        return result
 
-    def compact_sync(self, session_id: str, **kw: Any) -> dict[str, Any]:
+    def compact_sync(self, session_id: str, **kw: Any) -> CompactResult | None:
         """For library users without an event loop."""
         return asyncio.run(self.compact(session_id, **kw))
 
