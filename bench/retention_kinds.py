@@ -174,7 +174,7 @@ class Session:
     def __init__(self, engine: Engine, lang: str, rng: random.Random) -> None:
         self.e, self.lang, self.rng = engine, lang, rng
         self.en = lang == "en"
-        self.sid = engine.create_session(title=f"kinds-{lang}")["sessionId"]
+        self.sid = engine.create_session(title=f"kinds-{lang}").session_id
         self.calls = 0
         self.used_values: set[str] = set()
         self.settings: list[Setting] = []

@@ -107,7 +107,7 @@ def _recount(engine: Engine, sid: str) -> tuple[int, int]:
 
 
 def test_auto_limits_and_compaction_keep_about_the_tail(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     engine.append(sid, [{"role": "system", "content": "You are a careful agent."}])
     _fill(engine, sid, 20)  # 81 messages
     assert engine.status(sid).active_messages == 81
@@ -127,7 +127,7 @@ def test_auto_limits_and_compaction_keep_about_the_tail(engine: Engine) -> None:
 
 
 def test_not_effective_compaction_changes_nothing(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     # one assistant message with parallel calls, then their results: every boundary
     # would split a call from its result, so nothing can leave (a user message and a
     # long tool chain used to be refused too; force mode now summarizes the request
@@ -151,7 +151,7 @@ def test_not_effective_compaction_changes_nothing(engine: Engine) -> None:
 
 
 def test_force_compaction_works_on_short_contexts(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     _fill(engine, sid, 3)  # 12 messages, far below the limits
     assert not engine.auto_compaction_due(sid)
     result = asyncio.run(engine.compact(sid, force=True, instructions="focus on mod1"))
@@ -164,7 +164,7 @@ def test_force_compaction_works_on_short_contexts(engine: Engine) -> None:
 
 
 def test_pending_approval_blocks_compaction_and_user_messages(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     _fill(engine, sid, 21)
     run = engine.start_run(sid)
     call, result = tool_turn(99)
@@ -183,7 +183,7 @@ def test_pending_approval_blocks_compaction_and_user_messages(engine: Engine) ->
 
 
 def test_failed_run_schedules_nothing(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     run = engine.start_run(sid)
     for i in range(21):
         engine.append(sid, agent_turn(i), run_id=run["runId"])
@@ -191,7 +191,7 @@ def test_failed_run_schedules_nothing(engine: Engine) -> None:
 
 
 def test_incremental_summary_keeps_earlier_items_and_pointers(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     engine.append(sid, [{"role": "user", "content": "You must never edit migrations/."}])
     _fill(engine, sid, 25)
     first = asyncio.run(engine.compact(sid))
@@ -231,7 +231,7 @@ class SlowSummarizer:
 def test_appends_during_a_slow_compaction_are_kept_exactly(tmp_path: Path) -> None:
     slow = SlowSummarizer()
     engine = Engine(make_config(tmp_path), summarizer=slow)
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     _fill(engine, sid, 21)
 
     async def scenario() -> dict[str, Any]:
@@ -284,7 +284,7 @@ class LyingSummarizer:
 def test_a_failed_or_invalid_summary_leaves_the_context_untouched(tmp_path: Path,
                                                                   summarizer: Any) -> None:
     engine = Engine(make_config(tmp_path), summarizer=summarizer)
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     _fill(engine, sid, 21)
     before = engine.context_messages(sid)
     with pytest.raises(SummarizerFailed):
@@ -296,7 +296,7 @@ def test_a_failed_or_invalid_summary_leaves_the_context_untouched(tmp_path: Path
 
 
 def test_pins_render_first_and_survive_rebuild(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     engine.append(sid, [{"role": "system", "content": "sys"}])
     pin = engine.add_pin(sid, "Deploy only from the release branch.")
     _fill(engine, sid, 22)
@@ -317,7 +317,7 @@ def test_pins_render_first_and_survive_rebuild(engine: Engine) -> None:
 
 
 def test_rebuild_rederives_from_the_archive(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     _fill(engine, sid, 30)
     asyncio.run(engine.compact(sid))
     _fill(engine, sid, 10, start=50)
@@ -331,7 +331,7 @@ def test_rebuild_rederives_from_the_archive(engine: Engine) -> None:
 
 def test_contexts_persist_across_reopen(tmp_path: Path) -> None:
     e = Engine(make_config(tmp_path))
-    sid = e.create_session()["sessionId"]
+    sid = e.create_session().session_id
     _fill(e, sid, 25)
     asyncio.run(e.compact(sid))
     ctx, status = e.context_messages(sid), e.status(sid)

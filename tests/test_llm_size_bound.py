@@ -101,7 +101,7 @@ def test_no_compaction_through_the_model_makes_the_context_bigger(
     share = config.compaction.summary_share
     engine = Engine(config)
     try:
-        sid = engine.create_session()["sessionId"]
+        sid = engine.create_session().session_id
         engine.append(sid, [{"role": "user", "content": " ".join(RULES)}])
         grew = 0
         compactions = 0

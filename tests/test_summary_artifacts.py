@@ -473,7 +473,7 @@ def test_every_form_survives_three_later_compactions_in_the_engine(tmp_path: Pat
     engine = Engine(make_config(tmp_path, keep_messages=4))
     try:
         for lang in ("en", "zh"):
-            sid = engine.create_session(title=f"artifacts-{lang}")["sessionId"]
+            sid = engine.create_session(title=f"artifacts-{lang}").session_id
             engine.append(sid, [{"role": "system", "content": "You are a coding agent."}])
             produced, expected = _produce(lang)
             engine.append(sid, produced)

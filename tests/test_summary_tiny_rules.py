@@ -58,7 +58,7 @@ def model_input(messages: list[dict[str, Any]]) -> str:
 def test_manual_compaction_of_tiny_rules_is_effective(
     engine: Engine, n: int, zh: bool, replies: bool
 ) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     msgs = tiny_rules(n, zh, replies)
     engine.append(sid, msgs)
     result = asyncio.run(engine.compact(sid, force=True))
@@ -86,7 +86,7 @@ def test_manual_compaction_of_tiny_rules_is_effective(
 def test_a_large_summary_keeps_a_pointer_per_line(engine: Engine) -> None:
     """The compact form is for small summaries only: one with many long rules keeps the
     full legend and a pointer on every line."""
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     long_rules = [
         {"role": "user", "content": f"Never edit vendor/lib{i}.py by hand; regenerate it with "
                                     f"tools/gen_{i}.sh and commit the generator's output."}

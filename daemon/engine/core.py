@@ -53,6 +53,7 @@ from ctxd.protocol.types import (
     CompactResult,
     DidAppend,
     ListedSession,
+    Session,
     SessionGetResult,
     SessionListResult,
     Status,
@@ -198,7 +199,7 @@ class Engine(ContextReads, RunsAndApprovals):
         title: str | None = None,
         metadata: dict[str, Any] | None = None,
         created_at: float | None = None,
-    ) -> dict[str, Any]:
+    ) -> Session:
         sid = session_id or new_id("ses")
         if created_at is not None:
             why = check_time(created_at)
@@ -217,7 +218,8 @@ class Engine(ContextReads, RunsAndApprovals):
         if not self.shared:
             self._archive_counts[sid] = 0
             self.run_book.created(sid)
-        return self.get_session(sid).session
+        # the store's record, camelCase keys in the Struct's order
+        return msgspec.convert(self.get_session(sid).session, Session)
 
     @serves(SESSION_GET)
     def get_session(self, session_id: str) -> SessionGetResult:
