@@ -10,9 +10,10 @@ Drift control: each incremental summary builds on the last one, so errors compou
 After `rederive_after` incremental compactions, the next one re-derives the summary
 from the archive (in chunks) instead of from the previous summary.
 
-This module decides when and whether an attempt runs (limits, waiting, the shared lock,
-auto-compaction's retries and pause) and drives it; `inputs` reads what leaves
-and summarizes it, `commit` commits, logs and shapes the result.
+This module decides when and whether an attempt runs (limits, auto-compaction's retries
+and pause) and drives it; `one_at_a_time` keeps one compaction of a session running at a
+time (waiting, the lock shared with other daemons), `inputs` reads what leaves and
+summarizes it, `commit` commits, logs and shapes the result.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import msgspec
 from ctxd.daemon.busy import when_free
 from ctxd.daemon.compaction import commit, inputs, preambles
 from ctxd.daemon.compaction.commit import Attempt
+from ctxd.daemon.compaction.one_at_a_time import OneAtATime
 from ctxd.daemon.compaction.rules import rebuild_boundary, tail_boundary, valid_boundaries
 from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.ids import new_id
@@ -58,10 +60,6 @@ log = logging.getLogger("ctxd.compactor")
 # auto-compaction pauses on a session after this many failures in a row, until a
 # manual compaction or a rebuild succeeds there
 MAX_AUTO_FAILURES = 3
-# a compaction waiting for another daemon's asks for the shared lock again after this
-# long, doubling up to the most (a short query each time)
-SHARED_POLL_FIRST = 0.05
-SHARED_POLL_MAX = 0.5
 
 
 def _nowhere(session_id: str) -> bool:
@@ -106,7 +104,7 @@ class Activity(NamedTuple):
 Emit = Callable[[str, str, msgspec.Struct], None]
 
 
-class Compactor:
+class Compactor(OneAtATime):
     def __init__(
         self,
         contexts: ActiveContexts,
@@ -252,20 +250,6 @@ class Compactor:
             )
         return result
 
-    def _unlock(self, session_id: str) -> None:
-        self.running.discard(session_id)
-        self._idle[session_id].set()
-        self._release_shared(session_id)
-
-    def _try_shared(self, session_id: str) -> bool:
-        """Take the session's compaction lock shared with other daemons (always granted
-        on a store of one daemon's own)."""
-        return self._shared_lock is None or self._shared_lock(session_id)
-
-    def _release_shared(self, session_id: str) -> None:
-        if self._shared_release is not None:
-            self._shared_release(session_id)
-
     def _say_under_limits(self, result: CompactResult) -> None:
         """A compaction nobody forced, of a context under its limits: that is the news."""
         p = self.policy
@@ -277,70 +261,6 @@ class Compactor:
             f"{p.max_active_messages} messages, {before.tokens} of {p.max_active_tokens} "
             "tokens): nothing is due; pass force to compact it anyway"
         )
-
-    async def _wait_for_running(self, session_id: str, cid: str, trigger: str) -> bool:
-        """Wait, at most `wait_seconds`, until no compaction of the session runs, here or
-        on another daemon sharing the store, and take the shared lock; reports the wait
-        as progress under `cid`. Returns True (progress has begun)."""
-        title = "Rebuilding context" if trigger == "rebuild" else "Compacting context"
-        self._progress(
-            session_id,
-            cid,
-            ProgressValue(
-                kind="begin",
-                title=title,
-                message="waiting for the compaction already running",
-                percentage=0,
-            ),
-        )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.policy.wait_seconds
-        self._waiting[session_id] = self._waiting.get(session_id, 0) + 1
-        poll = SHARED_POLL_FIRST
-        try:
-            # several waiters may wake together: whoever starts first runs, the others
-            # wait on
-            while True:
-                left = deadline - loop.time()
-                try:
-                    if session_id in self.running:
-                        if left <= 0:
-                            raise TimeoutError
-                        await asyncio.wait_for(self._idle[session_id].wait(), left)
-                        continue
-                    # checked with nothing awaited since: a lock this daemon holds is
-                    # granted to it again, so only a free session may ask for it
-                    if self._try_shared(session_id):
-                        break
-                    if left <= 0:
-                        raise TimeoutError
-                    # another daemon compacts it: its end is not told here, so look again
-                    # shortly (a short query each time; the event loop serves meanwhile)
-                    await asyncio.sleep(min(poll, left))
-                    poll = min(poll * 2, SHARED_POLL_MAX)
-                except TimeoutError:
-                    self._progress(session_id, cid, ProgressValue(kind="end", message="timed out"))
-                    raise CompactionInProgress(
-                        f"a compaction of this session was still running after "
-                        f"{self.policy.wait_seconds:g} s of waiting; wait for "
-                        "context/didCompact and try again",
-                        {"waitedSeconds": self.policy.wait_seconds},
-                    ) from None
-                except CtxdError:  # the shared store could not be asked (StorageError)
-                    self._progress(session_id, cid,
-                                   ProgressValue(kind="end", message="not started"))
-                    raise
-        finally:
-            self._waiting[session_id] -= 1
-            if not self._waiting[session_id]:
-                del self._waiting[session_id]
-        self._progress(
-            session_id,
-            cid,
-            ProgressValue(kind="report", message="the running compaction finished",
-                          percentage=0),
-        )
-        return True
 
     # one attempt
 
