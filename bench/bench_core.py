@@ -30,6 +30,7 @@ from typing import Any
 
 import apsw
 import apsw.fts5
+import msgspec
 
 # Run as a script, the repository root is not on sys.path; `bench.workload` needs it.
 if __package__ in (None, ""):
@@ -232,7 +233,7 @@ def bench_append(sizes: Sizes, scratch: Scratch, report: Report) -> None:
         order = ("turn", "batch") if rep % 2 == 0 else ("batch", "turn")
         for mode in order:
             engine, path = new_engine(scratch)
-            sid = engine.create_session()["sessionId"]
+            sid = engine.create_session().session_id
             batches = session_turns if mode == "turn" else list(chunks(flat, 100))
             wall, cpu = append_all(engine, sid, batches)
             rates[mode].append((len(flat) / wall, len(flat) / cpu))
@@ -457,7 +458,7 @@ def build_big_archive(sizes: Sizes, scratch: Scratch, runner: asyncio.Runner) ->
     if hasattr(policy, "rederive_after"):
         policy.rederive_after = 0
     engine, path = new_engine(scratch, policy)
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     suffix = list(turns(sizes.small_archive, seed=SUFFIX_SEED))
     # the big session has its own system prompt; only the conversation is repeated
     suffix[0] = [m for m in suffix[0] if m["role"] != "system"]
@@ -492,7 +493,7 @@ def build_big_archive(sizes: Sizes, scratch: Scratch, runner: asyncio.Runner) ->
 
 def build_small_archive(sizes: Sizes, scratch: Scratch, runner: asyncio.Runner) -> Archived:
     engine, path = new_engine(scratch)
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     for t in turns(sizes.small_archive, seed=SUFFIX_SEED):
         engine.append(sid, t)
     runner.run(engine.compact(sid, force=True))
@@ -680,7 +681,7 @@ class CompactionSession:
 
     def __init__(self, engine: Engine, seed: int, per_round: int, rounds: int) -> None:
         self.engine = engine
-        self.sid = engine.create_session()["sessionId"]
+        self.sid = engine.create_session().session_id
         self.per_round = per_round
         self.stream = turns(rounds * (per_round + 20), seed=seed)
         self.rounds: list[Round] = []
@@ -692,7 +693,8 @@ class CompactionSession:
             self.engine.append(self.sid, t)
             added += len(t)
         t0, c0 = time.perf_counter(), time.process_time()
-        result = runner.run(self.engine.compact(self.sid, force=True))
+        # wire form: a dict on every revision compared
+        result = msgspec.to_builtins(runner.run(self.engine.compact(self.sid, force=True)))
         dt, dc = time.perf_counter() - t0, time.process_time() - c0
         first, last = result["summarizedFrom"], result["summarizedTo"]
         self.rounds.append(

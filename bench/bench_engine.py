@@ -55,7 +55,7 @@ def measure(turns: int, archived: int) -> dict[str, float]:
     sid = ""
     for i, msgs in enumerate(work):
         if i % SESSION_TURNS == 0:
-            sid = engine.create_session()["sessionId"]
+            sid = engine.create_session().session_id
         t0 = pc()
         floor.append(msgs)
         floor.read()
@@ -73,7 +73,7 @@ def measure(turns: int, archived: int) -> dict[str, float]:
                        ("get", t4 - t3), ("turn", t4 - t0)):
             t[key].append(v)
     # a long session, compacted whenever it is over the limits (as auto-compaction does)
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     i = 0
     while engine.archive_count(sid) < archived:
         batch: list[dict[str, Any]] = []

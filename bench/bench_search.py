@@ -53,7 +53,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "search.md"
 def build(data_dir: Path, n: int) -> tuple[str, float]:
     started = time.perf_counter()
     engine = Engine(Config(data_dir=data_dir))
-    sid = engine.create_session(session_id="big")["sessionId"]
+    sid = engine.create_session(session_id="big").session_id
     rnd = random.Random(7)
     for start in range(0, n, 5000):
         engine.append(sid, [

@@ -56,7 +56,7 @@ def fts5_snippet(text: str) -> float:
 def search_seconds(text: str) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         engine = Engine(Config(data_dir=Path(tmp) / "data"))
-        sid = engine.create_session(session_id="s")["sessionId"]
+        sid = engine.create_session(session_id="s").session_id
         engine.append(sid, [{"role": "user", "content": text}])
         try:
             return median_seconds(lambda: engine.search_result("timeout", session_id=sid))

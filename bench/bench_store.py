@@ -74,7 +74,7 @@ def build_archive(data_dir: Path, history: int) -> list[str]:
     e = Engine(cfg)
     sids = []
     for i in range(AGENTS):
-        sid = e.create_session(title=f"agent {i}")["sessionId"]
+        sid = e.create_session(title=f"agent {i}").session_id
         gen = _Generator(100 + i, 0.3)
         e.append(sid, [gen.system()])
         left = history // AGENTS - 1

@@ -252,7 +252,7 @@ def bench_turns(root: Path, daemon: Daemon, n: int) -> list[list[str]]:
                 # fresh sessions now and then: the context stays under the compaction
                 # limits, so every row measures the constant cost of a turn, not the
                 # growth of an uncompacted context or a compaction running beside it
-                sessions["inproc"] = engine.create_session()["sessionId"]
+                sessions["inproc"] = engine.create_session().session_id
                 for w, c in clients.items():
                     for f in FORMS:
                         sessions[(w, f)] = c.create_session(title=f"{w} {f}")["sessionId"]

@@ -53,7 +53,7 @@ def build(data_dir: Path, n_messages: int) -> tuple[str, float]:
     cfg = Config(data_dir=data_dir)
     engine = Engine(cfg)
     started = time.perf_counter()
-    sid = engine.create_session(title="bench: 100k messages")["sessionId"]
+    sid = engine.create_session(title="bench: 100k messages").session_id
     batch: list[dict[str, Any]] = []
     for turn in turns(n_messages, seed=7):
         batch.extend(turn)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import apsw
+import msgspec
 
 from bench.workload import Message
 from ctxd.daemon.config import Config
@@ -118,7 +119,9 @@ class CtxdEngine(Store):
         self.engine = Engine(Config(data_dir=root))
         self.runner = asyncio.Runner()
         if session_id is None:
-            session_id = self.engine.create_session(title="bench")["sessionId"]
+            # wire form: a dict on every revision compared
+            session_id = msgspec.to_builtins(self.engine.create_session(title="bench"))[
+                "sessionId"]
         self.sid = session_id
         self.compactions = 0
         self.compaction_seconds = 0.0

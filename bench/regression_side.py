@@ -154,7 +154,9 @@ class Side:
         self.data.mkdir(parents=True)
         self.filler = Engine(big_config(self.data))
         self.closers.append(self.filler.close)
-        self.big_sid = self.filler.create_session(title="archive")["sessionId"]
+        # wire form: a dict on every revision compared
+        self.big_sid = msgspec.to_builtins(self.filler.create_session(title="archive"))[
+            "sessionId"]
         self.source = turns(preload, seed=301)
         return {}
 
@@ -232,7 +234,8 @@ class Side:
         out["status tcp"] = timed(lambda: self.tcp.call("context/status", params), requests)
         n_msgs = sum(len(t) for t in turn_list)
         appenders: dict[str, tuple[Callable[[str], Any], Callable[[str, Any], Any]]] = {
-            "append inproc": (lambda title: self.engine.create_session(title=title),
+            "append inproc": (lambda title: msgspec.to_builtins(
+                self.engine.create_session(title=title)),
                               self.engine.append),
         }
         for w, c in self.clients.items():

@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ctxd.daemon.config import Config, load_config
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.recall import call_tool
@@ -189,7 +191,7 @@ def found(engine: Engine, sid: str, query: str, message_id: int | None) -> bool:
 async def run_session(
     engine: Engine, lang: str, sizes: Sizes, rng: random.Random, title: str
 ) -> SessionResult:
-    sid = engine.create_session(title=title)["sessionId"]
+    sid = engine.create_session(title=title).session_id
     writer = SessionWriter(rng, lang)
     driver = Driver(engine, writer, rng)
     prompt = (
@@ -205,7 +207,7 @@ async def run_session(
             facts += driver.play(sid, chunk, writer.turn(plants))
         compactions += 1
         try:
-            result = await engine.compact(sid)
+            result = msgspec.to_builtins(await engine.compact(sid))
         except CtxdError as exc:
             failed += 1
             print(f"  compaction {chunk + 1} of {title} failed: {exc.message}", file=sys.stderr)

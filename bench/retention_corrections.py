@@ -135,7 +135,7 @@ class Tally:
 class Session:
     def __init__(self, engine: Engine, lang: str, rng: random.Random) -> None:
         self.e, self.lang, self.rng = engine, lang, rng
-        self.sid = engine.create_session(title=f"corrections-{lang}")["sessionId"]
+        self.sid = engine.create_session(title=f"corrections-{lang}").session_id
         self.subjects: list[Subject] = []
         for key, name, unit in NUMERIC[lang]:
             self.subjects.append(Subject(key, name, unit, "number"))

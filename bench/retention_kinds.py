@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ctxd.daemon.compaction.rules import SUMMARY_HEADER
 from ctxd.daemon.config import Config
 from ctxd.daemon.engine import Engine
@@ -172,7 +174,7 @@ class Session:
     def __init__(self, engine: Engine, lang: str, rng: random.Random) -> None:
         self.e, self.lang, self.rng = engine, lang, rng
         self.en = lang == "en"
-        self.sid = engine.create_session(title=f"kinds-{lang}")["sessionId"]
+        self.sid = engine.create_session(title=f"kinds-{lang}").session_id
         self.calls = 0
         self.used_values: set[str] = set()
         self.settings: list[Setting] = []
@@ -396,7 +398,7 @@ async def run(lang: str, sessions: int, seed: int, root: Path) -> Tally:
                 for _ in range(TURNS):
                     s.turn(chunk)
                 old = engine.context_state(s.sid).summary_tokens
-                result = await engine.compact(s.sid)
+                result = msgspec.to_builtins(await engine.compact(s.sid))
                 size(engine, s.sid, old, result, tally)
                 s.check(chunk, tally)
             tally.messages += engine.archive.message_count(s.sid)

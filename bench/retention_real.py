@@ -241,7 +241,7 @@ async def replay(t: Transcript, policy_name: str, policy: CompactionPolicy, root
     auto = AutoCompactor(engine)
     started = time.perf_counter()
     try:
-        sid = engine.create_session(title=t.name)["sessionId"]
+        sid = engine.create_session(title=t.name).session_id
         checker = Checker(engine, sid, r)
         engine.add_listener(checker)
         turns = turns_of(msgs)

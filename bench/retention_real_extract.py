@@ -50,8 +50,8 @@ class EngineClient:
     def create_session(self, session_id: str, title: str | None = None,
                        metadata: dict[str, Any] | None = None,
                        created_at: float | None = None) -> dict[str, Any]:
-        return self.engine.create_session(session_id, title=title, metadata=metadata,
-                                          created_at=created_at)
+        return msgspec.to_builtins(self.engine.create_session(  # as a client gets it
+            session_id, title=title, metadata=metadata, created_at=created_at))
 
     def append(self, session_id: str, messages: list[dict[str, Any]],
                client_batch_id: str | None = None) -> dict[str, Any]:

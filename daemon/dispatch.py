@@ -18,6 +18,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from ctxd import __version__
 
 # context_edit holds handlers of its own: imported so they register
@@ -341,13 +343,15 @@ class Dispatcher(RequestFlow):
         )
 
     @serves(CONTEXT_COMPACT, connection=True)
-    async def compact(self, conn: Connection, p: ContextCompactParams) -> dict[str, Any]:
-        return await self.engine.compact(
+    async def compact(self, conn: Connection, p: ContextCompactParams) -> types.CompactResult:
+        result = await self.engine.compact(
             p.session_id, force=bool(p.force), instructions=p.instructions
         )
+        assert result is not None  # only an automatic compaction is ever skipped
+        return result
 
     @serves(CONTEXT_REBUILD, connection=True)
-    async def rebuild(self, conn: Connection, p: ContextRebuildParams) -> dict[str, Any]:
+    async def rebuild(self, conn: Connection, p: ContextRebuildParams) -> types.CompactResult:
         return await self.engine.rebuild(p.session_id, dry_run=bool(p.dry_run))
 
     @serves(RUN_START, connection=True)
@@ -413,9 +417,10 @@ class Dispatcher(RequestFlow):
             return self.off_loop.run(conn, sid, resolve, self._approval_resolved)
         return self._approval_resolved(resolve())
 
-    def _approval_resolved(self, approval: dict[str, Any]) -> dict[str, Any]:
+    def _approval_resolved(self, approval: dict[str, Any]) -> types.Approval:
         self.scheduler.after_approval_resolved(approval)
-        return approval
+        # the store's record, camelCase keys in the Struct's order
+        return msgspec.convert(approval, types.Approval)
 
     @serves(APPROVAL_REQUEST, connection=True)
     def approval_request(self, conn: Connection, p: ApprovalRequestParams) -> Any:

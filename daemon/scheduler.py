@@ -61,7 +61,7 @@ class AutoCompactor:
             # go again at once instead of waiting for the next append or run.
             while self.engine.auto_compaction_due(session_id):
                 result = await self.engine.compact(session_id, trigger="auto")
-                if not result["effective"]:
+                if result is None or not result.effective:
                     break
         except CompactionInProgress as exc:
             # another compaction (another daemon's, on a shared store) has it in hand

@@ -15,8 +15,9 @@ NOTIFICATION_LIST: tuple[Notification, ...] = (
     ),
     Notification(
         "context/didCompact",
-        "`sessionId`, `compactionId`, `trigger` (`auto`, `manual` or `rebuild`), `before` "
-        "and `after` (`{messages, tokens}`).",
+        "`sessionId`, the members of the `context/compact` result (`effective`, "
+        "`compactionId`, `before` and `after` (`{messages, tokens}`), `trigger` (`auto`, "
+        "`manual` or `rebuild`)...), `status` (as from `context/status`).",
         "A compaction or rebuild changed the active context.",
     ),
     Notification(

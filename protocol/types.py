@@ -106,7 +106,7 @@ class Run(_Wire):
     finished_at: float | None
 
 
-class Approval(_Wire):
+class Approval(_Wire, kw_only=True):
     approval_id: str
     session_id: str
     run_id: str
@@ -117,7 +117,8 @@ class Approval(_Wire):
     reason: str | None
     created_at: float
     resolved_at: float | None
-    arguments_truncated: bool | None = None
+    # set only in an event's copy whose arguments were cut
+    arguments_truncated: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class Pin(_Wire):
@@ -219,26 +220,28 @@ class ContextGetResult(_Wire, kw_only=True):
     status: Status
 
 
-class CompactResult(_Wire):
+class CompactResult(_Wire, kw_only=True):
+    # context/rebuild with dryRun: first, the order its reply has always had
+    dry_run: bool | None | msgspec.UnsetType = msgspec.UNSET
     effective: bool
     compaction_id: str | None
     before: Size
     after: Size
     summarized_from: int | None
     summarized_to: int | None
-    trigger: str | None = None
-    rederived: bool | None = None
-    reason: str | None = None
-    proposed: JSON = None
-    under_limits: bool | None = None
-    limits: Size | None = None
+    # absent from a dry run's reply
+    trigger: str | None | msgspec.UnsetType = msgspec.UNSET
+    rederived: bool | None | msgspec.UnsetType = msgspec.UNSET
+    reason: str | None | msgspec.UnsetType = msgspec.UNSET
+    proposed: JSON | msgspec.UnsetType = msgspec.UNSET
+    under_limits: bool | None | msgspec.UnsetType = msgspec.UNSET
+    limits: Size | None | msgspec.UnsetType = msgspec.UNSET
     # given instructions: whether they shaped a committed summary
-    instructions_applied: bool | None = None
-    note: str | None = None
+    instructions_applied: bool | None | msgspec.UnsetType = msgspec.UNSET
+    note: str | None | msgspec.UnsetType = msgspec.UNSET
     # context/rebuild with dryRun
-    dry_run: bool | None = None
-    messages: list[ChatMessage] | None = None
-    diff: dict[str, int] | None = None
+    messages: list[ChatMessage] | None | msgspec.UnsetType = msgspec.UNSET
+    diff: dict[str, int] | None | msgspec.UnsetType = msgspec.UNSET
 
 
 class ClearResult(_Wire):
@@ -340,12 +343,26 @@ class DidAppend(_Wire):
     status: Status | None = None
 
 
-class DidCompact(_Wire):
+class DidCompact(_Wire, kw_only=True):
+    """The session and the `CompactResult` of the compaction (a dry run sends none), in
+    its order, with the status after it."""
+
     session_id: str
+    effective: bool
     compaction_id: str | None
-    trigger: Literal["auto", "manual", "rebuild"]
     before: Size
     after: Size
+    summarized_from: int | None
+    summarized_to: int | None
+    trigger: Literal["auto", "manual", "rebuild"]
+    rederived: bool | None | msgspec.UnsetType = msgspec.UNSET
+    reason: str | None | msgspec.UnsetType = msgspec.UNSET
+    proposed: JSON | msgspec.UnsetType = msgspec.UNSET
+    under_limits: bool | None | msgspec.UnsetType = msgspec.UNSET
+    limits: Size | None | msgspec.UnsetType = msgspec.UNSET
+    instructions_applied: bool | None | msgspec.UnsetType = msgspec.UNSET
+    note: str | None | msgspec.UnsetType = msgspec.UNSET
+    status: Status
 
 
 class DidChange(_Wire):

@@ -22,8 +22,8 @@ from ctxd.protocol.errors import (
 
 
 def test_append_assigns_increasing_ids_across_sessions(engine: Engine) -> None:
-    a = engine.create_session(title="a")["sessionId"]
-    b = engine.create_session(title="b")["sessionId"]
+    a = engine.create_session(title="a").session_id
+    b = engine.create_session(title="b").session_id
     r1 = engine.append(a, [{"role": "user", "content": "one"}])
     r2 = engine.append(b, [{"role": "user", "content": "two"}, {"role": "assistant",
                                                                   "content": "three"}])
@@ -42,7 +42,7 @@ def test_unknown_session_is_a_typed_error(engine: Engine) -> None:
 
 
 def test_triggers_refuse_rewriting_history(engine: Engine, tmp_path: Path) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     engine.append(sid, [{"role": "user", "content": "keep me"}])
     raw = apsw.Connection(str(engine.config.db_path))
     raw.set_busy_timeout(5000)
@@ -75,7 +75,7 @@ def test_triggers_refuse_rewriting_history(engine: Engine, tmp_path: Path) -> No
 )
 def test_a_bad_batch_writes_nothing(engine: Engine, batch: list, index: int,
                                     field: str | None) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     engine.append(sid, [{"role": "user", "content": "before"}])
     with pytest.raises(InvalidMessage) as exc:
         engine.append(sid, [{"role": "user", "content": "fine"}] + batch)
@@ -88,7 +88,7 @@ def test_a_bad_batch_writes_nothing(engine: Engine, batch: list, index: int,
 
 
 def test_duplicate_tool_call_ids_are_refused(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     engine.append(sid, tool_turn(1))
     with pytest.raises(InvalidMessage, match="already used"):
         engine.append(sid, tool_turn(1))
@@ -102,7 +102,7 @@ def test_duplicate_tool_call_ids_are_refused(engine: Engine) -> None:
 
 
 def test_tool_result_may_answer_a_call_from_an_earlier_batch(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     call, result = tool_turn(7)
     engine.append(sid, [call])
     engine.append(sid, [result])
@@ -111,7 +111,7 @@ def test_tool_result_may_answer_a_call_from_an_earlier_batch(engine: Engine) -> 
 
 def test_oversized_message_is_refused(tmp_path: Path) -> None:
     e = Engine(make_config(tmp_path, max_message_bytes=1000))
-    sid = e.create_session()["sessionId"]
+    sid = e.create_session().session_id
     with pytest.raises(PayloadTooLarge) as exc:
         e.append(sid, [{"role": "user", "content": "ok"},
                        {"role": "user", "content": "x" * 2000}])
@@ -121,7 +121,7 @@ def test_oversized_message_is_refused(tmp_path: Path) -> None:
 
 
 def test_client_batch_id_makes_appends_idempotent(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     batch = agent_turn(1)
     first = engine.append(sid, batch, client_batch_id="b-1")
     again = engine.append(sid, batch, client_batch_id="b-1")
@@ -134,7 +134,7 @@ def test_client_batch_id_makes_appends_idempotent(engine: Engine) -> None:
 
 
 def test_tokens_are_counted_once_and_special_tokens_are_text(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     msg = {"role": "user", "content": "quote <|endoftext|> verbatim, 上下文压缩"}
     engine.append(sid, [msg])
     stored = engine.read_archive(sid).messages[0]
@@ -145,7 +145,7 @@ def test_tokens_are_counted_once_and_special_tokens_are_text(engine: Engine) -> 
 
 
 def test_unknown_fields_and_metadata_are_kept_in_the_archive(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     engine.append(sid, [{"role": "assistant", "content": "x", "reasoning_content": "why",
                          "metadata": {"ui": 1}}])
     stored = engine.read_archive(sid).messages[0]
@@ -156,7 +156,7 @@ def test_unknown_fields_and_metadata_are_kept_in_the_archive(engine: Engine) -> 
 
 def test_archive_survives_reopening(tmp_path: Path) -> None:
     e = Engine(make_config(tmp_path))
-    sid = e.create_session()["sessionId"]
+    sid = e.create_session().session_id
     ids = e.append(sid, agent_turn(1)).message_ids
     e.close()
     e2 = Engine(make_config(tmp_path))
@@ -198,8 +198,8 @@ def test_sessions_archived_before_contexts_existed_are_backfilled_once(tmp_path:
 
 
 def test_read_pages_backwards_with_before_id(engine: Engine) -> None:
-    a = engine.create_session()["sessionId"]
-    b = engine.create_session()["sessionId"]
+    a = engine.create_session().session_id
+    b = engine.create_session().session_id
     ids = []
     for i in range(7):
         ids += engine.append(a, [{"role": "user", "content": f"a{i}"}]).message_ids

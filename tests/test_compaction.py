@@ -107,13 +107,13 @@ def _recount(engine: Engine, sid: str) -> tuple[int, int]:
 
 
 def test_auto_limits_and_compaction_keep_about_the_tail(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     engine.append(sid, [{"role": "system", "content": "You are a careful agent."}])
     _fill(engine, sid, 20)  # 81 messages
     assert engine.status(sid).active_messages == 81
     assert engine.auto_compaction_due(sid)
     result = asyncio.run(engine.compact(sid, trigger="auto"))
-    assert result["effective"] is True
+    assert result.effective is True
     status = engine.status(sid)
     # system + summary message + a tail of about 24
     assert 20 <= status.active_messages - 2 <= 28
@@ -127,7 +127,7 @@ def test_auto_limits_and_compaction_keep_about_the_tail(engine: Engine) -> None:
 
 
 def test_not_effective_compaction_changes_nothing(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     # one assistant message with parallel calls, then their results: every boundary
     # would split a call from its result, so nothing can leave (a user message and a
     # long tool chain used to be refused too; force mode now summarizes the request
@@ -140,8 +140,8 @@ def test_not_effective_compaction_changes_nothing(engine: Engine) -> None:
     before = engine.status(sid)
     ctx_before = engine.context_messages(sid)
     result = asyncio.run(engine.compact(sid, force=True))
-    assert result["effective"] is False and result["compactionId"] is None
-    assert "reason" in result
+    assert result.effective is False and result.compaction_id is None
+    assert result.reason
     after = engine.status(sid)
     assert after.version == before.version
     assert after.compaction_count == 0
@@ -151,20 +151,20 @@ def test_not_effective_compaction_changes_nothing(engine: Engine) -> None:
 
 
 def test_force_compaction_works_on_short_contexts(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     _fill(engine, sid, 3)  # 12 messages, far below the limits
     assert not engine.auto_compaction_due(sid)
     result = asyncio.run(engine.compact(sid, force=True, instructions="focus on mod1"))
-    assert result["effective"] is True
-    assert result["after"]["messages"] < result["before"]["messages"]
-    assert result["after"]["tokens"] < result["before"]["tokens"]
+    assert result.effective is True
+    assert result.after.messages < result.before.messages
+    assert result.after.tokens < result.before.tokens
     ctx = engine.context_messages(sid)
     assert any(m["role"] == "user" and m["content"] == "step 2: look at src/mod2.py"
                for m in ctx), "the latest user message must stay"
 
 
 def test_pending_approval_blocks_compaction_and_user_messages(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     _fill(engine, sid, 21)
     run = engine.start_run(sid)
     call, result = tool_turn(99)
@@ -183,7 +183,7 @@ def test_pending_approval_blocks_compaction_and_user_messages(engine: Engine) ->
 
 
 def test_failed_run_schedules_nothing(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     run = engine.start_run(sid)
     for i in range(21):
         engine.append(sid, agent_turn(i), run_id=run["runId"])
@@ -191,24 +191,24 @@ def test_failed_run_schedules_nothing(engine: Engine) -> None:
 
 
 def test_incremental_summary_keeps_earlier_items_and_pointers(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     engine.append(sid, [{"role": "user", "content": "You must never edit migrations/."}])
     _fill(engine, sid, 25)
     first = asyncio.run(engine.compact(sid))
-    assert first["effective"]
+    assert first.effective
     s1 = engine.context_state(sid).summary
     constraint = [i for _, i in s1.items() if "never edit migrations" in i.text]
     assert constraint and constraint[0].sources == [1]
     _fill(engine, sid, 25, start=100)
     second = asyncio.run(engine.compact(sid))
-    assert second["effective"]
+    assert second.effective
     # the second compaction only summarized what left the context since the first
-    assert second["summarizedFrom"] > first["summarizedTo"]
+    assert second.summarized_from > first.summarized_to
     s2 = engine.context_state(sid).summary
     kept = [i for _, i in s2.items() if "never edit migrations" in i.text]
     assert kept and kept[0].sources == [1]
-    assert s2.compaction_ids == [first["compactionId"], second["compactionId"]]
-    assert s2.covers_from == 1 and s2.covers_to == second["summarizedTo"]
+    assert s2.compaction_ids == [first.compaction_id, second.compaction_id]
+    assert s2.covers_from == 1 and s2.covers_to == second.summarized_to
     assert engine.status(sid).compaction_count == 2
 
 
@@ -231,7 +231,7 @@ class SlowSummarizer:
 def test_appends_during_a_slow_compaction_are_kept_exactly(tmp_path: Path) -> None:
     slow = SlowSummarizer()
     engine = Engine(make_config(tmp_path), summarizer=slow)
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     _fill(engine, sid, 21)
 
     async def scenario() -> dict[str, Any]:
@@ -246,9 +246,9 @@ def test_appends_during_a_slow_compaction_are_kept_exactly(tmp_path: Path) -> No
 
     out = asyncio.run(scenario())
     result = out["result"]
-    assert result["effective"]
+    assert result.effective
     archive = engine.read_archive(sid, limit=5000).messages
-    boundary = next(m["id"] for m in archive if m["id"] > result["summarizedTo"])
+    boundary = next(m["id"] for m in archive if m["id"] > result.summarized_to)
     expected_tail = [m for m in archive if m["id"] >= boundary]
     ctx = engine.context_messages(sid)
     assert ctx[0]["role"] == "system"  # the summary message
@@ -284,7 +284,7 @@ class LyingSummarizer:
 def test_a_failed_or_invalid_summary_leaves_the_context_untouched(tmp_path: Path,
                                                                   summarizer: Any) -> None:
     engine = Engine(make_config(tmp_path), summarizer=summarizer)
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     _fill(engine, sid, 21)
     before = engine.context_messages(sid)
     with pytest.raises(SummarizerFailed):
@@ -296,7 +296,7 @@ def test_a_failed_or_invalid_summary_leaves_the_context_untouched(tmp_path: Path
 
 
 def test_pins_render_first_and_survive_rebuild(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     engine.append(sid, [{"role": "system", "content": "sys"}])
     pin = engine.add_pin(sid, "Deploy only from the release branch.")
     _fill(engine, sid, 22)
@@ -306,7 +306,7 @@ def test_pins_render_first_and_survive_rebuild(engine: Engine) -> None:
     assert "Pinned" in ctx[1]["content"]
     assert ctx[1]["content"].index("release branch") < ctx[1]["content"].index("Summary of")
     rebuilt = asyncio.run(engine.rebuild(sid))
-    assert rebuilt["compactionId"]
+    assert rebuilt.compaction_id
     assert "release branch" in engine.context_messages(sid)[1]["content"]
     assert (engine.status(sid).active_messages,
             engine.status(sid).estimated_tokens) == _recount(engine, sid)
@@ -317,21 +317,21 @@ def test_pins_render_first_and_survive_rebuild(engine: Engine) -> None:
 
 
 def test_rebuild_rederives_from_the_archive(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     _fill(engine, sid, 30)
     asyncio.run(engine.compact(sid))
     _fill(engine, sid, 10, start=50)
     asyncio.run(engine.compact(sid, force=True))
     result = asyncio.run(engine.rebuild(sid))
-    assert result["compactionId"] and result["summarizedFrom"] == 1
+    assert result.compaction_id and result.summarized_from == 1
     summary = engine.context_state(sid).summary
-    assert summary.compaction_ids == [result["compactionId"]]
+    assert summary.compaction_ids == [result.compaction_id]
     assert json.dumps(summary.to_dict())  # serializable
 
 
 def test_contexts_persist_across_reopen(tmp_path: Path) -> None:
     e = Engine(make_config(tmp_path))
-    sid = e.create_session()["sessionId"]
+    sid = e.create_session().session_id
     _fill(e, sid, 25)
     asyncio.run(e.compact(sid))
     ctx, status = e.context_messages(sid), e.status(sid)

@@ -18,7 +18,7 @@ def _tail_roles(engine: Engine, sid: str) -> list[str]:
 
 
 def test_pop_takes_newest_and_keeps_the_archive(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     engine.append(sid, [{"role": "system", "content": "be brief"}, *agent_turn(1)])
     before = engine.status(sid)
     out = context_edit.pop(engine, sid, 1)
@@ -34,7 +34,7 @@ def test_pop_takes_newest_and_keeps_the_archive(engine: Engine) -> None:
 
 
 def test_pop_of_a_tool_result_takes_its_call_too(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     engine.append(sid, [{"role": "user", "content": "go"}])
     call = tool_turn(1)[0]
     call["tool_calls"].append(
@@ -57,7 +57,7 @@ def test_pop_of_a_tool_result_takes_its_call_too(engine: Engine) -> None:
 
 
 def test_pop_on_empty_tail_and_bad_input(engine: Engine, tmp_path: Path) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     assert context_edit.pop(engine, sid, 3).messages == []
     with pytest.raises(SessionNotFound):
         context_edit.pop(engine, "nope", 1)
@@ -68,7 +68,7 @@ def test_pop_on_empty_tail_and_bad_input(engine: Engine, tmp_path: Path) -> None
 def test_clear_starts_fresh_and_compaction_respects_it(tmp_path: Path) -> None:
     engine = Engine(make_config(tmp_path / "data", max_active_messages=12, keep_messages=4))
     try:
-        sid = engine.create_session()["sessionId"]
+        sid = engine.create_session().session_id
         engine.append(sid, [{"role": "system", "content": "old rules"}])
         for i in range(6):
             engine.append(sid, agent_turn(i))
@@ -85,7 +85,7 @@ def test_clear_starts_fresh_and_compaction_respects_it(tmp_path: Path) -> None:
         for i in range(10, 16):
             engine.append(sid, agent_turn(i))
         rebuilt = asyncio.run(engine.rebuild(sid))
-        assert rebuilt["summarizedFrom"] > 25  # nothing from before the clear
+        assert rebuilt.summarized_from > 25  # nothing from before the clear
         text = " ".join(str(m["content"]) for m in engine.get_context(sid).messages)
         assert "new rules" in text and "old rules" not in text and "step 0:" not in text
         assert engine.search("step 0", session_id=sid)  # the archive still finds it
@@ -94,7 +94,7 @@ def test_clear_starts_fresh_and_compaction_respects_it(tmp_path: Path) -> None:
 
 
 def test_clear_refuses_while_an_approval_is_pending(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     run = engine.start_run(sid)["runId"]
     engine.append(sid, [{"role": "user", "content": "go"}, tool_turn(1)[0]], run_id=run)
     engine.request_approval(sid, run, "call_1", "read_file")
@@ -108,7 +108,7 @@ def test_clear_refuses_while_an_approval_is_pending(engine: Engine) -> None:
 def test_compaction_after_pop_keeps_counts_exact(tmp_path: Path) -> None:
     engine = Engine(make_config(tmp_path / "data", max_active_messages=12, keep_messages=4))
     try:
-        sid = engine.create_session()["sessionId"]
+        sid = engine.create_session().session_id
         for i in range(6):
             engine.append(sid, agent_turn(i))
         context_edit.pop(engine, sid, 1)

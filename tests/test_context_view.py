@@ -30,7 +30,7 @@ class Driver:
     def __init__(self, engine: Engine, rng: random.Random) -> None:
         self.engine = engine
         self.rng = rng
-        self.sessions = [engine.create_session()["sessionId"] for _ in range(2)]
+        self.sessions = [engine.create_session().session_id for _ in range(2)]
         self.calls: dict[str, list[str]] = {s: [] for s in self.sessions}  # unanswered
         self.runs: dict[str, str | None] = dict.fromkeys(self.sessions)
         self.n = 0
@@ -141,7 +141,7 @@ def test_kept_state_equals_a_fresh_read(
 
 
 def test_a_caller_changing_its_messages_changes_no_later_read(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     engine.append(sid, [{"role": "system", "content": "rules"},
                         {"role": "user", "content": "hello"}])
     engine.add_pin(sid, "keep this")
@@ -165,7 +165,7 @@ def test_a_caller_changing_its_messages_changes_no_later_read(engine: Engine) ->
 def test_messages_appended_by_the_caller_are_not_shared_with_the_kept_context(
     engine: Engine,
 ) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     engine.append(sid, [{"role": "user", "content": "first"}])
     engine.get_context(sid)  # the tail is kept from here on
     parts = [{"type": "text", "text": "second"}]
@@ -182,7 +182,7 @@ def test_a_read_between_a_commit_elsewhere_and_its_bookkeeping_keeps_each_messag
     # engine is told on the event loop afterwards; a context/get may run in between
     from ctxd.daemon import offload
 
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     engine.append(sid, [{"role": "user", "content": "first"}])
     prepared = engine.prepare_append([{"role": "user", "content": "second"},
                                       {"role": "assistant", "content": "answer"}])

@@ -1,6 +1,9 @@
-"""The protocol table is the one contract: every method in it has a handler, a client
-method taking each of its params, and a docs entry; the one-round-trip forms of a turn
-(`messages/append` with `returnContext`, `run/finish` with `messages`) work on every wire."""
+"""What the protocol's types cannot say by themselves: every handler accepts its
+method's params, the generated client calls, docs and schema are current, the layer
+over the params Structs refuses with typed errors, real replies and events (with the
+store records inside them) convert into the declared types, and the one-round-trip forms
+of a turn (`messages/append` with `returnContext`, `run/finish` with `messages`) work on
+every wire."""
 
 from __future__ import annotations
 
@@ -21,7 +24,6 @@ from helpers import DaemonProcess
 from test_protocol_table import GOOD
 
 from ctxd.clients import gen_methods
-from ctxd.clients.client import AsyncClient, Client
 from ctxd.daemon import dispatch  # noqa: F401  (every handler registered)
 from ctxd.daemon.engine import Engine
 from ctxd.protocol import schema, types
@@ -30,17 +32,10 @@ from ctxd.protocol.handlers import HANDLERS
 from ctxd.protocol.methods import METHODS, NOTIFICATIONS, RESULTS, validate_params
 from ctxd.protocol.schema import PARAMS
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
-
-
-def _snake(name: str) -> str:
-    return re.sub(r"[A-Z]", lambda m: "_" + m.group(0).lower(), name)
-
 
 @pytest.mark.parametrize("name", list(METHODS))
 def test_every_method_has_a_handler_taking_its_params(name: str) -> None:
     handler = HANDLERS[name]
-    assert handler.method is METHODS[name]
     accepted = inspect.signature(handler.function).parameters
     if handler.connection:
         assert handler.owner == "Dispatcher", name
@@ -53,22 +48,6 @@ def test_every_method_has_a_handler_taking_its_params(name: str) -> None:
     assert list(accepted)[: len(lead)] == lead, name
     for field in METHODS[name].fields:
         assert field.attr in accepted, f"{name}: {handler.function.__qualname__} lacks {field.attr}"
-
-
-@pytest.mark.parametrize("name", list(METHODS))
-def test_every_method_has_a_client_method_taking_its_params(name: str) -> None:
-    method = METHODS[name]
-    for cls in (Client, AsyncClient):
-        fn = getattr(cls, method.client, None)
-        assert callable(fn), f"{name}: {cls.__name__} has no {method.client}()"
-        if name == "initialize":
-            continue  # open() computes every param: the nonce, the proof, the client name
-        accepted = inspect.signature(fn).parameters
-        extra = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
-        for param in method.param_names:
-            assert _snake(param) in accepted or extra, (
-                f"{name}: {cls.__name__}.{method.client}() cannot send {param}"
-            )
 
 
 def test_client_calls_are_generated_from_the_table(
@@ -85,16 +64,6 @@ def test_client_calls_are_generated_from_the_table(
                  *clients.glob("cli/*.py"), *clients.glob("cli/commands/*.py")]:
         text = path.read_text(encoding="utf-8")
         assert not re.search(r"\.call\(\s*\"", text), f"{path.name} sends a raw method name"
-
-
-def test_every_method_has_a_docs_entry() -> None:
-    text = DOCS.read_text(encoding="utf-8")
-    for name, method in METHODS.items():
-        heading = f"### `{name}`"
-        assert heading in text, name
-        section = text.split(heading, 1)[1].split("\n### ", 1)[0]
-        for param in method.param_names:
-            assert f"`{param}`" in section, f"{name}: {param} is not documented"
 
 
 @pytest.fixture(scope="module")
@@ -147,30 +116,26 @@ def test_run_finish_with_a_refused_message_leaves_the_run_open(daemon: DaemonPro
 # typed params, results and notifications; the JSON Schema
 
 
-def test_every_method_and_notification_is_typed() -> None:
-    assert set(PARAMS) == set(METHODS)
-    assert set(RESULTS) == set(METHODS), "a method without a typed result"
+def test_every_notification_has_a_payload_type() -> None:
+    # two declarations (the table's notifications, the payload Structs) kept equal here
     assert set(types.NOTIFICATIONS) == set(NOTIFICATIONS)
-    for name, method in METHODS.items():
-        assert PARAMS[name] is method.params
-        assert PARAMS[name].__struct_encode_fields__ == method.param_names, name
 
 
 @pytest.mark.parametrize("name", list(METHODS))
 def test_params_struct_accepts_what_the_table_accepts(name: str) -> None:
     good = GOOD[name]
-    # the daemon's checks and a plain decode of the JSON into the Struct agree
+    # the daemon's checks (defaults filled, text checked) and a plain decode of the JSON
+    # into the Struct agree on what is valid
     decoded = msgspec.json.decode(msgspec.json.encode(good), type=PARAMS[name])
     assert validate_params(name, good) == decoded
+    # and what the Struct refuses comes back as a typed error naming the param
     for p in METHODS[name].fields:
         if p.type == "string" and p.max is not None:
-            bad = {**good, p.name: "x" * (int(p.max) + 1)}
-            with pytest.raises(InvalidParams):
-                validate_params(name, bad)
-            with pytest.raises(msgspec.ValidationError):
-                msgspec.convert(bad, PARAMS[name])
-    with pytest.raises(msgspec.ValidationError):
-        msgspec.convert({**good, "noSuchParam": 1}, PARAMS[name])
+            with pytest.raises(InvalidParams) as info:
+                validate_params(name, {**good, p.name: "x" * (int(p.max) + 1)})
+            assert info.value.data["param"] == p.name
+    with pytest.raises(InvalidParams):
+        validate_params(name, {**good, "noSuchParam": 1})
 
 
 def test_schema_file_is_current_and_printed_by_the_package() -> None:
@@ -180,9 +145,6 @@ def test_schema_file_is_current_and_printed_by_the_package() -> None:
     doc = json.loads(out)
     assert doc == json.loads(schema.DEFAULT_OUTPUT.read_text(encoding="utf-8"))
     assert set(doc["methods"]) == set(METHODS)
-    for entry in [*doc["methods"].values(), *doc["notifications"].values()]:
-        for ref in (entry["params"], entry.get("result", entry["params"])):
-            assert ref["$ref"].removeprefix("#/$defs/") in doc["$defs"]
     append = doc["$defs"]["MessagesAppendParams"]
     assert append["required"] == ["sessionId", "messages"]
     assert append["properties"]["messages"]["maxItems"] == 10_000

@@ -109,7 +109,7 @@ def fill_until_full(engine: Engine, sid: str, spare_pages: int = 4) -> tuple[int
 
 
 def test_disk_full_append_is_all_or_nothing_and_recovers(engine: Engine) -> None:
-    sid = engine.create_session("s")["sessionId"]
+    sid = engine.create_session("s").session_id
     engine.append(sid, batch("before"))
     stored, exc = fill_until_full(engine, sid)
     note(f"append on a full disk: {type(exc).__name__}")
@@ -137,7 +137,7 @@ def test_disk_full_append_is_all_or_nothing_and_recovers(engine: Engine) -> None
 def test_what_survived_a_full_disk_reopens_intact(tmp_path: Path) -> None:
     cfg = make_config(tmp_path / "data")
     engine = Engine(cfg)
-    sid = engine.create_session("s")["sessionId"]
+    sid = engine.create_session("s").session_id
     stored, _ = fill_until_full(engine, sid)
     status = engine.status(sid)
     engine.close()
@@ -154,7 +154,7 @@ def test_what_survived_a_full_disk_reopens_intact(tmp_path: Path) -> None:
 def test_disk_full_gives_a_typed_error(engine: Engine) -> None:
     # SQLite rolls a transaction back by itself on SQLITE_FULL, so the savepoint's own
     # rollback fails next: neither raw error may reach the caller
-    sid = engine.create_session("s")["sessionId"]
+    sid = engine.create_session("s").session_id
     _, exc = fill_until_full(engine, sid)
     assert isinstance(exc, CtxdError), repr(exc)
     # every other write either fits in what is left or fails typed
@@ -173,7 +173,7 @@ def test_disk_full_during_compaction_leaves_the_context_as_it_was(tmp_path: Path
     engine = Engine(make_config(tmp_path / "data", max_active_messages=100_000,
                                 max_active_tokens=10**9, summary_budget_tokens=20_000))
     try:
-        sid = engine.create_session("s")["sessionId"]
+        sid = engine.create_session("s").session_id
         for i in range(150):
             engine.append(sid, agent_turn(i))
         status, messages = engine.status(sid), engine.context_messages(sid)
@@ -188,7 +188,7 @@ def test_disk_full_during_compaction_leaves_the_context_as_it_was(tmp_path: Path
         check_consistent(engine, sid, 600)
         engine.conn.pragma("max_page_count", 1 << 30)
         result = engine.compact_sync(sid, force=True)
-        assert result["effective"] and engine.status(sid).compaction_count == 1
+        assert result.effective and engine.status(sid).compaction_count == 1
         assert engine.status(sid).archive_messages == 600
     finally:
         engine.close()
@@ -198,7 +198,7 @@ def test_disk_full_during_compaction_leaves_the_context_as_it_was(tmp_path: Path
 
 
 def test_read_only_database_refuses_appends_and_recovers(engine: Engine) -> None:
-    sid = engine.create_session("s")["sessionId"]
+    sid = engine.create_session("s").session_id
     engine.append(sid, batch("before"))
     engine.conn.pragma("query_only", True)
     with pytest.raises(Exception) as err:  # noqa: B017 - the type is the next test's subject
@@ -214,7 +214,7 @@ def test_read_only_database_refuses_appends_and_recovers(engine: Engine) -> None
 
 def test_read_only_database_gives_a_typed_error(engine: Engine) -> None:
     # over the wire an untyped error would be an "internal error" that hides the cause
-    sid = engine.create_session("s")["sessionId"]
+    sid = engine.create_session("s").session_id
     engine.conn.pragma("query_only", True)
     for write in (lambda: engine.append(sid, batch("refused")),
                   lambda: engine.add_pin(sid, "pin"),
@@ -238,7 +238,7 @@ def test_a_read_only_data_dir_is_refused_at_open(tmp_path: Path) -> None:
         with pytest.raises(Exception):  # noqa: B017 - it must not open for writing silently
             e = Engine(make_config(data))
             try:
-                e.append(e.create_session("s")["sessionId"], batch("x"))
+                e.append(e.create_session("s").session_id, batch("x"))
             finally:
                 e.close()
     finally:

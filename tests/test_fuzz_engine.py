@@ -75,7 +75,7 @@ class Bench:
 
     def new_session(self) -> str:
         self.fresh += 1
-        return self.engine.create_session(f"fresh-{self.fresh}")["sessionId"]
+        return self.engine.create_session(f"fresh-{self.fresh}").session_id
 
     def total(self) -> int:
         return int(self.engine.conn.execute("SELECT count(*) FROM messages").fetchone()[0])
@@ -86,13 +86,13 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
     engine = Engine(make_config(tmp_path_factory.mktemp("fuzzengine") / "data",
                                 max_message_bytes=MAX_MESSAGE_BYTES,
                                 max_batch_messages=MAX_BATCH_MESSAGES))
-    corpus = engine.create_session("corpus")["sessionId"]
+    corpus = engine.create_session("corpus").session_id
     for i in range(0, len(CORPUS), MAX_BATCH_MESSAGES):
         engine.append(corpus, [{"role": "user", "content": t}
                                for t in CORPUS[i:i + MAX_BATCH_MESSAGES]])
-    shared = engine.create_session("shared")["sessionId"]
+    shared = engine.create_session("shared").session_id
     # a session whose tool call `pending_call` waits for a human
-    pending = engine.create_session("pending")["sessionId"]
+    pending = engine.create_session("pending").session_id
     run = engine.start_run(pending)["runId"]
     engine.append(pending, [{"role": "user", "content": "edit hosts"}, {
         "role": "assistant", "content": None, "tool_calls": [

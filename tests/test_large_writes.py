@@ -38,8 +38,8 @@ def test_the_loop_serves_reads_while_a_large_batch_commits_and_writes_wait(
     engine.add_listener(lambda sid, method, params: events.append((method, params)))
     d = Dispatcher(engine, EventHub(), token="t")
     big_conn, other = _client(), _client()
-    sid = engine.create_session()["sessionId"]
-    quiet = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
+    quiet = engine.create_session().session_id
     messages = [{"role": "user", "content": _words(2_000_000, i)} for i in range(4)]
 
     async def main() -> tuple[dict[str, Any], dict[str, Any]]:

@@ -101,7 +101,7 @@ def test_no_compaction_through_the_model_makes_the_context_bigger(
     share = config.compaction.summary_share
     engine = Engine(config)
     try:
-        sid = engine.create_session()["sessionId"]
+        sid = engine.create_session().session_id
         engine.append(sid, [{"role": "user", "content": " ".join(RULES)}])
         grew = 0
         compactions = 0
@@ -114,12 +114,12 @@ def test_no_compaction_through_the_model_makes_the_context_bigger(
             st = engine.context_state(sid)
             old = st.summary_tokens
             result = asyncio.run(engine.compact(sid, force=force))
-            assert result["after"]["tokens"] <= result["before"]["tokens"], result
-            if not result["effective"]:
+            assert result.after.tokens <= result.before.tokens, result
+            if not result.effective:
                 continue
             compactions += 1
-            grew += result["after"]["tokens"] > result["before"]["tokens"]
-            lo, hi = result["summarizedFrom"], result["summarizedTo"]
+            grew += result.after.tokens > result.before.tokens
+            lo, hi = result.summarized_from, result.summarized_to
             read = engine.read_archive(sid, after_id=lo - 1, before_id=hi + 1, limit=1000)
             start = st.tail_start_id or 0
             departing = sum(m["tokens"] for m in read.messages if m["id"] >= start)

@@ -534,7 +534,7 @@ def _engine(tmp_path: Path, base_url: str, fallback: str = "") -> Engine:
 
 
 def _fill(engine: Engine) -> str:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     for i in range(8):
         engine.append(sid, agent_turn(i))
     return sid

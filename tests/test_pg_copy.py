@@ -46,7 +46,7 @@ def test_migrate_creates_then_reports_current(pg_cluster: PgCluster, pg_dsn: str
 def _build_archive(data: Path) -> str:
     cfg = make_config(data, max_active_messages=30, keep_messages=8)
     e = Engine(cfg)
-    sid = e.create_session(title="to copy", metadata={"team": "a"})["sessionId"]
+    sid = e.create_session(title="to copy", metadata={"team": "a"}).session_id
     e.append(sid, [{"role": "system", "content": "You are terse."}])
     for i in range(12):
         e.append(sid, agent_turn(i), client_batch_id=f"b{i}")
@@ -58,7 +58,7 @@ def _build_archive(data: Path) -> str:
         {"id": "call_x", "type": "function", "function": {"name": "shell", "arguments": "{}"}}
     ]}])
     e.request_approval(sid, run["runId"], "call_x", "shell", {"cmd": "ls"})
-    other = e.create_session(title="second")["sessionId"]
+    other = e.create_session(title="second").session_id
     e.append(other, [{"role": "user", "content": "hello"}])
     e.close()
     return sid
@@ -111,7 +111,7 @@ def test_copy_is_faithful_resumable_and_idempotent(tmp_path: Path, pg_cluster: P
         # the copy goes on working as an archive: the next id follows the copied ones
         with psycopg.connect(pg_dsn) as c:
             top = c.execute("SELECT max(id) FROM messages").fetchone()[0]
-        fresh = pg_engine.create_session()["sessionId"]
+        fresh = pg_engine.create_session().session_id
         new = pg_engine.append(fresh, [{"role": "user", "content": "after the move"}])
         assert new.message_ids == [top + 1]
     finally:
@@ -127,7 +127,7 @@ def test_copy_refuses_a_foreign_target(tmp_path: Path, pg_dsn: str) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     _build_archive(a)
     e = Engine(make_config(b))
-    s = e.create_session()["sessionId"]
+    s = e.create_session().session_id
     for i in range(20):
         e.append(s, [{"role": "user", "content": f"other {i}"}])
     e.close()

@@ -46,8 +46,8 @@ def test_a_tail_behind_other_sessions_rows_is_read_through_its_session_index(
     store = PostgresStore(pg_dsn)
     engine = Engine(make_config(tmp_path, max_active_messages=10**6), store=store)
     try:
-        quiet = engine.create_session()["sessionId"]
-        busy = engine.create_session()["sessionId"]
+        quiet = engine.create_session().session_id
+        busy = engine.create_session().session_id
         # the two sessions' rows interleaved, then 30,000 newer rows of the busy one
         for b in range(10):
             for sid in (quiet, busy):
@@ -87,7 +87,7 @@ def test_a_tail_of_one_of_a_few_long_sessions_reads_only_its_rows(
     store = PostgresStore(pg_dsn)
     engine = Engine(make_config(tmp_path, max_active_messages=10**6), store=store)
     try:
-        sessions = [engine.create_session()["sessionId"] for _ in range(4)]
+        sessions = [engine.create_session().session_id for _ in range(4)]
         for sid in sessions:
             for b in range(10):
                 done = engine.append(sid, [{"role": "user", "content": f"{b} {i}"}
@@ -110,7 +110,7 @@ def test_a_tail_of_one_of_a_few_long_sessions_reads_only_its_rows(
 def test_a_copy_leaves_fresh_statistics(tmp_path: Path, pg_dsn: str) -> None:
     data = tmp_path / "data"
     e = Engine(make_config(data))
-    sid = e.create_session()["sessionId"]
+    sid = e.create_session().session_id
     e.append(sid, [{"role": "user", "content": f"m{i}"} for i in range(50)])
     e.close()
     assert copy_sqlite_to_postgres(data, pg_dsn)["messages"] == 50

@@ -57,7 +57,7 @@ def test_a_turn_costs_three_round_trips_to_append_two_to_read_one_for_status(
 ) -> None:
     proxy, _ = proxied
     e = engine_far
-    sid = e.create_session(title="far")["sessionId"]
+    sid = e.create_session(title="far").session_id
     e.append(sid, [{"role": "system", "content": "You are terse."}])
     e.get_context(sid)
     replies = ContextReplies(e, 1 << 30)
@@ -97,7 +97,7 @@ def test_an_append_in_a_run_keeps_the_run_in_its_status(
 ) -> None:
     proxy, _ = proxied
     e = engine_far
-    sid = e.create_session()["sessionId"]
+    sid = e.create_session().session_id
     e.append(sid, [{"role": "user", "content": "warm"}])  # the connections made once
     run = e.start_run(sid)["runId"]
     n, res = counted(proxy, lambda: e.append(sid, [{"role": "user", "content": "go"}],
@@ -117,7 +117,7 @@ def test_a_busy_session_is_refused_and_nothing_is_written(
     import psycopg
 
     e = engine_far
-    sid = e.create_session()["sessionId"]
+    sid = e.create_session().session_id
     e.append(sid, [{"role": "user", "content": "first"}])
     with psycopg.connect(pg_dsn) as other:
         other.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", (sid,))

@@ -13,10 +13,11 @@ from ctxd.daemon.projection import RECALL_HEADER
 from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
 from ctxd.daemon.summary import Summary, SummaryRequest
 from ctxd.protocol.errors import SummarizerFailed
+from ctxd.protocol.types import CompactResult
 
 
 def _session(engine: Engine, turns: int) -> str:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     engine.append(sid, [{"role": "system", "content": "You are an agent."}])
     engine.append(sid, [{"role": "user", "content": "The deploy password rotates on "
                                                     "Fridays; remember the walrus."}])
@@ -71,13 +72,13 @@ class ModelLikeSummarizer(BuiltinSummarizer):
     drifts = True
 
 
-def _compact_rounds(engine: Engine, sid: str, rounds: int) -> list[dict]:
+def _compact_rounds(engine: Engine, sid: str, rounds: int) -> list[CompactResult]:
     results = []
     for round_ in range(rounds):
         for i in range(6):
             engine.append(sid, agent_turn(100 * (round_ + 1) + i))
         results.append(asyncio.run(engine.compact(sid, force=True)))
-    assert all(r["effective"] for r in results)
+    assert all(r.effective for r in results)
     return results
 
 
@@ -85,12 +86,12 @@ def test_drift_bound_rederives_from_the_archive(tmp_path: Path) -> None:
     engine = Engine(make_config(tmp_path, rederive_after=2), summarizer=ModelLikeSummarizer())
     sid = _session(engine, 4)
     results = _compact_rounds(engine, sid, 4)
-    assert [r["rederived"] for r in results] == [False, False, True, False]
+    assert [r.rederived for r in results] == [False, False, True, False]
     summary = engine.context_state(sid).summary
     # the re-derived summary starts again from the first archived message after the
     # system prompt, and its provenance restarts at that compaction
     assert summary.covers_from == 2
-    assert summary.compaction_ids == [results[2]["compactionId"], results[3]["compactionId"]]
+    assert summary.compaction_ids == [results[2].compaction_id, results[3].compaction_id]
     assert summary.depth == 1
     engine.close()
 
@@ -99,7 +100,7 @@ def test_the_extractive_builtin_summarizer_is_never_rederived(tmp_path: Path) ->
     engine = Engine(make_config(tmp_path, rederive_after=2))
     sid = _session(engine, 4)
     results = _compact_rounds(engine, sid, 4)
-    assert [r["rederived"] for r in results] == [False] * 4
+    assert [r.rederived for r in results] == [False] * 4
     assert engine.context_state(sid).summary.depth == 4
     engine.close()
 
@@ -111,15 +112,15 @@ def test_rebuild_dry_run_previews_without_committing(engine: Engine) -> None:
     before_ctx = engine.context_messages(sid)
     before = engine.status(sid)
     preview = asyncio.run(engine.rebuild(sid, dry_run=True))
-    assert preview["dryRun"] is True and preview["compactionId"] is None
+    assert preview.dry_run is True and preview.compaction_id is None
     assert engine.context_messages(sid) == before_ctx
     assert engine.status(sid).version == before.version
-    assert preview["diff"]["messages"] == preview["after"]["messages"] - before.active_messages
-    assert preview["diff"]["tokens"] == preview["after"]["tokens"] - before.estimated_tokens
-    assert len(preview["messages"]) == preview["after"]["messages"]
+    assert preview.diff["messages"] == preview.after.messages - before.active_messages
+    assert preview.diff["tokens"] == preview.after.tokens - before.estimated_tokens
+    assert len(preview.messages) == preview.after.messages
     committed = asyncio.run(engine.rebuild(sid))
-    assert engine.context_messages(sid) == preview["messages"]
-    assert committed["after"] == preview["after"]
+    assert engine.context_messages(sid) == preview.messages
+    assert committed.after == preview.after
 
 
 class FailingSummarizer:
@@ -149,7 +150,7 @@ def test_three_auto_failures_pause_until_a_manual_success(tmp_path: Path) -> Non
     log = engine.compaction_log(sid)
     assert len(log) == 3 and all("HTTP 500" in (row.error or "") for row in log)
     summarizer.fail = False
-    assert asyncio.run(engine.compact(sid))["effective"]
+    assert asyncio.run(engine.compact(sid)).effective
     assert engine.status(sid).auto_compaction_paused is False
     engine.close()
 
@@ -158,6 +159,6 @@ def test_pending_tool_call_at_the_end_is_never_summarized(engine: Engine) -> Non
     sid = _session(engine, 21)
     call, _ = tool_turn(777)
     engine.append(sid, [call])
-    assert asyncio.run(engine.compact(sid, force=True))["effective"]
+    assert asyncio.run(engine.compact(sid, force=True)).effective
     ctx = engine.context_messages(sid)
     assert any(c["id"] == "call_777" for m in ctx for c in m.get("tool_calls") or ())

@@ -17,7 +17,7 @@ from ctxd.protocol.errors import CtxdError, InvalidParams, NotFound
 
 @pytest.fixture
 def sid(engine: Engine) -> str:
-    s = engine.create_session()["sessionId"]
+    s = engine.create_session().session_id
     engine.append(s, [
         {"role": "user", "content": "我们需要讨论上下文压缩策略，以及数据库迁移。"},
         {"role": "assistant", "content": "The compaction strategy keeps a tail of recent "
@@ -76,8 +76,8 @@ def test_advanced_mode_passes_syntax_and_types_its_errors(engine: Engine, sid: s
 
 
 def test_filters_paging_and_newest_first(engine: Engine) -> None:
-    a = engine.create_session()["sessionId"]
-    b = engine.create_session()["sessionId"]
+    a = engine.create_session().session_id
+    b = engine.create_session().session_id
     for i in range(6):
         engine.append(a, [{"role": "user", "content": f"deploy number {i}"}])
     engine.append(b, [{"role": "user", "content": "deploy elsewhere"}])
@@ -93,12 +93,12 @@ def test_filters_paging_and_newest_first(engine: Engine) -> None:
 
 
 def test_hits_say_whether_they_are_still_in_context(engine: Engine) -> None:
-    s = engine.create_session()["sessionId"]
+    s = engine.create_session().session_id
     engine.append(s, [{"role": "user", "content": "remember the zebra protocol"}])
     for i in range(25):
         engine.append(s, agent_turn(i))
     assert engine.search("zebra", session_id=s)[0]["inActiveContext"] is True
-    assert asyncio.run(engine.compact(s))["effective"]
+    assert asyncio.run(engine.compact(s)).effective
     assert engine.search("zebra", session_id=s)[0]["inActiveContext"] is False
 
 
@@ -116,7 +116,7 @@ def test_search_tool_schema_and_executor(engine: Engine, sid: str) -> None:
     assert _ids(out.data["hits"]) == [5]
     none = recall.call_tool(engine, sid, "search_past_messages", {"query": "unicorn"})
     assert none.data["hits"] == [] and "No earlier messages" in none.content
-    other = engine.create_session()["sessionId"]
+    other = engine.create_session().session_id
     scoped = recall.call_tool(engine, other, "search_past_messages", {"query": "压缩"})
     assert scoped.data["hits"] == []
     everywhere = recall.call_tool(engine, other, "search_past_messages",
@@ -131,7 +131,7 @@ def test_search_tool_schema_and_executor(engine: Engine, sid: str) -> None:
 
 
 def test_explain_resolves_every_summary_pointer(engine: Engine) -> None:
-    s = engine.create_session()["sessionId"]
+    s = engine.create_session().session_id
     engine.append(s, [{"role": "user", "content": "You must keep the API stable."}])
     for i in range(25):
         engine.append(s, agent_turn(i))

@@ -35,7 +35,7 @@ BROAD = " ".join(WORDS[: QUERY_TERMS_MAX - 1]) + " zebracorn"
 def big_archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
     root = tmp_path_factory.mktemp("bigsearch")
     engine = Engine(Config(data_dir=root / "data"))
-    sid = engine.create_session(session_id="big")["sessionId"]
+    sid = engine.create_session(session_id="big").session_id
     rnd = random.Random(9)
     for start in range(0, MESSAGES, 5000):
         engine.append(sid, [

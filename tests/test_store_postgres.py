@@ -96,7 +96,7 @@ def test_context_edits_read_what_another_daemon_wrote_meanwhile(
     two_engines: tuple[Engine, Engine], pg_dsn: str,
 ) -> None:
     a, b = two_engines
-    sid = a.create_session()["sessionId"]
+    sid = a.create_session().session_id
     a.append(sid, [{"role": "user", "content": f"m{i}"} for i in range(4)])
     late: list[int] = []
 
@@ -134,7 +134,7 @@ def test_events_too_large_for_a_notification_still_cross(
     # A's own events are Structs; B's relayed ones are rebuilt in their wire form
     a.add_listener(lambda sid, m, p: local.append((m, msgspec.to_builtins(p))))
     b.add_listener(lambda sid, m, p: relayed.append((m, msgspec.to_builtins(p))))
-    sid = a.create_session()["sessionId"]
+    sid = a.create_session().session_id
     a.append(sid, [{"role": "user", "content": f"m{i}"} for i in range(1200)])
     context_edit.pop(a, sid, 1000)  # 1000 ids would not fit in one notification
     deadline = time.monotonic() + 30
@@ -165,7 +165,7 @@ def test_archive_count_counts_on_across_daemons_and_rollbacks(
     appends through another daemon on the same database are seen, rows of a transaction
     that rolls back are not kept."""
     a, b = two_engines
-    sid = a.create_session()["sessionId"]
+    sid = a.create_session().session_id
     for i in range(3):
         a.append(sid, [{"role": "user", "content": f"a {i}"}])
     assert a.status(sid).archive_messages == 3
@@ -188,7 +188,7 @@ def test_status_says_compacting_while_another_daemon_holds_the_session(
     then: true while A holds the session's lock, false (and forgotten) once it is let go
     or when A never said it ended."""
     a, b = two_engines
-    sids = [a.create_session()["sessionId"] for _ in range(6)]  # hashes of both signs
+    sids = [a.create_session().session_id for _ in range(6)]  # hashes of both signs
     for sid in sids:
         begin = events.reference(a.store.origin, sid, "$/progress", {
             "sessionId": sid, "token": f"cmp_{sid}",
@@ -218,7 +218,7 @@ def test_a_compaction_waiting_for_another_daemons_ends_its_progress_when_the_ser
     """B waits for A's compaction; B's connection is cut meanwhile: B's request fails
     with a typed storage error and its progress ends, and B compacts again afterwards."""
     a, b = two_engines
-    sid = a.create_session()["sessionId"]
+    sid = a.create_session().session_id
     for i in range(12):
         a.append(sid, [{"role": "user", "content": f"turn {i}"},
                        {"role": "assistant", "content": f"answer {i}"}])
@@ -241,7 +241,7 @@ def test_a_compaction_waiting_for_another_daemons_ends_its_progress_when_the_ser
     assert progress[0]["kind"] == "begin" and progress[-1]["kind"] == "end"
     assert not b.status(sid).compacting
     a.store.release_compaction_lock(sid)
-    assert asyncio.run(b.compact(sid, force=True))["effective"]
+    assert asyncio.run(b.compact(sid, force=True)).effective
 
 
 def test_an_unwatched_session_relays_nothing_yet_its_compaction_is_known(
@@ -252,7 +252,7 @@ def test_an_unwatched_session_relays_nothing_yet_its_compaction_is_known(
     a, b = two_engines
     relayed: list[str] = []
     b.add_listener(lambda sid, m, p: relayed.append(m))
-    sid = a.create_session()["sessionId"]
+    sid = a.create_session().session_id
     appended = {"m": "session/didAppend", "s": sid, "o": a.store.origin,
                 "b": a.append(sid, [{"role": "user", "content": "m"}]).batch_id}
     events.relay(b, appended, lambda s: False)
@@ -291,7 +291,7 @@ def test_a_listener_thread_that_ended_is_started_again_and_reads_what_it_missed(
 
     b.store.listen(on_event)
     assert b.store.listening.wait(30)
-    sid = a.create_session()["sessionId"]
+    sid = a.create_session().session_id
     first = a.append(sid, [{"role": "user", "content": "one"}]).batch_id
     deadline = time.monotonic() + 30
     while b.store._listener.is_alive():

@@ -473,13 +473,13 @@ def test_every_form_survives_three_later_compactions_in_the_engine(tmp_path: Pat
     engine = Engine(make_config(tmp_path, keep_messages=4))
     try:
         for lang in ("en", "zh"):
-            sid = engine.create_session(title=f"artifacts-{lang}")["sessionId"]
+            sid = engine.create_session(title=f"artifacts-{lang}").session_id
             engine.append(sid, [{"role": "system", "content": "You are a coding agent."}])
             produced, expected = _produce(lang)
             engine.append(sid, produced)
             for i in range(3):
                 engine.append(sid, _turn(i, lang))
-            assert asyncio.run(engine.compact(sid))["effective"]
+            assert asyncio.run(engine.compact(sid)).effective
             lines = _summary_lines(engine, sid)
             for text in expected:
                 assert f"- {text}" in lines, text
@@ -497,7 +497,7 @@ def test_every_form_survives_three_later_compactions_in_the_engine(tmp_path: Pat
                 ])
                 for i in range(2):
                     engine.append(sid, _turn(100 + 10 * round_ + i, lang))
-                assert asyncio.run(engine.compact(sid))["effective"]
+                assert asyncio.run(engine.compact(sid)).effective
             lines = _summary_lines(engine, sid)
             for text in expected:
                 assert f"- {text}" in lines, text

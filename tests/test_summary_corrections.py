@@ -301,7 +301,7 @@ FILLER = "Done. " + "I went through the module and left the behaviour as it was.
 
 def _compacted_session(engine: Engine, texts: list[str], filler_zh: bool) -> tuple[str, list[int]]:
     """Each text in its own compaction, with filler turns between them."""
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     ids: list[int] = []
     for n, text in enumerate(texts):
         [mid] = engine.append(sid, [{"role": "user", "content": text}]).message_ids
@@ -312,7 +312,7 @@ def _compacted_session(engine: Engine, texts: list[str], filler_zh: bool) -> tup
             engine.append(sid, [{"role": "assistant", "content": FILLER},
                                 {"role": "user", "content": ask},
                                 {"role": "assistant", "content": FILLER}])
-        assert asyncio.run(engine.compact(sid))["effective"]
+        assert asyncio.run(engine.compact(sid)).effective
     return sid, ids
 
 

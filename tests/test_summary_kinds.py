@@ -295,8 +295,8 @@ DONE = "Done. " + "I went through the module and left the behaviour as it was. "
 def test_pointers_are_session_ordinals_mapped_exactly_in_explain(tmp_path: Path) -> None:
     engine = Engine(make_config(tmp_path, keep_messages=4))
     try:
-        other = engine.create_session()["sessionId"]
-        sid = engine.create_session()["sessionId"]
+        other = engine.create_session().session_id
+        sid = engine.create_session().session_id
         ids: list[int] = []
         # three compactions: each counts its ordinals on from the last one's
         for i in range(36):
@@ -307,7 +307,7 @@ def test_pointers_are_session_ordinals_mapped_exactly_in_explain(tmp_path: Path)
             ids += engine.append(sid, [{"role": "user", "content": text},
                                        {"role": "assistant", "content": DONE}]).message_ids
             if i % 12 == 11:
-                assert asyncio.run(engine.compact(sid))["effective"]
+                assert asyncio.run(engine.compact(sid)).effective
         ordinal = {mid: n for n, mid in enumerate(ids, start=1)}
         out = explain(engine, sid)
         assert out.broken_pointers == 0
@@ -334,7 +334,7 @@ def test_search_marks_a_superseded_statement_and_ranks_its_correction_above(
 ) -> None:
     engine = Engine(make_config(tmp_path, keep_messages=2))
     try:
-        sid = engine.create_session()["sessionId"]
+        sid = engine.create_session().session_id
         [old] = engine.append(sid, [{"role": "user", "content":
                                      "Set the importer batch size to 500 records."}]).message_ids
         engine.append(sid, [{"role": "assistant", "content": DONE}])
@@ -350,7 +350,7 @@ def test_search_marks_a_superseded_statement_and_ranks_its_correction_above(
         out = call_tool(engine, sid, "search_past_messages", {"query": "importer batch size"})
         assert f"superseded by msg {new}" in out.content
 
-        zh = engine.create_session()["sessionId"]
+        zh = engine.create_session().session_id
         [old] = engine.append(zh, [{"role": "user", "content":
                                     "对账任务的批处理大小设为 500 条。"}]).message_ids
         engine.append(zh, [{"role": "assistant", "content": DONE}])

@@ -424,7 +424,7 @@ REPLY = "Done. " + "I checked the module, ran its tests and they pass. " * 6
 def test_real_rules_survive_compactions_of_many_routine_steps(tmp_path: Path) -> None:
     engine = Engine(make_config(tmp_path, keep_messages=4))
     try:
-        sid = engine.create_session()["sessionId"]
+        sid = engine.create_session().session_id
         engine.append(sid, [
             {"role": "user", "content": "数据库迁移必须在周五之前完成，熊猫团队负责审核。"},
             {"role": "assistant", "content": "好的。"},
@@ -445,7 +445,7 @@ def test_real_rules_survive_compactions_of_many_routine_steps(tmp_path: Path) ->
                     {"role": "assistant", "content": REPLY},
                 ])
                 step += 1
-            assert asyncio.run(engine.compact(sid))["effective"]
+            assert asyncio.run(engine.compact(sid)).effective
         summary = engine.context_state(sid).summary
         assert step - 1 >= 75
         assert texts(summary, "constraints") == [

@@ -23,6 +23,7 @@ from ctxd.daemon.summarizers.builtin import BuiltinSummarizer
 from ctxd.daemon.summary import Summary, SummaryRequest
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import ApprovalPending
+from ctxd.protocol.types import CompactResult
 
 SHARE = load_config(environ={}).compaction.summary_share
 
@@ -98,9 +99,9 @@ def recount(engine: Engine, sid: str) -> tuple[int, int]:
     return len(msgs), sum(engine.tokens.count_message(m) for m in msgs)
 
 
-def replaced_tokens(engine: Engine, sid: str, result: dict[str, Any]) -> int:
+def replaced_tokens(engine: Engine, sid: str, result: CompactResult) -> int:
     archive = engine.read_archive(sid, limit=5000).messages
-    lo, hi = result["summarizedFrom"], result["summarizedTo"]
+    lo, hi = result.summarized_from, result.summarized_to
     return sum(m["tokens"] for m in archive if lo <= m["id"] <= hi)
 
 
@@ -136,11 +137,11 @@ def test_small_span_summary_is_a_share_of_what_it_replaces(tmp_path: Path,
                                                            session: list[dict[str, Any]]) -> None:
     engine = Engine(make_config(tmp_path))
     try:
-        sid = engine.create_session()["sessionId"]
+        sid = engine.create_session().session_id
         engine.append(sid, [{"role": "system", "content": "You are a coding agent."}])
         engine.append(sid, session)
         result = asyncio.run(engine.compact(sid, force=True))
-        assert result["effective"], result
+        assert result.effective, result
         st = engine.context_state(sid)
         replaced = replaced_tokens(engine, sid, result)
         assert replaced < 5000
@@ -149,7 +150,7 @@ def test_small_span_summary_is_a_share_of_what_it_replaces(tmp_path: Path,
             text, replaced, st.summary.render())
         # the whole summary message (header included) is smaller than what it replaced
         assert st.summary_tokens < replaced
-        assert result["after"]["tokens"] < result["before"]["tokens"]
+        assert result.after.tokens < result.before.tokens
         # the rule is kept verbatim
         rule = RULE_EN if session is EN_SESSION else RULE_ZH
         assert rule.rstrip(".") in summary_text(engine, sid)
@@ -162,7 +163,7 @@ def test_small_span_summary_is_a_share_of_what_it_replaces(tmp_path: Path,
 def test_summary_budget_still_bounds_every_summary(tmp_path: Path) -> None:
     engine = Engine(make_config(tmp_path, summary_budget_tokens=300))
     try:
-        sid = engine.create_session()["sessionId"]
+        sid = engine.create_session().session_id
         for i in range(40):
             engine.append(sid, agent_turn(i))
             engine.append(sid, [user(f"Always keep the payload of endpoint {i} under 4 KB.")])
@@ -212,7 +213,7 @@ def test_no_compaction_makes_the_model_input_bigger(tmp_path: Path) -> None:
     results: list[dict[str, Any]] = []
     try:
         for shape in range(24):
-            sid = engine.create_session()["sessionId"]
+            sid = engine.create_session().session_id
             if shape % 3 == 0:
                 engine.add_pin(sid, "Deploy only from the release branch.")
             for turn in _random_session(rng, rng.randint(4, 45)):
@@ -226,12 +227,12 @@ def test_no_compaction_makes_the_model_input_bigger(tmp_path: Path) -> None:
             check_pairs(engine.context_messages(sid))
             assert (engine.status(sid).active_messages,
                     engine.status(sid).estimated_tokens) == recount(engine, sid)
-        assert sum(1 for r in results if r["effective"]) >= 20
+        assert sum(1 for r in results if r.effective) >= 20
         for r in results:
-            assert r["after"]["tokens"] <= r["before"]["tokens"], r
-            assert r["after"]["messages"] <= r["before"]["messages"], r
-            if r["effective"]:
-                assert r["after"]["tokens"] < r["before"]["tokens"], r
+            assert r.after.tokens <= r.before.tokens, r
+            assert r.after.messages <= r.before.messages, r
+            if r.effective:
+                assert r.after.tokens < r.before.tokens, r
     finally:
         engine.close()
 
@@ -245,17 +246,17 @@ def _short_messages(n: int, start: int = 0) -> list[dict[str, Any]]:
 
 
 def test_forced_compaction_of_80_short_messages_is_effective(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     engine.append(sid, _short_messages(80))
     result = asyncio.run(engine.compact(sid, force=True))
-    assert result["effective"], result
-    assert result["after"]["tokens"] < result["before"]["tokens"]
-    assert result["after"]["messages"] <= 1 + 6  # the summary and a short tail
+    assert result.effective, result
+    assert result.after.tokens < result.before.tokens
+    assert result.after.messages <= 1 + 6  # the summary and a short tail
 
 
 @pytest.mark.parametrize("n", [10, 11, 13, 17, 26])
 def test_forced_compaction_of_ten_or_more_messages_is_effective(engine: Engine, n: int) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     msgs: list[dict[str, Any]] = [user("Refactor the billing client; keep its public API.")]
     i = 0
     while len(msgs) < n:
@@ -265,7 +266,7 @@ def test_forced_compaction_of_ten_or_more_messages_is_effective(engine: Engine, 
     engine.append(sid, msgs)
     before = engine.context_messages(sid)
     result = asyncio.run(engine.compact(sid, force=True))
-    assert result["effective"], result
+    assert result.effective, result
     after = engine.context_messages(sid)
     check_pairs(after)
     assert len(after) < len(before)
@@ -288,29 +289,29 @@ def _file_requests(n: int, start: int, zh: bool) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("zh", [False, True], ids=["en", "zh"])
 def test_manual_compaction_right_after_an_automatic_one(engine: Engine, zh: bool) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     engine.append(sid, [{"role": "system", "content": "You are a careful agent."}])
     engine.append(sid, _file_requests(42, 0, zh))  # 85 messages: over the limit
     assert engine.auto_compaction_due(sid)
     auto = asyncio.run(engine.compact(sid, trigger="auto"))
-    assert auto["effective"], auto
+    assert auto.effective, auto
     engine.append(sid, _file_requests(1, 100, zh))
     assert engine.status(sid).active_messages >= 26
     manual = asyncio.run(engine.compact(sid, force=True))
-    assert manual["effective"], manual
-    assert manual["after"]["tokens"] < manual["before"]["tokens"]
+    assert manual.effective, manual
+    assert manual.after.tokens < manual.before.tokens
     check_pairs(engine.context_messages(sid))
     # and again, right away: still shrinks while 10 or more messages are there
     engine.append(sid, _file_requests(5, 200, zh))
     while engine.status(sid).active_messages >= 10:
         again = asyncio.run(engine.compact(sid, force=True))
-        assert again["effective"], again
+        assert again.effective, again
     assert (engine.status(sid).active_messages,
             engine.status(sid).estimated_tokens) == recount(engine, sid)
 
 
 def test_forced_compaction_leaves_a_pending_approval_alone(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     for i in range(4):
         engine.append(sid, agent_turn(i))
     run = engine.start_run(sid)
@@ -326,7 +327,7 @@ def test_forced_compaction_leaves_a_pending_approval_alone(engine: Engine) -> No
     engine.append(sid, [result], run_id=run["runId"])
     engine.finish_run(run["runId"], "completed")
     out = asyncio.run(engine.compact(sid, force=True))
-    assert out["effective"], out
+    assert out.effective, out
     check_pairs(engine.context_messages(sid))
 
 
@@ -395,7 +396,7 @@ def test_routine_lines_go_before_rules(zh: bool) -> None:
 def test_rules_survive_many_compactions_of_routine_turns(tmp_path: Path, zh: bool) -> None:
     engine = Engine(make_config(tmp_path))
     try:
-        sid = engine.create_session()["sessionId"]
+        sid = engine.create_session().session_id
         engine.append(sid, [user(RULE_ZH), assistant("好的。"), user(RULE_EN),
                             assistant("Understood.")])
         n = 0
@@ -403,15 +404,15 @@ def test_rules_survive_many_compactions_of_routine_turns(tmp_path: Path, zh: boo
             for _ in range(25):
                 n += 1
                 engine.append(sid, step_turn(n, zh))
-            assert asyncio.run(engine.compact(sid))["effective"]
+            assert asyncio.run(engine.compact(sid)).effective
             text = summary_text(engine, sid)
             assert RULE_ZH in text and RULE_EN.rstrip(".") in text, text[:600]
         rebuilt = asyncio.run(engine.rebuild(sid))
-        assert rebuilt["compactionId"]
+        assert rebuilt.compaction_id
         text = summary_text(engine, sid)
         assert RULE_ZH in text and RULE_EN.rstrip(".") in text
         # a rebuild re-derives the summary; it does not bring messages back
-        assert rebuilt["after"]["messages"] <= rebuilt["before"]["messages"]
+        assert rebuilt.after.messages <= rebuilt.before.messages
     finally:
         engine.close()
 
@@ -435,7 +436,7 @@ def test_instructions_keep_matching_items_and_are_logged(tmp_path: Path, zh: boo
     try:
         sids = []
         for focus in (None, special):
-            sid = engine.create_session()["sessionId"]
+            sid = engine.create_session().session_id
             for k, topic in enumerate(topics):
                 ask = (f"请改进{topic}的交互，参考第 {k} 版设计稿。" if zh
                        else f"Improve the {topic} interactions, following design draft {k}.")
@@ -457,28 +458,28 @@ def test_instructions_keep_matching_items_and_are_logged(tmp_path: Path, zh: boo
 
 
 def test_instructions_on_a_context_too_small_say_so(engine: Engine) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     engine.append(sid, [user("hello"), assistant("hi")])
     out = asyncio.run(engine.compact(sid, instructions="keep the deployment rules"))
-    assert out["effective"] is False and out["compactionId"] is None
-    assert out["instructionsApplied"] is False
-    assert "instructions were not applied" in out["reason"]
+    assert out.effective is False and out.compaction_id is None
+    assert out.instructions_applied is False
+    assert "instructions were not applied" in out.reason
     assert engine.compaction_log(sid)[0].instructions == "keep the deployment rules"
-    applied = engine.create_session()["sessionId"]
+    applied = engine.create_session().session_id
     engine.append(applied, EN_SESSION)
     ok = asyncio.run(engine.compact(applied, force=True, instructions="keep the CSV rules"))
-    assert ok["effective"] and ok["instructionsApplied"] is True
+    assert ok.effective and ok.instructions_applied is True
 
 
 def test_force_keep_messages_sets_the_tail_of_a_forced_compaction(tmp_path: Path) -> None:
     for keep in (2, 10):
         engine = Engine(make_config(tmp_path / str(keep), force_keep_messages=keep))
         try:
-            sid = engine.create_session()["sessionId"]
+            sid = engine.create_session().session_id
             engine.append(sid, _short_messages(60))
             out = asyncio.run(engine.compact(sid, force=True))
-            assert out["effective"], out
+            assert out.effective, out
             # the summary message and a tail of about `keep` (a user message stays first)
-            assert keep - 1 <= out["after"]["messages"] - 1 <= keep + 1, out
+            assert keep - 1 <= out.after.messages - 1 <= keep + 1, out
         finally:
             engine.close()

@@ -58,13 +58,13 @@ def model_input(messages: list[dict[str, Any]]) -> str:
 def test_manual_compaction_of_tiny_rules_is_effective(
     engine: Engine, n: int, zh: bool, replies: bool
 ) -> None:
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     msgs = tiny_rules(n, zh, replies)
     engine.append(sid, msgs)
     result = asyncio.run(engine.compact(sid, force=True))
-    assert result["effective"], result
-    assert result["after"]["tokens"] < result["before"]["tokens"]
-    assert result["after"]["messages"] < result["before"]["messages"]
+    assert result.effective, result
+    assert result.after.tokens < result.before.tokens
+    assert result.after.messages < result.before.messages
     after = engine.context_messages(sid)
     text = model_input(after)
     # every rule is still in the model input, in its own words
@@ -79,21 +79,21 @@ def test_manual_compaction_of_tiny_rules_is_effective(
     out = explain(engine, sid)
     assert out.broken_pointers == 0
     cited = {src["snippet"].strip() for item in out.items for src in item["sources"]}
-    left = {m["content"] for m in msgs[: result["summarizedTo"]] if m["role"] == "user"}
+    left = {m["content"] for m in msgs[: result.summarized_to] if m["role"] == "user"}
     assert left <= cited
 
 
 def test_a_large_summary_keeps_a_pointer_per_line(engine: Engine) -> None:
     """The compact form is for small summaries only: one with many long rules keeps the
     full legend and a pointer on every line."""
-    sid = engine.create_session()["sessionId"]
+    sid = engine.create_session().session_id
     long_rules = [
         {"role": "user", "content": f"Never edit vendor/lib{i}.py by hand; regenerate it with "
                                     f"tools/gen_{i}.sh and commit the generator's output."}
         for i in range(30)
     ]
     engine.append(sid, long_rules)
-    assert asyncio.run(engine.compact(sid, force=True))["effective"]
+    assert asyncio.run(engine.compact(sid, force=True)).effective
     summary = engine.context_messages(sid)[0]["content"]
     assert "search_past_messages recalls the full text" in summary
     lines = [ln for ln in summary.splitlines() if ln.startswith("- ")]

@@ -14,7 +14,7 @@ MAX_SAFE_INTEGER = 2**53 - 1
 
 
 def fill(engine: Engine, title: str, n: int) -> str:
-    sid = engine.create_session(title=title)["sessionId"]
+    sid = engine.create_session(title=title).session_id
     for i in range(n):
         engine.append(sid, [{"role": "user", "content": f"message {i}"}])
     return sid
@@ -54,7 +54,7 @@ def test_archive_read_pages_backwards_to_the_start(engine: Engine) -> None:
 
 def test_session_list_filters_by_title_and_reports_last_activity(engine: Engine) -> None:
     titles = ["Refactor the parser", "refactor docs", "100% coverage", "a_b c", "数据库迁移", None]
-    sids = [engine.create_session(title=t)["sessionId"] for t in titles]
+    sids = [engine.create_session(title=t).session_id for t in titles]
     engine.append(sids[1], [{"role": "user", "content": "hi"}])
 
     def found(title: str) -> list[str | None]:
@@ -76,11 +76,11 @@ def test_session_list_filters_by_title_and_reports_last_activity(engine: Engine)
 
 
 def test_compaction_history_carries_archive_sizes(engine: Engine) -> None:
-    sid = engine.create_session(title="h")["sessionId"]
+    sid = engine.create_session(title="h").session_id
     for i in range(20):
         engine.append(sid, agent_turn(i))
     first = engine.compact_sync(sid, force=True)
-    assert first["effective"]
+    assert first.effective
     size_then = engine.archive_count(sid)
     tokens_then = sum(m["tokens"] for m in engine.read_archive(sid, 0, 5000).messages)
     # counted now, then continued from this checkpoint for the next compaction

@@ -19,7 +19,7 @@ from ctxd.daemon.stores.base import Store
 from ctxd.daemon.stores.sqlite.context_store import ContextState
 from ctxd.daemon.summary import Summary
 from ctxd.protocol.errors import CompactionInProgress
-from ctxd.protocol.types import Compaction
+from ctxd.protocol.types import Compaction, CompactResult, Size
 
 log = logging.getLogger("ctxd.compactor")
 
@@ -141,74 +141,74 @@ def apply_summary(
 
 def result(
     a: Attempt, o: Outcome, leaving: list[dict[str, Any]], rederived: bool
-) -> dict[str, Any]:
+) -> CompactResult:
     """What compact returns for an attempt that got as far as the commit."""
-    out: dict[str, Any] = {
-        "effective": o.effective,
-        "compactionId": a.cid if o.committed else None,
-        "before": o.before,
-        "after": o.after if o.committed else o.before,
-        "summarizedFrom": leaving[0]["id"] if leaving else None,
-        "summarizedTo": leaving[-1]["id"] if leaving else None,
-        "trigger": a.trigger,
-        "rederived": rederived,
-    }
+    out = CompactResult(
+        effective=o.effective,
+        compaction_id=a.cid if o.committed else None,
+        before=Size(**o.before),
+        after=Size(**(o.after if o.committed else o.before)),
+        summarized_from=leaving[0]["id"] if leaving else None,
+        summarized_to=leaving[-1]["id"] if leaving else None,
+        trigger=a.trigger,
+        rederived=rederived,
+    )
     if not o.effective and o.committed:
-        out["note"] = (
+        out.note = (
             "a rebuild is kept even when it does not shrink the context: it re-derives "
             "the context with the current strategy"
         )
     elif not o.effective:
-        out["reason"] = (
+        out.reason = (
             f"the new context would have {o.after['messages']} messages and "
             f"{o.after['tokens']} tokens against {o.before['messages']} and "
             f"{o.before['tokens']} now: a compaction must shrink both; nothing was changed"
         )
-        out["proposed"] = o.after
+        out.proposed = Size(**o.after)
     return out
 
 
 def preview(
     old: ContextState, o: Outcome, leaving: list[dict[str, Any]], rendered: list[dict[str, Any]]
-) -> dict[str, Any]:
+) -> CompactResult:
     """What a dry run returns: the context it would make (`rendered`) and the change."""
-    return {
-        "dryRun": True,
-        "effective": o.effective,
-        "compactionId": None,
-        "before": o.before,
-        "after": o.after,
-        "summarizedFrom": leaving[0]["id"] if leaving else None,
-        "summarizedTo": leaving[-1]["id"] if leaving else None,
-        "messages": rendered,
-        "diff": {
+    return CompactResult(
+        dry_run=True,
+        effective=o.effective,
+        compaction_id=None,
+        before=Size(**o.before),
+        after=Size(**o.after),
+        summarized_from=leaving[0]["id"] if leaving else None,
+        summarized_to=leaving[-1]["id"] if leaving else None,
+        messages=rendered,  # type: ignore[arg-type]  # encoded as stored
+        diff={
             "items": o.new.summary.item_count() - old.summary.item_count(),
             "messages": o.after["messages"] - o.before["messages"],
             "tokens": o.after["tokens"] - o.before["tokens"],
         },
-    }
+    )
 
 
-def not_effective(a: Attempt, before: dict[str, int], reason: str) -> dict[str, Any]:
+def not_effective(a: Attempt, before: dict[str, int], reason: str) -> CompactResult:
     """What compact returns when nothing could leave the context."""
-    return {
-        "effective": False,
-        "compactionId": None,
-        "before": before,
-        "after": before,
-        "summarizedFrom": None,
-        "summarizedTo": None,
-        "trigger": a.trigger,
-        "rederived": False,
-        "reason": reason,
-    }
+    return CompactResult(
+        effective=False,
+        compaction_id=None,
+        before=Size(**before),
+        after=Size(**before),
+        summarized_from=None,
+        summarized_to=None,
+        trigger=a.trigger,
+        rederived=False,
+        reason=reason,
+    )
 
 
-def say_instructions(result: dict[str, Any]) -> None:
+def say_instructions(result: CompactResult) -> None:
     """Instructions given to a compaction that committed nothing were not used: say so
     rather than drop them silently."""
-    applied = bool(result.get("compactionId"))
-    result["instructionsApplied"] = applied
+    applied = bool(result.compaction_id)
+    result.instructions_applied = applied
     if not applied:
-        why = result.get("reason") or "nothing was committed"
-        result["reason"] = f"{why}; the instructions were not applied (the summary is unchanged)"
+        why = result.reason or "nothing was committed"
+        result.reason = f"{why}; the instructions were not applied (the summary is unchanged)"

@@ -10,9 +10,10 @@ Drift control: each incremental summary builds on the last one, so errors compou
 After `rederive_after` incremental compactions, the next one re-derives the summary
 from the archive (in chunks) instead of from the previous summary.
 
-This module decides when and whether an attempt runs (limits, waiting, the shared lock,
-auto-compaction's retries and pause) and drives it; `inputs` reads what leaves
-and summarizes it, `commit` commits, logs and shapes the result.
+This module decides when and whether an attempt runs (limits, auto-compaction's retries
+and pause) and drives it; `one_at_a_time` keeps one compaction of a session running at a
+time (waiting, the lock shared with other daemons), `inputs` reads what leaves and
+summarizes it, `commit` commits, logs and shapes the result.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import msgspec
 from ctxd.daemon.busy import when_free
 from ctxd.daemon.compaction import commit, inputs, preambles
 from ctxd.daemon.compaction.commit import Attempt
+from ctxd.daemon.compaction.one_at_a_time import OneAtATime
 from ctxd.daemon.compaction.rules import rebuild_boundary, tail_boundary, valid_boundaries
 from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.ids import new_id
@@ -44,9 +46,12 @@ from ctxd.protocol.errors import (
 from ctxd.protocol.types import (
     Compaction,
     CompactionFailed,
+    CompactResult,
+    DidCompact,
     ErrorObject,
     Progress,
     ProgressValue,
+    Size,
     Status,
 )
 
@@ -55,10 +60,6 @@ log = logging.getLogger("ctxd.compactor")
 # auto-compaction pauses on a session after this many failures in a row, until a
 # manual compaction or a rebuild succeeds there
 MAX_AUTO_FAILURES = 3
-# a compaction waiting for another daemon's asks for the shared lock again after this
-# long, doubling up to the most (a short query each time)
-SHARED_POLL_FIRST = 0.05
-SHARED_POLL_MAX = 0.5
 
 
 def _nowhere(session_id: str) -> bool:
@@ -103,7 +104,7 @@ class Activity(NamedTuple):
 Emit = Callable[[str, str, msgspec.Struct], None]
 
 
-class Compactor:
+class Compactor(OneAtATime):
     def __init__(
         self,
         contexts: ActiveContexts,
@@ -174,7 +175,8 @@ class Compactor:
         instructions: str | None = None,
         trigger: str = "manual",
         dry_run: bool = False,
-    ) -> dict[str, Any]:
+    ) -> CompactResult | None:
+        """The result; None for an automatic one found no longer due."""
         self.contexts.require_session(session_id)
         cid = new_id("cmp")
         begun = False
@@ -221,13 +223,12 @@ class Compactor:
             # compacted the session since (compacting it again would only shrink the tail)
             self._unlock(session_id)
             log.info("auto-compaction of %s skipped: compacted meanwhile", session_id)
-            return {"effective": False, "compactionId": None, "trigger": trigger,
-                    "skipped": True}
+            return None
         try:
             result = await self._attempt(
                 session_id, force, instructions, trigger, dry_run, cid, begun
             )
-            if under and trigger == "manual" and not force and not result["effective"]:
+            if under and trigger == "manual" and not force and not result.effective:
                 self._say_under_limits(result)
             if instructions and not dry_run:
                 commit.say_instructions(result)
@@ -238,105 +239,28 @@ class Compactor:
         finally:
             self._unlock(session_id)
         if not dry_run:
-            if result.get("compactionId"):
+            if result.compaction_id:
                 self.auto_failures.pop(session_id, None)
             # sent once the attempt is over, so the status it carries is final
             self.emit(
                 session_id,
                 "context/didCompact",
-                {"sessionId": session_id, **result, "status": self.contexts.status(session_id)},
+                DidCompact(session_id=session_id, status=self.contexts.status(session_id),
+                           **_event_members(result)),
             )
         return result
 
-    def _unlock(self, session_id: str) -> None:
-        self.running.discard(session_id)
-        self._idle[session_id].set()
-        self._release_shared(session_id)
-
-    def _try_shared(self, session_id: str) -> bool:
-        """Take the session's compaction lock shared with other daemons (always granted
-        on a store of one daemon's own)."""
-        return self._shared_lock is None or self._shared_lock(session_id)
-
-    def _release_shared(self, session_id: str) -> None:
-        if self._shared_release is not None:
-            self._shared_release(session_id)
-
-    def _say_under_limits(self, result: dict[str, Any]) -> None:
+    def _say_under_limits(self, result: CompactResult) -> None:
         """A compaction nobody forced, of a context under its limits: that is the news."""
         p = self.policy
-        before = result["before"]
-        result["underLimits"] = True
-        result["limits"] = {"messages": p.max_active_messages, "tokens": p.max_active_tokens}
-        result["reason"] = (
-            f"the context is under its limits ({before['messages']} of "
-            f"{p.max_active_messages} messages, {before['tokens']} of {p.max_active_tokens} "
+        before = result.before
+        result.under_limits = True
+        result.limits = Size(messages=p.max_active_messages, tokens=p.max_active_tokens)
+        result.reason = (
+            f"the context is under its limits ({before.messages} of "
+            f"{p.max_active_messages} messages, {before.tokens} of {p.max_active_tokens} "
             "tokens): nothing is due; pass force to compact it anyway"
         )
-
-    async def _wait_for_running(self, session_id: str, cid: str, trigger: str) -> bool:
-        """Wait, at most `wait_seconds`, until no compaction of the session runs, here or
-        on another daemon sharing the store, and take the shared lock; reports the wait
-        as progress under `cid`. Returns True (progress has begun)."""
-        title = "Rebuilding context" if trigger == "rebuild" else "Compacting context"
-        self._progress(
-            session_id,
-            cid,
-            ProgressValue(
-                kind="begin",
-                title=title,
-                message="waiting for the compaction already running",
-                percentage=0,
-            ),
-        )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.policy.wait_seconds
-        self._waiting[session_id] = self._waiting.get(session_id, 0) + 1
-        poll = SHARED_POLL_FIRST
-        try:
-            # several waiters may wake together: whoever starts first runs, the others
-            # wait on
-            while True:
-                left = deadline - loop.time()
-                try:
-                    if session_id in self.running:
-                        if left <= 0:
-                            raise TimeoutError
-                        await asyncio.wait_for(self._idle[session_id].wait(), left)
-                        continue
-                    # checked with nothing awaited since: a lock this daemon holds is
-                    # granted to it again, so only a free session may ask for it
-                    if self._try_shared(session_id):
-                        break
-                    if left <= 0:
-                        raise TimeoutError
-                    # another daemon compacts it: its end is not told here, so look again
-                    # shortly (a short query each time; the event loop serves meanwhile)
-                    await asyncio.sleep(min(poll, left))
-                    poll = min(poll * 2, SHARED_POLL_MAX)
-                except TimeoutError:
-                    self._progress(session_id, cid, ProgressValue(kind="end", message="timed out"))
-                    raise CompactionInProgress(
-                        f"a compaction of this session was still running after "
-                        f"{self.policy.wait_seconds:g} s of waiting; wait for "
-                        "context/didCompact and try again",
-                        {"waitedSeconds": self.policy.wait_seconds},
-                    ) from None
-                except CtxdError:  # the shared store could not be asked (StorageError)
-                    self._progress(session_id, cid,
-                                   ProgressValue(kind="end", message="not started"))
-                    raise
-        finally:
-            self._waiting[session_id] -= 1
-            if not self._waiting[session_id]:
-                del self._waiting[session_id]
-        self._progress(
-            session_id,
-            cid,
-            ProgressValue(kind="report", message="the running compaction finished",
-                          percentage=0),
-        )
-        return True
 
     # one attempt
 
@@ -349,7 +273,7 @@ class Compactor:
         dry_run: bool,
         cid: str,
         begun: bool = False,
-    ) -> dict[str, Any]:
+    ) -> CompactResult:
         a = Attempt(cid, session_id, trigger, time.time(), instructions, dry_run)
         st = self.contexts.context_state(session_id)
         before = {"messages": st.rendered_messages, "tokens": st.rendered_tokens}
@@ -489,7 +413,7 @@ class Compactor:
         tail_start_id: int,
         leaving: list[dict[str, Any]],
         rederived: bool,
-    ) -> dict[str, Any]:
+    ) -> CompactResult:
         session_id = a.session_id
         with self.store.transaction(session_id):
             o = commit.apply_summary(
@@ -517,7 +441,7 @@ class Compactor:
         )
         return result
 
-    def _not_effective(self, a: Attempt, before: dict[str, int], reason: str) -> dict[str, Any]:
+    def _not_effective(self, a: Attempt, before: dict[str, int], reason: str) -> CompactResult:
         with self.store.transaction():
             commit.record(self.store, a, self._name(), before, before, False, False, [], None)
         if a.trigger == "auto":
@@ -543,3 +467,11 @@ class Compactor:
 
     def history(self, session_id: str, limit: int = 50) -> list[Compaction]:
         return self.store.compactions.history(session_id, limit)
+
+
+def _event_members(result: CompactResult) -> dict[str, Any]:
+    """The result's members that `context/didCompact` carries (all but a dry run's)."""
+    members = msgspec.structs.asdict(result)
+    for dry_run_only in ("dry_run", "messages", "diff"):
+        del members[dry_run_only]
+    return members

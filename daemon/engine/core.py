@@ -5,8 +5,9 @@ loop, or a library user's thread): APSW connections refuse concurrent use. Every
 is one explicit transaction; in-memory state is updated only after the commit, so a
 crash at any moment leaves the database as of the last acknowledged call.
 
-This module holds sessions, appends, status and compaction; the reads (the model input,
-the archive, search, pins) are in reads.py, runs and approvals in runs.py.
+This module holds sessions, appends and status; the reads (the model input, the archive,
+search, pins) are in reads.py, runs and approvals in runs.py, the compaction entry points
+in compaction_calls.py.
 What the engine keeps between requests (contexts, rendered model inputs, open runs and
 pending approvals) it keeps only on a store no other daemon writes.
 """
@@ -22,9 +23,10 @@ from typing import Any
 
 import msgspec
 
-from ctxd.daemon.compaction.compactor import Activity, Compactor, RunActivity
+from ctxd.daemon.compaction.compactor import Compactor
 from ctxd.daemon.config import Config
 from ctxd.daemon.engine.archive_sizes import ArchiveSizes
+from ctxd.daemon.engine.compaction_calls import CompactionCalls
 from ctxd.daemon.engine.context_view import ContextView
 from ctxd.daemon.engine.reads import ContextReads
 from ctxd.daemon.engine.run_book import RunBook
@@ -41,7 +43,6 @@ from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import Conflict, InvalidParams, SessionNotFound
 from ctxd.protocol.handlers import serves
 from ctxd.protocol.methods import (
-    CONTEXT_COMPACTIONS,
     CONTEXT_STATUS,
     SESSION_CREATE,
     SESSION_GET,
@@ -49,9 +50,9 @@ from ctxd.protocol.methods import (
 )
 from ctxd.protocol.types import (
     AppendResult,
-    Compaction,
     DidAppend,
     ListedSession,
+    Session,
     SessionGetResult,
     SessionListResult,
     Status,
@@ -68,7 +69,7 @@ EventListener = Callable[[str, str, "msgspec.Struct | dict[str, Any]"], None]
 _ASK: Any = object()
 
 
-class Engine(ContextReads, RunsAndApprovals):
+class Engine(ContextReads, RunsAndApprovals, CompactionCalls):
     def __init__(
         self,
         config: Config | None = None,
@@ -197,7 +198,7 @@ class Engine(ContextReads, RunsAndApprovals):
         title: str | None = None,
         metadata: dict[str, Any] | None = None,
         created_at: float | None = None,
-    ) -> dict[str, Any]:
+    ) -> Session:
         sid = session_id or new_id("ses")
         if created_at is not None:
             why = check_time(created_at)
@@ -216,7 +217,8 @@ class Engine(ContextReads, RunsAndApprovals):
         if not self.shared:
             self._archive_counts[sid] = 0
             self.run_book.created(sid)
-        return self.get_session(sid).session
+        # the store's record, camelCase keys in the Struct's order
+        return msgspec.convert(self.get_session(sid).session, Session)
 
     @serves(SESSION_GET)
     def get_session(self, session_id: str) -> SessionGetResult:
@@ -494,53 +496,3 @@ class Engine(ContextReads, RunsAndApprovals):
             summarizer_last_failure_at=summarizer["summarizerLastFailureAt"],
             summarizer_last_failure=summarizer["summarizerLastFailure"],
         )
-
-    # compaction (the Compactor does the work)
-
-    def over_limits(self, session_id: str) -> bool:
-        return self.compactor.over_limits(self.context_state(session_id))
-
-    def auto_compaction_due(self, session_id: str, status: RunActivity | None = None) -> bool:
-        """`status`: the session's status just read, if the caller has it (its open run and
-        pending approvals need not be asked for again)."""
-        if status is None and not self.shared:
-            # what the compactor would ask the store, answered from memory
-            status = Activity(self.run_book.pending_count(session_id),
-                              self.run_book.open_run_id(session_id))
-        return self.compactor.auto_due(session_id, status)
-
-    async def compact(
-        self,
-        session_id: str,
-        *,
-        force: bool = False,
-        instructions: str | None = None,
-        trigger: str = "manual",
-    ) -> dict[str, Any]:
-        return await self.compactor.compact(
-            session_id, force=force, instructions=instructions, trigger=trigger
-        )
-
-    async def rebuild(self, session_id: str, *, dry_run: bool = False) -> dict[str, Any]:
-        return await self.compactor.compact(session_id, trigger="rebuild", dry_run=dry_run)
-
-    def compact_sync(self, session_id: str, **kw: Any) -> dict[str, Any]:
-        """For library users without an event loop."""
-        return asyncio.run(self.compact(session_id, **kw))
-
-    def compaction_log(self, session_id: str, limit: int = 50) -> list[Compaction]:
-        return self.compactor.history(session_id, limit)
-
-    def compaction_history(self, session_id: str, limit: int = 50) -> list[Compaction]:
-        """The attempts, newest first, each with the archive's size when it ran."""
-        self.check_session(session_id)
-        return self.archive_sizes.rows(session_id, limit)
-
-    @serves(CONTEXT_COMPACTIONS)
-    async def compaction_history_async(
-        self, session_id: str, limit: int = 50
-    ) -> list[Compaction]:
-        """`compaction_history` with the archive's sizes counted beside the event loop:
-        the first call on a session scans its whole archive (200 ms at 100,000 messages)."""
-        self.check_session(session_id)
-        return await self.archive_sizes.rows_async(session_id, limit)
