@@ -16,7 +16,9 @@ boilerplate, superseded marks), are in `bench/retention_real_lines.py`.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,10 +80,17 @@ def load(path: Path, scratch: Path) -> Transcript:
     agent = path.parent.name
     t = Transcript(f"{agent}/{path.stem}", agent, path)
     engine = Engine(Config(data_dir=scratch))
+    # A finished file, whenever it was checked out: the importer leaves a trailing call
+    # without its result for a later import while the file is younger than an hour, so
+    # a fresh checkout would count one message fewer. A copy dated long ago is read whole.
+    scratch.mkdir(parents=True, exist_ok=True)
+    at_rest = scratch / path.name
+    shutil.copyfile(path, at_rest)
+    os.utime(at_rest, (0, 0))
     try:
-        mapper = FORMATS[agent][0](path, Options())
+        mapper = FORMATS[agent][0](at_rest, Options())
         report = Report()
-        FileImporter(EngineClient(engine), mapper, path, report, Options()).run()
+        FileImporter(EngineClient(engine), mapper, at_rest, report, Options()).run()
         sid = mapper.session_id(None)
         after = 0
         while True:
