@@ -8,9 +8,10 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
-from helpers import make_config
-from pg import PgCluster, PostgresMissing
+from helpers import DaemonProcess, make_config
+from pg import PASSWORD, PgCluster, PostgresMissing
 
 from ctxd.daemon.engine import Engine
 
@@ -41,3 +42,24 @@ _pg_db_counter = itertools.count()
 def pg_dsn(pg_cluster: PgCluster) -> str:
     """A fresh, empty database on the shared test server (its socket DSN)."""
     return pg_cluster.create_database(f"t{os.getpid()}_{next(_pg_db_counter)}")
+
+
+PG_PASSWORD_VAR = "CTXD_TEST_PG_PASSWORD"
+
+
+@pytest.fixture
+def pg_daemons(tmp_path: Path, pg_cluster: PgCluster, pg_dsn: str) -> Iterator[list[DaemonProcess]]:
+    """Two daemon processes, a and b, sharing one fresh PostgreSQL database over TCP with
+    a password, as daemons on two hosts would."""
+    dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
+    env = {"CTXD_STORE": "postgres", "CTXD_POSTGRES_DSN": pg_cluster.tcp_dsn(dbname),
+           "CTXD_POSTGRES_PASSWORD_ENV": PG_PASSWORD_VAR, PG_PASSWORD_VAR: PASSWORD,
+           # no auto-compaction: the context must hold every message appended
+           "CTXD_MAX_ACTIVE_MESSAGES": "10000"}
+    procs = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        procs.append(DaemonProcess(tmp_path / name, env=env).start())
+    yield procs
+    for d in procs:
+        d.stop()

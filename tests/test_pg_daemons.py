@@ -20,19 +20,8 @@ PW_VAR = "CTXD_TEST_PG_PASSWORD"
 
 
 @pytest.fixture
-def daemons(tmp_path: Path, pg_cluster: PgCluster, pg_dsn: str) -> Iterator[list[DaemonProcess]]:
-    dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
-    env = {"CTXD_STORE": "postgres", "CTXD_POSTGRES_DSN": pg_cluster.tcp_dsn(dbname),
-           "CTXD_POSTGRES_PASSWORD_ENV": PW_VAR, PW_VAR: PASSWORD,
-           # no auto-compaction: the context must hold every message appended
-           "CTXD_MAX_ACTIVE_MESSAGES": "10000"}
-    procs = []
-    for name in ("a", "b"):
-        (tmp_path / name).mkdir()
-        procs.append(DaemonProcess(tmp_path / name, env=env).start())
-    yield procs
-    for d in procs:
-        d.stop()
+def daemons(pg_daemons: list[DaemonProcess]) -> list[DaemonProcess]:
+    return pg_daemons
 
 
 def test_each_daemon_names_its_own_endpoints(daemons: list[DaemonProcess]) -> None:

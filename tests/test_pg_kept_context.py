@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import psycopg
 import pytest
 from helpers import DaemonProcess, make_config, tool_turn
 from pg import PASSWORD, PgCluster
@@ -141,18 +140,8 @@ def test_a_kept_context_is_read_in_one_round_trip(
 
 
 @pytest.fixture
-def daemons(tmp_path: Path, pg_cluster: PgCluster, pg_dsn: str) -> Iterator[list[DaemonProcess]]:
-    dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
-    env = {"CTXD_STORE": "postgres", "CTXD_POSTGRES_DSN": pg_cluster.tcp_dsn(dbname),
-           "CTXD_POSTGRES_PASSWORD_ENV": PW_VAR, PW_VAR: PASSWORD,
-           "CTXD_MAX_ACTIVE_MESSAGES": "10000"}
-    procs = []
-    for name in ("a", "b"):
-        (tmp_path / name).mkdir()
-        procs.append(DaemonProcess(tmp_path / name, env=env).start())
-    yield procs
-    for d in procs:
-        d.stop()
+def daemons(pg_daemons: list[DaemonProcess]) -> list[DaemonProcess]:
+    return pg_daemons
 
 
 def test_a_read_through_one_daemon_right_after_an_ack_of_the_other_sees_it(

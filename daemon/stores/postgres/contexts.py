@@ -3,13 +3,12 @@ session's summary decoded once per stored text."""
 
 from __future__ import annotations
 
-import json
-import time
 from typing import Any
 
 from ctxd.daemon.stores.sqlite.context_store import (
     ContextState,
     ContextStore,
+    context_row,
     decode_summary,
     load_context,
 )
@@ -59,21 +58,5 @@ class PgContexts(ContextStore):
             f"INSERT INTO conversation_context({_CONTEXT_COLUMNS}) "
             f"VALUES ({','.join('?' * len(cols))}) ON CONFLICT (session_id) DO UPDATE SET "
             + ", ".join(f"{c} = excluded.{c}" for c in cols[1:]),
-            (
-                st.session_id,
-                st.version,
-                json.dumps(st.system_ids),
-                st.tail_start_id,
-                None
-                if st.summary.is_empty()
-                else json.dumps(st.summary.to_dict(), ensure_ascii=False),
-                st.summary_tokens,
-                st.active_messages,
-                st.active_tokens,
-                st.compaction_count,
-                st.last_compacted_at,
-                st.base_id,
-                json.dumps(st.dropped_ids) if st.dropped_ids else None,
-                time.time(),
-            ),
+            context_row(st),
         )

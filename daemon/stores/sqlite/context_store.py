@@ -133,25 +133,31 @@ def load_context(
     )
 
 
+def context_row(st: ContextState) -> tuple[Any, ...]:
+    """The values of a context's row, in the order of `_COLUMNS` then `updated_at`
+    (both stores write this row)."""
+    return (
+        st.session_id,
+        st.version,
+        json.dumps(st.system_ids),
+        st.tail_start_id,
+        None if st.summary.is_empty() else json.dumps(st.summary.to_dict(), ensure_ascii=False),
+        st.summary_tokens,
+        st.active_messages,
+        st.active_tokens,
+        st.compaction_count,
+        st.last_compacted_at,
+        st.base_id,
+        json.dumps(st.dropped_ids) if st.dropped_ids else None,
+        time.time(),
+    )
+
+
 def save_context(conn: apsw.Connection, st: ContextState) -> None:
     conn.execute(
         f"INSERT OR REPLACE INTO conversation_context({_COLUMNS}, updated_at) "
         "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-        (
-            st.session_id,
-            st.version,
-            json.dumps(st.system_ids),
-            st.tail_start_id,
-            None if st.summary.is_empty() else json.dumps(st.summary.to_dict(), ensure_ascii=False),
-            st.summary_tokens,
-            st.active_messages,
-            st.active_tokens,
-            st.compaction_count,
-            st.last_compacted_at,
-            st.base_id,
-            json.dumps(st.dropped_ids) if st.dropped_ids else None,
-            time.time(),
-        ),
+        context_row(st),
     )
 
 
