@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ctxd.daemon.stores.base import shared_store
 from ctxd.protocol.errors import SessionBusy
 
 T = TypeVar("T")
@@ -22,7 +23,7 @@ async def when_free(store: Any, call: Callable[[], T], busy: SessionBusy | None 
     """`call()`, run again each time it finds its session busy, until the store's lock
     timeout has passed. `busy`: the refusal of a first run made by the caller."""
     loop = asyncio.get_running_loop()
-    timeout = float(getattr(store, "lock_timeout", 5.0))
+    timeout = _lock_timeout(store)
     deadline = loop.time() + timeout
     while True:
         if busy is None:
@@ -45,7 +46,7 @@ async def when_free_off_loop(store: Any, session_id: str, call: Callable[[], T])
     """`when_free` for a call made on a worker thread after the session's earlier calls
     (`store.in_lane`): the wait beside the loop, the patient run in the worker thread."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + float(getattr(store, "lock_timeout", 5.0))
+    deadline = loop.time() + _lock_timeout(store)
     try:
         return await store.in_lane(session_id, call)  # type: ignore[no-any-return]
     except SessionBusy as exc:
@@ -62,3 +63,10 @@ async def when_free_off_loop(store: Any, session_id: str, call: Callable[[], T])
             return await store.in_lane(session_id, patiently)  # type: ignore[no-any-return]
         except SessionBusy as exc:
             busy = exc
+
+
+def _lock_timeout(store: Any) -> float:
+    """How long a write waits for the session's lock: the shared store's setting (the
+    embedded store, with one writer, never reports a busy session)."""
+    shared = shared_store(store)
+    return float(shared.lock_timeout) if shared is not None else 5.0

@@ -90,7 +90,7 @@ class ContextReplies:
         and read beside the loop when it is large. `appended`: what an append with
         `returnContext` stored, named in the refusal."""
         eng = self.engine
-        if getattr(eng.store, "context_reads", None) is not None and eng.shared:
+        if eng.shared_store is not None:
             return self.get_ahead(session_id, budget_tokens, query, include_metadata,
                                   recall_hits, status, appended)
         st, count, must_read = self._to_count(session_id)

@@ -58,7 +58,7 @@ class OffLoop:
     def __init__(self, engine: Engine, turns: dict[Connection, asyncio.Future[None]]) -> None:
         self.engine = engine
         self.store = engine.store
-        self.enabled = bool(engine.shared and hasattr(engine.store, "in_lane"))
+        self.enabled = engine.shared_store is not None
         self._turns = turns
         self._bound = False
         # run and approval ids -> their session, as runs and approvals went through here

@@ -29,6 +29,7 @@ from helpers import make_config
 from ctxd.daemon import context_edit
 from ctxd.daemon.busy import when_free
 from ctxd.daemon.engine import Engine
+from ctxd.daemon.stores.base import SharedArchive, SharedStore, shared_store
 from ctxd.daemon.stores.postgres import events
 from ctxd.daemon.stores.postgres.store import PostgresStore
 from ctxd.protocol.errors import SessionBusy, StorageError
@@ -90,6 +91,22 @@ def _while_waiting(a: Engine, a_edit, b: Engine, sid: str, pg_dsn: str, write) -
     t.join(30)
     assert out, "A's edit failed"
     return out[0]
+
+
+def test_the_postgres_store_declares_the_shared_capabilities(engine: Engine,
+                                                             tmp_path: Path) -> None:
+    """What the engine asks of a shared store is declared on SharedStore and checked
+    once: the PostgreSQL store has all of it, the embedded one none of it."""
+    assert isinstance(engine.store, SharedStore)
+    assert isinstance(engine.store.archive, SharedArchive)
+    assert engine.shared_store is engine.store and engine.shared
+    embedded = Engine(make_config(tmp_path / "embedded"))
+    try:
+        assert shared_store(embedded.store) is None
+        assert embedded.shared_store is None and not embedded.shared
+        assert not isinstance(embedded.store.archive, SharedArchive)
+    finally:
+        embedded.close()
 
 
 def test_context_edits_read_what_another_daemon_wrote_meanwhile(

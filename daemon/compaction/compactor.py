@@ -33,7 +33,7 @@ from ctxd.daemon.compaction.one_at_a_time import OneAtATime
 from ctxd.daemon.compaction.rules import rebuild_boundary, tail_boundary, valid_boundaries
 from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.ids import new_id
-from ctxd.daemon.stores.base import Store
+from ctxd.daemon.stores.base import Store, shared_store
 from ctxd.daemon.stores.sqlite.context_store import ContextState
 from ctxd.daemon.summary import Summarizer, Summary
 from ctxd.daemon.tokens import TokenCounter
@@ -133,12 +133,13 @@ class Compactor(OneAtATime):
         # a store shared with other daemons: its lock lets one compact a session at a
         # time, and `elsewhere` says whether another daemon compacts one (the engine asks it
         # on a shared store only)
-        self._shared_lock: Callable[[str], bool] | None = getattr(
-            store, "try_compaction_lock", None)
-        self._shared_release: Callable[[str], None] | None = getattr(
-            store, "release_compaction_lock", None)
-        self.elsewhere: Callable[[str], bool] = getattr(
-            store, "compacting_elsewhere", _nowhere)
+        shared = shared_store(store)
+        self._shared_lock: Callable[[str], bool] | None = (
+            shared.try_compaction_lock if shared else None)
+        self._shared_release: Callable[[str], None] | None = (
+            shared.release_compaction_lock if shared else None)
+        self.elsewhere: Callable[[str], bool] = (
+            shared.compacting_elsewhere if shared else _nowhere)
 
     # when
 

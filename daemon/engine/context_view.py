@@ -44,7 +44,7 @@ from typing import Any
 
 from ctxd.daemon.compaction.rules import render_summary_message
 from ctxd.daemon.messages import strip_archive_fields
-from ctxd.daemon.stores.base import Store
+from ctxd.daemon.stores.base import SharedArchive, Store, shared_store
 from ctxd.daemon.stores.sqlite.context_store import ContextState
 from ctxd.daemon.summary import Summary
 
@@ -107,10 +107,13 @@ class ContextView:
         self._lock = threading.RLock()
         # the archive of a shared store says which message preceded a batch it stored
         # (under the session's lock): None where it cannot
-        self._preceding = getattr(self.archive, "preceding_id", None) if shared else None
-        keeps = getattr(store, "keep_view", None)
-        if shared and keeps is not None:
-            keeps(self)  # its reads ahead ask for what this view needs (tail_mark)
+        self._preceding = (
+            self.archive.preceding_id
+            if shared and isinstance(self.archive, SharedArchive) else None
+        )
+        ahead = shared_store(store) if shared else None
+        if ahead is not None:
+            ahead.keep_view(self)  # its reads ahead ask for what this view needs (tail_mark)
 
     def _entry(self, session_id: str) -> _Kept:
         with self._lock:

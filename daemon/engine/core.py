@@ -34,7 +34,7 @@ from ctxd.daemon.engine.runs import RunsAndApprovals
 from ctxd.daemon.ids import new_id
 from ctxd.daemon.messages import PreparedBatch, check_time, prepare_batch
 from ctxd.daemon.pairing import check_tool_pairs
-from ctxd.daemon.stores.base import Store
+from ctxd.daemon.stores.base import Store, shared_store
 from ctxd.daemon.stores.sqlite.context_store import ContextState
 from ctxd.daemon.stores.sqlite.store import SqliteStore
 from ctxd.daemon.summarizers import make_summarizer, summarizer_status
@@ -91,7 +91,8 @@ class Engine(ContextReads, RunsAndApprovals, CompactionCalls):
         self.store: Store = store
         # a store other daemons write too (PostgreSQL): per-session state is read from it
         # on every request instead of kept between requests
-        self.shared = bool(getattr(store, "shared", False))
+        self.shared_store = shared_store(store)
+        self.shared = self.shared_store is not None
         self.archive = store.archive
         self.runs = store.runs
         self.tokens = TokenCounter(self.config.encoding)
@@ -111,7 +112,9 @@ class Engine(ContextReads, RunsAndApprovals, CompactionCalls):
         self._listeners: list[EventListener] = []
         # a store shared with other daemons tells them of each event (ids; they read the
         # rest from the database); None on the embedded store, which has nothing to do
-        self._share_event: EventListener | None = getattr(store, "share_event", None)
+        self._share_event: EventListener | None = (
+            self.shared_store.share_event if self.shared_store else None
+        )
         self.compactor = Compactor(
             self,
             store,
@@ -375,10 +378,9 @@ class Engine(ContextReads, RunsAndApprovals, CompactionCalls):
     ) -> Any:
         """The store's write transaction for an append; a store that can send the reads
         made under its lock ahead of them (PostgreSQL: one round trip) is told them."""
-        ahead = getattr(self.store, "append_transaction", None)
-        if ahead is None:
+        if self.shared_store is None:
             return self.store.transaction(session_id)
-        return ahead(session_id, msgs, client_batch_id, run_id)
+        return self.shared_store.append_transaction(session_id, msgs, client_batch_id, run_id)
 
     def append_committed(
         self,
@@ -458,7 +460,7 @@ class Engine(ContextReads, RunsAndApprovals, CompactionCalls):
     ) -> Status:
         """`open_run_id` and `pending`: the session's open run and number of pending
         approvals when the caller has just read them."""
-        ahead = getattr(self.store, "status_reads", None) if self.shared else None
+        ahead = self.shared_store.status_reads if self.shared_store else None
         if ahead is None:
             return self._status(session_id, open_run_id, pending)
         committed = self._committed_context

@@ -16,7 +16,7 @@ from ctxd.daemon.engine.context_view import ContextView
 from ctxd.daemon.ids import new_id
 from ctxd.daemon.ordinals import ordinals_of
 from ctxd.daemon.projection import project
-from ctxd.daemon.stores.base import ArchiveStore, Store
+from ctxd.daemon.stores.base import ArchiveStore, SharedStore, Store
 from ctxd.daemon.stores.sqlite.context_store import ContextState
 from ctxd.daemon.summary import Summary
 from ctxd.daemon.tokens import TokenCounter
@@ -44,6 +44,7 @@ class ContextReads:
     view: ContextView
     _contexts: dict[str, ContextState]
     shared: bool
+    shared_store: SharedStore | None
 
     if TYPE_CHECKING:  # provided by Engine
 
@@ -102,7 +103,7 @@ class ContextReads:
         """`recall_hits`: the search for `query`, when the caller already ran it (the
         daemon does, beside its event loop); `status`, the session's status when the
         caller has just read it (an append with `returnContext`)."""
-        ahead = getattr(self.store, "context_reads", None) if self.shared else None
+        ahead = self.shared_store.context_reads if self.shared_store else None
         if ahead is None:
             return self._get_context(session_id, budget_tokens, query, include_metadata,
                                      recall_hits, status)

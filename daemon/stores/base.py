@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ctxd.daemon.stores.sqlite.context_store import ContextState
 from ctxd.protocol.types import Compaction
@@ -266,3 +266,62 @@ class Store(Protocol):
         (committed data only): for scans too long to run on the loop."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class SharedArchive(ArchiveStore, Protocol):
+    """The archive of a store other daemons append to as well."""
+
+    def preceding_id(self, session_id: str) -> int | None:
+        """The id of the session's last message before the batch this store last
+        appended to it (0: none), once; None when it is not known."""
+
+
+@runtime_checkable
+class SharedStore(Store, Protocol):
+    """A store other daemons write too (PostgreSQL): what the engine asks of one beyond
+    `Store`. The engine checks for it once (`shared_store`) instead of probing each
+    member; the embedded store has none of these and needs none."""
+
+    shared: bool
+    # how long a write waits for another connection's lock on its session (seconds)
+    lock_timeout: float
+
+    def share_event(self, session_id: str, method: str, params: dict[str, Any]) -> None:
+        """Tell the other daemons of an event this one emitted."""
+
+    def append_transaction(
+        self, session_id: str, msgs: list[dict[str, Any]], client_batch_id: str | None,
+        run_id: str | None,
+    ) -> AbstractContextManager[None]:
+        """An append's write transaction, with the reads made under its lock sent ahead."""
+
+    def status_reads(
+        self, session_id: str, *, context: bool, open_run: bool, pending: bool,
+    ) -> AbstractContextManager[None]:
+        """What a status reads, in one round trip."""
+
+    def context_reads(self, session_id: str) -> AbstractContextManager[None]:
+        """What a context read needs, in one round trip."""
+
+    def keep_view(self, view: Any) -> None:
+        """Let the reads ahead ask the engine's kept contexts what they hold."""
+
+    async def in_lane(self, session_id: str, fn: Callable[[], T]) -> T:
+        """`fn()` on a worker thread, after the session's earlier calls."""
+
+    async def wait_session(self, session_id: str, timeout: float) -> None:
+        """Wait beside the event loop until no connection holds the session's lock."""
+
+    def try_compaction_lock(self, session_id: str) -> bool:
+        """Whether this daemon may compact the session now."""
+
+    def release_compaction_lock(self, session_id: str) -> None: ...
+
+    def compacting_elsewhere(self, session_id: str) -> bool:
+        """Whether another daemon compacts the session now."""
+
+
+def shared_store(store: object) -> SharedStore | None:
+    """`store` when other daemons write it too, else None."""
+    return store if isinstance(store, SharedStore) and store.shared else None
