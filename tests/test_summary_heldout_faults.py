@@ -244,6 +244,18 @@ def test_slash_command_arguments_are_the_request_and_a_closing_do_not_no_rule() 
     assert texts(summary, "goals") == ["humans miss entries and let emotions win, agents do not"]
 
 
+def test_the_arguments_of_a_setting_command_are_no_request() -> None:
+    """`/model claude-opus-4-6-thinking` picks a model: its argument is no goal; a
+    command of the person's own (`/orchestrator …`) still carries their request."""
+    summary = run(users(
+        "<command-name>/model</command-name>\n<command-message>model</command-message>\n"
+        "<command-args>claude-opus-4-6-thinking</command-args>",
+        "<command-name>/orchestrator</command-name>\n"
+        "<command-message>orchestrator</command-message>\n"
+        "<command-args>update the release notes</command-args>",
+    ))
+    assert texts(summary, "goals") == ["update the release notes"]
+
 def test_a_terminal_wrapped_paste_and_an_unnumbered_first_item_are_read_whole() -> None:
     wrapped = (
         "❯ 请你检查当前分支的所有改动，具体可以看                    \n"

@@ -15,7 +15,8 @@ TITLE_CHARS = 200
 def request_title(text: str) -> str | None:
     """The first line of what a person wrote in a user message, or None when the message
     is boilerplate only."""
-    if not text or not text.strip():
+    if not text or not text.strip() or _COMMAND.search(text):
+        # a slash command's arguments are titled with their command (command_title)
         return None
     prose = clean(text).prose
     for line in prose.splitlines():

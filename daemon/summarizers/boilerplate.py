@@ -42,6 +42,15 @@ _DROPPED_TAGS = (
 _COMMAND_ARGS = re.compile(
     r"^[ \t]*<command-args\b[^>]*>(.*?)</command-args\s*>", re.IGNORECASE | re.DOTALL | re.MULTILINE
 )
+# The agent's own commands whose arguments set something of the front end (a model, a
+# folder, a mode) or are none of the agent's work: no request of the person's.
+_SETTING_COMMANDS = frozenset({
+    "add-dir", "agents", "clear", "config", "context", "cost", "doctor", "exit", "export",
+    "help", "hooks", "ide", "login", "logout", "mcp", "memory", "model", "output-style",
+    "permissions", "privacy-settings", "resume", "status", "statusline", "terminal-setup",
+    "theme", "upgrade", "usage", "vim",
+})
+_COMMAND_NAME = re.compile(r"<command-name>\s*/?([^<\s]*)\s*</command-name>", re.IGNORECASE)
 _DROPPED = re.compile(
     r"<(" + "|".join(re.escape(t) for t in _DROPPED_TAGS) + r")\b[^>]*>.*?(?:</\1\s*>|\Z)",
     re.DOTALL | re.IGNORECASE,
@@ -262,7 +271,9 @@ def clean(text: str) -> Cleaned:
         text = _RULE_TAGS.sub("\n", text)
         # what the person typed after a slash command is their request (a tag inside a
         # line, in JSON a report carries, is data and goes with the rest)
-        text = _COMMAND_ARGS.sub(lambda m: "\n" + m.group(1) + "\n", text)
+        command = _COMMAND_NAME.search(text)
+        if command is None or command.group(1).lower() not in _SETTING_COMMANDS:
+            text = _COMMAND_ARGS.sub(lambda m: "\n" + m.group(1) + "\n", text)
         text = _DROPPED.sub("\n", text)
     if "aveat" in text:
         text = _CAVEAT.sub("\n", text)
