@@ -172,6 +172,24 @@ def test_daemons_as_hosts_reach_the_database_through_the_proxy(
             assert name not in listed and f"{name}:" not in links and f"{name}@" not in links
 
 
+def _daemon_behind_slow_server(pg_cluster: PgCluster, pg_dsn: str, tmp_path: Path,
+                               ) -> tuple[DelayProxy, Any]:
+    """A daemon reaching the test database through 200 ms round trips (a proxy)."""
+    from tests.helpers import DaemonProcess
+
+    proxy = DelayProxy(("127.0.0.1", pg_cluster.port), 200).start()
+    db = pg_dsn.rsplit("dbname=", 1)[1]
+    env = {"CTXD_STORE": "postgres",
+           "CTXD_POSTGRES_DSN": f"host=127.0.0.1 port={proxy.port} user={SUPERUSER} dbname={db}",
+           "CTXD_POSTGRES_PASSWORD_ENV": "PGT_PW", "PGT_PW": PASSWORD}
+    (tmp_path / "d").mkdir()
+    try:
+        return proxy, DaemonProcess(tmp_path / "d", env=env).start(timeout=120)
+    except BaseException:
+        proxy.close()
+        raise
+
+
 def test_the_event_loop_serves_others_while_an_append_waits_on_the_server(
     pg_cluster: PgCluster, pg_dsn: str, tmp_path: Path
 ) -> None:
@@ -182,15 +200,7 @@ def test_the_event_loop_serves_others_while_an_append_waits_on_the_server(
     Then each sees the other's session as written."""
     import threading
 
-    from tests.helpers import DaemonProcess
-
-    proxy = DelayProxy(("127.0.0.1", pg_cluster.port), 200).start()
-    db = pg_dsn.rsplit("dbname=", 1)[1]
-    env = {"CTXD_STORE": "postgres",
-           "CTXD_POSTGRES_DSN": f"host=127.0.0.1 port={proxy.port} user={SUPERUSER} dbname={db}",
-           "CTXD_POSTGRES_PASSWORD_ENV": "PGT_PW", "PGT_PW": PASSWORD}
-    (tmp_path / "d").mkdir()
-    d = DaemonProcess(tmp_path / "d", env=env).start(timeout=120)
+    proxy, d = _daemon_behind_slow_server(pg_cluster, pg_dsn, tmp_path)
     try:
         with d.client() as a, d.client() as b:
             s1 = a.create_session()["sessionId"]
@@ -235,15 +245,7 @@ def test_runs_and_approvals_leave_the_event_loop_free(
     (on the event loop it would wait). Three attempts each, as above."""
     import threading
 
-    from tests.helpers import DaemonProcess
-
-    proxy = DelayProxy(("127.0.0.1", pg_cluster.port), 200).start()
-    db = pg_dsn.rsplit("dbname=", 1)[1]
-    env = {"CTXD_STORE": "postgres",
-           "CTXD_POSTGRES_DSN": f"host=127.0.0.1 port={proxy.port} user={SUPERUSER} dbname={db}",
-           "CTXD_POSTGRES_PASSWORD_ENV": "PGT_PW", "PGT_PW": PASSWORD}
-    (tmp_path / "d").mkdir()
-    d = DaemonProcess(tmp_path / "d", env=env).start(timeout=120)
+    proxy, d = _daemon_behind_slow_server(pg_cluster, pg_dsn, tmp_path)
     try:
         with d.client() as a, d.client() as b:
             s1 = a.create_session()["sessionId"]
