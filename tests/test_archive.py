@@ -10,7 +10,7 @@ import pytest
 from helpers import agent_turn, make_config, tool_turn
 
 from ctxd.daemon.engine import Engine
-from ctxd.daemon.stores.sqlite.archive import ArchiveStore
+from ctxd.daemon.stores.sqlite.archive import SqliteArchive
 from ctxd.daemon.stores.sqlite.schema import open_database
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import (
@@ -168,7 +168,7 @@ def test_archive_survives_reopening(tmp_path: Path) -> None:
 def test_sessions_archived_before_contexts_existed_are_backfilled_once(tmp_path: Path) -> None:
     # a database at schema version 1 has the archive but no conversation_context table
     conn = open_database(tmp_path / "ctxd.db", target_version=1)
-    store = ArchiveStore(conn)
+    store = SqliteArchive(conn)
     counter = TokenCounter()
     msgs = [{"role": "system", "content": "You are terse."}] + agent_turn(1) + agent_turn(2)
     with conn:

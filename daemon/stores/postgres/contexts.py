@@ -7,7 +7,7 @@ from typing import Any
 
 from ctxd.daemon.stores.sqlite.context_store import (
     ContextState,
-    ContextStore,
+    SqliteContexts,
     context_row,
     decode_summary,
     load_context,
@@ -25,7 +25,7 @@ _CONTEXT_COLUMNS = (
 )
 
 
-class PgContexts(ContextStore):
+class PgContexts(SqliteContexts):
     """Contexts read on every request (other daemons write them too), with each
     session's summary decoded once per stored text: a summary of a few hundred items
     cost more to decode (json, then an object per item) than the rest of a

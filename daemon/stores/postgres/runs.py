@@ -1,4 +1,4 @@
-"""Runs on PostgreSQL: the embedded store's RunStore, each run recording the daemon that
+"""Runs on PostgreSQL: the embedded store's SqliteRuns, each run recording the daemon that
 serves it, so the other daemons can tell the runs of a daemon that is gone from those of
 a live one.
 
@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 
 from ctxd.daemon.stores.postgres.connection import PgConnection, _storage
-from ctxd.daemon.stores.sqlite.runs import RunStore, _run
+from ctxd.daemon.stores.sqlite.runs import SqliteRuns, _run
 
 REGISTER = (
     "INSERT INTO ctxd_daemons(daemon_id, started_at) VALUES (%s, %s) "
@@ -124,7 +124,7 @@ class DaemonPresence:
             self._holder = None
 
 
-class PgRuns(RunStore):
+class PgRuns(SqliteRuns):
     """Runs, each open one naming the daemon serving it (the one that opened it, or the
     one that adopted it once that daemon was gone)."""
 

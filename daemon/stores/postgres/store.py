@@ -47,10 +47,10 @@ from ctxd.daemon.stores.postgres.locks import CompactionLocks
 from ctxd.daemon.stores.postgres.prefetch import READ_TAIL, READ_TAIL_RANGE
 from ctxd.daemon.stores.postgres.runs import PgRuns
 from ctxd.daemon.stores.postgres.store_ahead import ReadsAhead
-from ctxd.daemon.stores.sqlite.archive import ArchiveStore, _row_to_message
+from ctxd.daemon.stores.sqlite.archive import SqliteArchive, _row_to_message
 from ctxd.daemon.stores.sqlite.archive_search import search_where, too_broad
 from ctxd.daemon.stores.sqlite.compaction_log import CompactionLog
-from ctxd.daemon.stores.sqlite.context_store import PinStore
+from ctxd.daemon.stores.sqlite.context_store import SqlitePins
 from ctxd.protocol.errors import InvalidParams, StorageError
 
 log = logging.getLogger("ctxd.pg.store")
@@ -63,7 +63,7 @@ T = TypeVar("T")
 # (asked right after the commit, on the same event-loop turn); later asks read again
 EXACT_FOR = 0.5
 
-class PgArchive(ArchiveStore):
+class PgArchive(SqliteArchive):
     conn: PgConnection  # type: ignore[assignment]
 
     def __init__(self, conn: PgConnection) -> None:
@@ -298,7 +298,7 @@ class PostgresStore(ReadsAhead):
         self.compaction_locks = CompactionLocks(self.conn)
         self._waiters: ThreadPoolExecutor | None = None
         self.contexts = PgContexts(self.conn)  # type: ignore[arg-type]
-        self.pins = PinStore(self.conn)  # type: ignore[arg-type]
+        self.pins = SqlitePins(self.conn)  # type: ignore[arg-type]
         self.runs = PgRuns(self.conn)
         self.compactions = CompactionLog(self.conn)  # type: ignore[arg-type]
         self._pool: ThreadPoolExecutor | None = None
@@ -457,7 +457,7 @@ class PostgresStore(ReadsAhead):
     async def search_async(self, query: str, **kw: Any) -> tuple[list[dict[str, Any]], str]:
         return await self._run(functools.partial(self._search, query, kw))
 
-    async def read_async(self, fn: Callable[[ArchiveStore], T]) -> T:
+    async def read_async(self, fn: Callable[[SqliteArchive], T]) -> T:
         return await self._run(lambda: fn(self._reader()))
 
     async def _run(self, fn: Callable[[], T]) -> T:

@@ -1,4 +1,4 @@
-"""ArchiveStore: the append-only record of every message, and its full-text index.
+"""SqliteArchive: the append-only record of every message, and its full-text index.
 
 Nothing here updates or deletes an archived row (triggers would refuse it anyway).
 The caller owns transactions: `append` runs inside the engine's write transaction so
@@ -94,7 +94,7 @@ READ_RANGE = (
 )
 
 
-class ArchiveStore(ArchiveSearch):
+class SqliteArchive(ArchiveSearch):
     def __init__(self, conn: apsw.Connection) -> None:
         self.conn = conn
         self.snippets = Snippets()

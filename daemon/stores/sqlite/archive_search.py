@@ -1,6 +1,6 @@
 """ArchiveSearch: full-text search over the archive (SQLite FTS5), with a time budget.
 
-`ArchiveStore` (archive.py) takes it in; the PostgreSQL store keeps `search` and gives
+`SqliteArchive` (archive.py) takes it in; the PostgreSQL store keeps `search` and gives
 its own query builders, `_budget` and `_search` (daemon/stores/postgres/store.py). Queries are built
 by `fts.py`, snippets by `snippets.py`.
 """
@@ -79,7 +79,7 @@ def search_where(
 
 
 class ArchiveSearch:
-    """The search half of `ArchiveStore`: it reads the store's `conn` and `snippets`."""
+    """The search half of `SqliteArchive`: it reads the store's `conn` and `snippets`."""
 
     conn: apsw.Connection
     snippets: Snippets

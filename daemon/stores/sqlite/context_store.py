@@ -218,7 +218,7 @@ def remove_pin(conn: apsw.Connection, session_id: str, pin_id: str) -> dict[str,
     return {"pinId": row[0], "text": row[1], "createdAt": row[2]}
 
 
-class ContextStore:
+class SqliteContexts:
     """The active contexts on one SQLite connection (the functions above, bound to it)."""
 
     def __init__(self, conn: apsw.Connection) -> None:
@@ -237,7 +237,7 @@ class ContextStore:
         set_summary_tokens(self.conn, session_id, tokens)
 
 
-class PinStore:
+class SqlitePins:
     """The pins on one SQLite connection."""
 
     def __init__(self, conn: apsw.Connection) -> None:

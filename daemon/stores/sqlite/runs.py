@@ -47,7 +47,7 @@ _APPROVAL_COLS = (
 )
 
 
-class RunStore:
+class SqliteRuns:
     def __init__(self, conn: apsw.Connection) -> None:
         self.conn = conn
 

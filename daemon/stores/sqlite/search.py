@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import apsw
 
-from ctxd.daemon.stores.sqlite.archive import ArchiveStore
+from ctxd.daemon.stores.sqlite.archive import SqliteArchive
 
 T = TypeVar("T")
 
@@ -35,15 +35,15 @@ class Searcher:
         self._conns: list[apsw.Connection] = []
         self._lock = threading.Lock()
 
-    def _store(self) -> ArchiveStore:
-        store: ArchiveStore | None = getattr(self._local, "store", None)
+    def _store(self) -> SqliteArchive:
+        store: SqliteArchive | None = getattr(self._local, "store", None)
         if store is None:
             conn = apsw.Connection(str(self.db_path))
             conn.set_busy_timeout(10_000)
             conn.pragma("query_only", True)  # a reader, whatever code runs on it
             with self._lock:
                 self._conns.append(conn)
-            store = self._local.store = ArchiveStore(conn)
+            store = self._local.store = SqliteArchive(conn)
         return store
 
     def _search(self, query: str, kw: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
@@ -52,7 +52,7 @@ class Searcher:
     async def search(self, query: str, **kw: Any) -> tuple[list[dict[str, Any]], str]:
         return await self._run(functools.partial(self._search, query, kw))
 
-    async def read(self, fn: Callable[[ArchiveStore], T]) -> T:
+    async def read(self, fn: Callable[[SqliteArchive], T]) -> T:
         """`fn(archive)` on a reader connection beside the event loop (a long scan)."""
         return await self._run(lambda: fn(self._store()))
 

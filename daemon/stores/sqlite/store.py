@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 
 import apsw
 
-from ctxd.daemon.stores.sqlite.archive import ArchiveStore
+from ctxd.daemon.stores.sqlite.archive import SqliteArchive
 from ctxd.daemon.stores.sqlite.compaction_log import CompactionLog
-from ctxd.daemon.stores.sqlite.context_store import ContextStore, PinStore
-from ctxd.daemon.stores.sqlite.runs import RunStore
+from ctxd.daemon.stores.sqlite.context_store import SqliteContexts, SqlitePins
+from ctxd.daemon.stores.sqlite.runs import SqliteRuns
 from ctxd.daemon.stores.sqlite.schema import open_database, transaction
 from ctxd.daemon.stores.sqlite.search import Searcher
 
@@ -31,10 +31,10 @@ class SqliteStore:
     ) -> None:
         self.db_path = db_path
         self.conn: apsw.Connection = open_database(db_path, durability=durability)
-        self.archive = ArchiveStore(self.conn)
-        self.contexts = ContextStore(self.conn)
-        self.pins = PinStore(self.conn)
-        self.runs = RunStore(self.conn)
+        self.archive = SqliteArchive(self.conn)
+        self.contexts = SqliteContexts(self.conn)
+        self.pins = SqlitePins(self.conn)
+        self.runs = SqliteRuns(self.conn)
         self.compactions = CompactionLog(self.conn)
         self.searcher = Searcher(db_path, search_budget_seconds)
 
@@ -45,7 +45,7 @@ class SqliteStore:
     async def search_async(self, query: str, **kw: Any) -> tuple[list[dict[str, Any]], str]:
         return await self.searcher.search(query, **kw)
 
-    async def read_async(self, fn: Callable[[ArchiveStore], T]) -> T:
+    async def read_async(self, fn: Callable[[SqliteArchive], T]) -> T:
         return await self.searcher.read(fn)
 
     def close(self) -> None:
