@@ -174,6 +174,13 @@ export class Rpc {
   send(method, params) {
     const id = this.nextId++;
     return new Promise((resolve, reject) => {
+      // Closed under us (the daemon dropped a reader that fell too far behind) while
+      // the events read before the close are still being handled: the close event comes
+      // next and reconnects; this request fails like the others in flight.
+      if (this.ws.readyState !== WebSocket.OPEN) {
+        reject(new Error("connection lost"));
+        return;
+      }
       this.pending.set(id, { resolve, reject });
       this.ws.send(JSON.stringify({ jsonrpc: "2.0", id, method, params }));
     });
