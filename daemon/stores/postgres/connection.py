@@ -115,6 +115,18 @@ class PgConnection:
         self._epoch = 0
         self._opened_lock = threading.Lock()
 
+    def lock_holder(self) -> psycopg.Connection:
+        """A new connection of the same settings that holds transaction-scoped locks
+        (compaction locks, a daemon's presence row). Not autocommit: a lock lives as long
+        as its transaction, which the server must not end for being idle."""
+        holder = PgConnection(
+            self.dsn, self.password, lock_timeout=self.lock_timeout,
+            statement_timeout=self.statement_timeout,
+            settings={"idle_in_transaction_session_timeout": "0"},
+        ).raw()
+        holder.autocommit = False
+        return holder
+
     def raw(self) -> psycopg.Connection:
         c = self._conn
         if c is None or c.closed or c.broken or (

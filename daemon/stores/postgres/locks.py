@@ -44,15 +44,8 @@ class CompactionLocks:
             c = self._idle.pop()
             if not c.closed and not c.broken:
                 return c
-        # not autocommit: the lock lives as long as the transaction; the server must not
-        # end that transaction for being idle while the summarizer works
-        holder = PgConnection(
-            self.main.dsn, self.main.password, lock_timeout=self.main.lock_timeout,
-            statement_timeout=self.main.statement_timeout,
-            settings={"idle_in_transaction_session_timeout": "0"},
-        ).raw()
-        holder.autocommit = False
-        return holder
+        # held while the summarizer works: the server must not end it for being idle
+        return self.main.lock_holder()
 
     def try_lock(self, session_id: str) -> bool:
         """Whether this daemon may compact the session now (no other daemon does)."""

@@ -70,15 +70,7 @@ class DaemonPresence:
         self.retaken_at = -RETAKE_GRACE
 
     def _connect(self) -> psycopg.Connection:
-        # not autocommit: the lock lives as long as the transaction, which the server
-        # must not end for being idle
-        holder = PgConnection(
-            self.main.dsn, self.main.password, lock_timeout=self.main.lock_timeout,
-            statement_timeout=self.main.statement_timeout,
-            settings={"idle_in_transaction_session_timeout": "0"},
-        ).raw()
-        holder.autocommit = False
-        return holder
+        return self.main.lock_holder()
 
     def hold(self, check: bool = False) -> str:
         """Hold the row; with `check`, ask the server whether the holding connection
