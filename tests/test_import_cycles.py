@@ -100,7 +100,7 @@ def test_walk_finds_the_core() -> None:
     graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
     # the walk sees what it must: relative, absolute and type-checking imports
     assert "ctxd.daemon.stores.sqlite.store" in graph["ctxd.daemon.engine.core"]
-    assert "ctxd.daemon.stores.sqlite.archive" in graph["ctxd.daemon.stores.sqlite.store"]
+    assert "ctxd.daemon.stores.sqlite.archive_fts" in graph["ctxd.daemon.stores.sqlite.store"]
     assert "ctxd.protocol.errors" in graph["ctxd.daemon.engine.core"]
     assert "ctxd.daemon.engine.core" in graph["ctxd.daemon.engine"]
     assert "ctxd.daemon.engine" in graph["ctxd.daemon.dispatch"]

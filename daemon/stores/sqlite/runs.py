@@ -8,7 +8,7 @@ from typing import Any
 
 import apsw
 
-from ctxd.daemon.stores.sqlite.archive import strict_json
+from ctxd.daemon.stores.sql.archive import strict_json
 
 RUN_OUTCOMES = ("completed", "failed", "cancelled")
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import apsw
 
-from ctxd.daemon.stores.sqlite.archive import SqliteArchive
+from ctxd.daemon.stores.sqlite.archive_fts import SqliteArchive
 from ctxd.daemon.stores.sqlite.compaction_log import CompactionLog
 from ctxd.daemon.stores.sqlite.context_store import SqliteContexts, SqlitePins
 from ctxd.daemon.stores.sqlite.runs import SqliteRuns
