@@ -15,14 +15,18 @@ from typing import Any, TypeVar
 
 import apsw
 
+from ctxd.daemon.stores.sql.runs import SqlRuns
 from ctxd.daemon.stores.sqlite.archive_fts import SqliteArchive
 from ctxd.daemon.stores.sqlite.compaction_log import CompactionLog
 from ctxd.daemon.stores.sqlite.context_store import SqliteContexts, SqlitePins
-from ctxd.daemon.stores.sqlite.runs import SqliteRuns
 from ctxd.daemon.stores.sqlite.schema import open_database, transaction
 from ctxd.daemon.stores.sqlite.search import Searcher
 
 T = TypeVar("T")
+
+
+class SqliteRuns(SqlRuns):
+    """Runs and approvals on SQLite: the shared SQL as it is."""
 
 
 class SqliteStore:
