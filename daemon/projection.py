@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 from ctxd.daemon.compaction.rules import render_summary_message, valid_boundaries
 from ctxd.daemon.messages import message_text, strip_archive_fields
+from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.daemon.stores.sql.search_text import cap_terms
-from ctxd.daemon.stores.sqlite.context_store import ContextState
 from ctxd.daemon.summary import Summary
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import SearchTooBroad

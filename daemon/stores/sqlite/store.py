@@ -18,7 +18,7 @@ import apsw
 from ctxd.daemon.stores.sql.runs import SqlRuns
 from ctxd.daemon.stores.sqlite.archive_fts import SqliteArchive
 from ctxd.daemon.stores.sqlite.compaction_log import CompactionLog
-from ctxd.daemon.stores.sqlite.context_store import SqliteContexts, SqlitePins
+from ctxd.daemon.stores.sqlite.contexts import SqliteContexts, SqlitePins
 from ctxd.daemon.stores.sqlite.schema import open_database, transaction
 from ctxd.daemon.stores.sqlite.search import Searcher
 
