@@ -48,9 +48,9 @@ from ctxd.daemon.stores.postgres.prefetch import READ_TAIL, READ_TAIL_RANGE
 from ctxd.daemon.stores.postgres.runs import PgRuns
 from ctxd.daemon.stores.postgres.store_ahead import ReadsAhead
 from ctxd.daemon.stores.sql.archive import SqlArchive, message_from_row
+from ctxd.daemon.stores.sql.compaction_log import CompactionLog
 from ctxd.daemon.stores.sql.contexts import SqlPins
 from ctxd.daemon.stores.sql.search import search_where, too_broad
-from ctxd.daemon.stores.sqlite.compaction_log import CompactionLog
 from ctxd.protocol.errors import InvalidParams, StorageError
 
 log = logging.getLogger("ctxd.pg.store")
@@ -300,7 +300,7 @@ class PostgresStore(ReadsAhead):
         self.contexts = PgContexts(self.conn)  # type: ignore[arg-type]
         self.pins = SqlPins(self.conn)
         self.runs = PgRuns(self.conn)
-        self.compactions = CompactionLog(self.conn)  # type: ignore[arg-type]
+        self.compactions = CompactionLog(self.conn)
         self._pool: ThreadPoolExecutor | None = None
         self._lanes: list[ThreadPoolExecutor] | None = None
         self._session_tails: dict[str, asyncio.Future[None]] = {}
