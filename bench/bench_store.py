@@ -100,7 +100,7 @@ class Stores:
         self.last_db: str | None = None
 
     def prepare(self, history: int) -> None:
-        from ctxd.daemon.stores.postgres.copy import copy_sqlite_to_postgres
+        from ctxd.daemon.stores.copy import copy_sqlite_to_postgres
 
         t0 = time.perf_counter()
         src = self.scratch / f"sqlite-{history}"

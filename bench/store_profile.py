@@ -34,8 +34,9 @@ _CATEGORIES = (
     ("token counting", lambda f: "tokens.py" in f),
     ("JSON (message bodies, summaries)", lambda f: "/json/" in f or "summary.py" in f),
     ("store code (on SQLite: in its calls)",
-     lambda f: any(m in f for m in ("/archive.py", "/context_store.py", "/runs.py",
-                                    "/schema.py", "/compaction_log.py", "/pg/store.py"))),
+     lambda f: any(m in f for m in ("/archive.py", "/archive_fts.py", "/contexts.py",
+                                    "/runs.py", "/schema.py", "/compaction_log.py",
+                                    "/pg/store.py"))),
     ("engine (rendering, pairing, status)", lambda f: "/daemon/" in f and "/servers/" not in f),
     ("wire and dispatch", lambda f: "/servers/" in f or "/protocol/" in f or "zmq" in f),
 )

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ctxd.daemon.stores.sqlite.context_store import ContextState
+from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.protocol.errors import ApprovalPending
 from ctxd.protocol.handlers import serves
 from ctxd.protocol.methods import CONTEXT_CLEAR, CONTEXT_POP

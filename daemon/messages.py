@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ctxd.daemon.stores.sqlite import fts
+from ctxd.daemon.stores.sql.search_text import index_text
 from ctxd.protocol.errors import InvalidMessage, InvalidParams, PayloadTooLarge
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -204,7 +204,7 @@ def prepare_batch(
     if count is None:
         return PreparedBatch(normalized, digest)
     tokens = [count(m) for m, _ in normalized]
-    texts = [fts.index_text(message_text(m)) for m, _ in normalized]
+    texts = [index_text(message_text(m)) for m, _ in normalized]
     return PreparedBatch(normalized, digest, tokens, texts)
 
 

@@ -35,9 +35,9 @@ from typing import Any
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.messages import PreparedBatch
 from ctxd.daemon.pairing import check_tool_pairs
-from ctxd.daemon.stores.sqlite.archive import SqliteArchive
-from ctxd.daemon.stores.sqlite.context_store import ContextState, bump_counts
-from ctxd.daemon.stores.sqlite.runs import RUN_OUTCOMES
+from ctxd.daemon.stores.sql.contexts import ContextState, bump_counts
+from ctxd.daemon.stores.sql.runs import RUN_OUTCOMES
+from ctxd.daemon.stores.sqlite.archive_fts import SqliteArchive
 from ctxd.daemon.stores.sqlite.schema import open_database, thread_transaction
 from ctxd.daemon.stores.sqlite.store import SqliteStore
 from ctxd.protocol.types import AppendResult, RunFinishResult

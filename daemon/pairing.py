@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ctxd.daemon.stores.base import ArchiveStore
-from ctxd.daemon.stores.sqlite.context_store import ContextState
+from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.protocol.errors import ApprovalPending, InvalidMessage
 
 

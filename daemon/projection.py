@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 from ctxd.daemon.compaction.rules import render_summary_message, valid_boundaries
 from ctxd.daemon.messages import message_text, strip_archive_fields
-from ctxd.daemon.stores.sqlite import fts
-from ctxd.daemon.stores.sqlite.context_store import ContextState
+from ctxd.daemon.stores.sql.contexts import ContextState
+from ctxd.daemon.stores.sql.search_text import cap_terms
 from ctxd.daemon.summary import Summary
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import SearchTooBroad
@@ -194,7 +194,7 @@ def _longest_fitting_suffix(tail: list[dict[str, Any]], room: int) -> int:
 
 def recall_query(query: str) -> str:
     """Recall is best effort: a long query (a whole user message) uses its first terms."""
-    return fts.cap_terms(query)
+    return cap_terms(query)
 
 
 def recall_search(engine: ContextReader, session_id: str, query: str) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.messages import content_text
-from ctxd.daemon.stores.sqlite.fts import MAX_QUERY_TERMS, check_terms
+from ctxd.daemon.stores.sql.search_text import MAX_QUERY_TERMS, check_terms
 from ctxd.protocol.errors import InvalidParams, NotFound
 from ctxd.protocol.handlers import serves
 from ctxd.protocol.methods import CONTEXT_EXPLAIN, QUERY_MAX, TOOLS_CALL

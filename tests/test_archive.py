@@ -10,7 +10,7 @@ import pytest
 from helpers import agent_turn, make_config, tool_turn
 
 from ctxd.daemon.engine import Engine
-from ctxd.daemon.stores.sqlite.archive import SqliteArchive
+from ctxd.daemon.stores.sqlite.archive_fts import SqliteArchive
 from ctxd.daemon.stores.sqlite.schema import open_database
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import (

@@ -26,7 +26,7 @@ from helpers import DaemonProcess, agent_turn, make_config
 from outcomes import OutcomeCounts
 
 from ctxd.daemon.engine import Engine
-from ctxd.daemon.stores.sqlite import context_store as cs
+from ctxd.daemon.stores.sql import contexts as cs
 from ctxd.protocol.errors import CtxdError, ErrorCode
 
 # outcome counts, for bench/fuzz_report.py

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from outcomes import OutcomeCounts
 
 from ctxd.daemon.engine import Engine
-from ctxd.daemon.stores.sqlite import context_store as cs
+from ctxd.daemon.stores.sql import contexts as cs
 from ctxd.protocol.errors import (
     ApprovalPending,
     CtxdError,

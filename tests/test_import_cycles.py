@@ -100,7 +100,7 @@ def test_walk_finds_the_core() -> None:
     graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
     # the walk sees what it must: relative, absolute and type-checking imports
     assert "ctxd.daemon.stores.sqlite.store" in graph["ctxd.daemon.engine.core"]
-    assert "ctxd.daemon.stores.sqlite.archive" in graph["ctxd.daemon.stores.sqlite.store"]
+    assert "ctxd.daemon.stores.sqlite.archive_fts" in graph["ctxd.daemon.stores.sqlite.store"]
     assert "ctxd.protocol.errors" in graph["ctxd.daemon.engine.core"]
     assert "ctxd.daemon.engine.core" in graph["ctxd.daemon.engine"]
     assert "ctxd.daemon.engine" in graph["ctxd.daemon.dispatch"]
@@ -125,11 +125,16 @@ def test_a_cycle_is_found() -> None:
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-# The store: the interface in daemon/stores/base.py, SQLite in daemon/stores/sqlite/ and
-# PostgreSQL in daemon/stores/postgres/. It sits below the engine, so it never reaches
-# the engine.
+# The store: the interface in daemon/stores/base.py, the SQL both engines run in
+# daemon/stores/sql/, SQLite in daemon/stores/sqlite/ and PostgreSQL in
+# daemon/stores/postgres/. It sits below the engine, so it never reaches the engine;
+# each engine's folder builds on the shared SQL, never on the other engine's, and the
+# shared SQL on neither.
 STORE_MODULES = ("ctxd.daemon.stores",)  # the package and every module in it
 ENGINE_MODULES = ("ctxd.daemon.engine",)  # the package and every module in it
+SHARED_SQL = ("ctxd.daemon.stores.sql",)
+SQLITE_STORE = ("ctxd.daemon.stores.sqlite",)
+POSTGRES_STORE = ("ctxd.daemon.stores.postgres",)
 # the contract: daemon and clients are written against it, never the other way
 PROTOCOL_MODULES = ("ctxd.protocol",)
 OUTSIDE_PROTOCOL = ("ctxd.daemon", "ctxd.clients")
@@ -181,6 +186,21 @@ def test_no_store_imports_the_engine() -> None:
     assert not bad, "a store module reaches the engine:\n" + "\n".join(bad)
 
 
+def test_neither_engine_imports_the_other() -> None:
+    modules = _modules()
+    graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+    # the walk sees the shared SQL, and both engines build on it
+    assert any(_under(n, SHARED_SQL) for n in graph)
+    assert any(_under(w, SHARED_SQL) for w in graph["ctxd.daemon.stores.postgres.store"])
+    assert any(_under(w, SHARED_SQL) for w in graph["ctxd.daemon.stores.sqlite.store"])
+    bad = (
+        _forbidden(graph, POSTGRES_STORE, SQLITE_STORE)
+        + _forbidden(graph, SQLITE_STORE, POSTGRES_STORE)
+        + _forbidden(graph, SHARED_SQL, SQLITE_STORE + POSTGRES_STORE)
+    )
+    assert not bad, "a store engine's folder reaches the other's:\n" + "\n".join(bad)
+
+
 def test_the_layer_checks_can_fail() -> None:
     graph = {"ctxd.daemon.stores.postgres.x": {"ctxd.daemon.util"},
              "ctxd.daemon.util": {"ctxd.daemon.engine.core"},
@@ -192,6 +212,16 @@ def test_the_layer_checks_can_fail() -> None:
             "ctxd.daemon.stores.sqlite.store": {"ctxd.daemon.stores.base"},
             "ctxd.daemon.stores.base": set()}
     assert _forbidden(fine, STORE_MODULES, ENGINE_MODULES) == []
+    # one engine's folder reaching the other's through a module outside both
+    engines = {"ctxd.daemon.stores.postgres.store": {"ctxd.daemon.stores.sql.archive",
+                                                     "ctxd.daemon.messages"},
+               "ctxd.daemon.stores.sql.archive": set(),
+               "ctxd.daemon.messages": {"ctxd.daemon.stores.sqlite.fts"},
+               "ctxd.daemon.stores.sqlite.fts": {"ctxd.daemon.stores.sql.archive"}}
+    assert _forbidden(engines, POSTGRES_STORE, SQLITE_STORE) == [
+        "ctxd.daemon.stores.postgres.store -> ... ctxd.daemon.messages -> "
+        "ctxd.daemon.stores.sqlite.fts"]
+    assert _forbidden(engines, SQLITE_STORE, POSTGRES_STORE) == []
     # protocol/ reaching the daemon, directly or through a module between
     contract = {"ctxd.protocol.methods": {"ctxd.protocol.helper"},
                 "ctxd.protocol.helper": {"ctxd.daemon.dispatch"},

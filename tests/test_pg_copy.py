@@ -13,8 +13,8 @@ from helpers import agent_turn, make_config
 from pg import PASSWORD, PgCluster
 
 from ctxd.daemon.engine import Engine
+from ctxd.daemon.stores.copy import copy_sqlite_to_postgres
 from ctxd.daemon.stores.postgres import schema
-from ctxd.daemon.stores.postgres.copy import copy_sqlite_to_postgres
 from ctxd.daemon.stores.postgres.store import PostgresStore
 
 PW_VAR = "CTXD_TEST_PG_PASSWORD"

@@ -16,7 +16,7 @@ import psycopg
 from helpers import make_config
 
 from ctxd.daemon.engine import Engine
-from ctxd.daemon.stores.postgres.copy import copy_sqlite_to_postgres
+from ctxd.daemon.stores.copy import copy_sqlite_to_postgres
 from ctxd.daemon.stores.postgres.store import READ_TAIL, PostgresStore
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ctxd.daemon.stores.base import Store
-from ctxd.daemon.stores.sqlite.context_store import ContextState
+from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.daemon.summary import Summary
 from ctxd.protocol.errors import CompactionInProgress
 from ctxd.protocol.types import Compaction, CompactResult, Size

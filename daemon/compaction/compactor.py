@@ -34,7 +34,7 @@ from ctxd.daemon.compaction.rules import rebuild_boundary, tail_boundary, valid_
 from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.ids import new_id
 from ctxd.daemon.stores.base import Store, shared_store
-from ctxd.daemon.stores.sqlite.context_store import ContextState
+from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.daemon.summary import Summarizer, Summary
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import (

@@ -17,7 +17,7 @@ from ctxd.daemon.compaction.rules import check_summary
 from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.messages import for_model, strip_archive_fields
 from ctxd.daemon.stores.base import ArchiveStore
-from ctxd.daemon.stores.sqlite.context_store import ContextState
+from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.daemon.summary import Summarizer, Summary, SummaryItem, SummaryRequest, as_taken
 from ctxd.daemon.tokens import TokenCounter
 

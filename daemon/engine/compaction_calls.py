@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ctxd.daemon.compaction.compactor import Activity, Compactor, RunActivity
 from ctxd.daemon.engine.archive_sizes import ArchiveSizes
 from ctxd.daemon.engine.run_book import RunBook
-from ctxd.daemon.stores.sqlite.context_store import ContextState
+from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.protocol.handlers import serves
 from ctxd.protocol.methods import CONTEXT_COMPACTIONS
 from ctxd.protocol.types import Compaction, CompactResult

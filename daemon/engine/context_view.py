@@ -45,7 +45,7 @@ from typing import Any
 from ctxd.daemon.compaction.rules import render_summary_message
 from ctxd.daemon.messages import strip_archive_fields
 from ctxd.daemon.stores.base import SharedArchive, Store, shared_store
-from ctxd.daemon.stores.sqlite.context_store import ContextState
+from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.daemon.summary import Summary
 
 # sessions kept, and the approximate characters of their kept tails

@@ -35,7 +35,7 @@ from ctxd.daemon.ids import new_id
 from ctxd.daemon.messages import PreparedBatch, check_time, prepare_batch
 from ctxd.daemon.pairing import check_tool_pairs
 from ctxd.daemon.stores.base import Store, shared_store
-from ctxd.daemon.stores.sqlite.context_store import ContextState
+from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.daemon.stores.sqlite.store import SqliteStore
 from ctxd.daemon.summarizers import make_summarizer, summarizer_status
 from ctxd.daemon.summary import Summarizer

@@ -17,7 +17,7 @@ from ctxd.daemon.ids import new_id
 from ctxd.daemon.ordinals import ordinals_of
 from ctxd.daemon.projection import project
 from ctxd.daemon.stores.base import ArchiveStore, SharedStore, Store
-from ctxd.daemon.stores.sqlite.context_store import ContextState
+from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.daemon.summary import Summary
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import InvalidParams, NotFound

@@ -15,7 +15,7 @@ from ctxd.daemon.compaction.compactor import RunActivity
 from ctxd.daemon.engine.run_book import RunBook
 from ctxd.daemon.ids import new_id
 from ctxd.daemon.stores.base import ArchiveStore, RunStore, Store
-from ctxd.daemon.stores.sqlite.runs import RUN_OUTCOMES
+from ctxd.daemon.stores.sql.runs import RUN_OUTCOMES
 from ctxd.protocol.errors import Conflict, InvalidParams, NotFound, RunActive
 from ctxd.protocol.handlers import serves
 from ctxd.protocol.methods import APPROVAL_LIST

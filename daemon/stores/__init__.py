@@ -1,2 +1,2 @@
-"""Where the engine keeps its data: the store interface (`base`) and its implementations
-(`sqlite`, the embedded default)."""
+"""Where the engine keeps its data: the store interface (`base`), the SQL both engines
+run (`sql`), and the engines (`sqlite`, the embedded default; `postgres`, optional)."""

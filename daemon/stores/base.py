@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from ctxd.daemon.stores.sqlite.context_store import ContextState
+from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.protocol.types import Compaction
 
 Message = dict[str, Any]
@@ -115,7 +115,7 @@ class ArchiveStore(Protocol):
     ) -> tuple[int, list[int], float]:
         """Store one batch whole, indexed for search; returns (batch id, message ids,
         createdAt). Inside a transaction. `index_texts`: each message's text as the
-        SQLite store indexes it (`fts.index_text`), when computed beforehand off the
+        SQLite store indexes it (`search_text.index_text`), when computed beforehand off the
         event loop; other stores may ignore it."""
 
     def existing_tool_calls(self, session_id: str, call_ids: Iterable[str]) -> set[str]: ...

@@ -86,7 +86,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
     try:
         import psycopg
 
-        from ctxd.daemon.stores.postgres.copy import CopyError, copy_sqlite_to_postgres
+        from ctxd.daemon.stores.copy import CopyError, copy_sqlite_to_postgres
     except ImportError:
         raise _startup_error("the postgres store needs psycopg: pip install 'ctxd[postgres]'") \
             from None

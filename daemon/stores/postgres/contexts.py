@@ -1,13 +1,13 @@
-"""The active contexts on PostgreSQL: the embedded store's reads, an upsert, and each
-session's summary decoded once per stored text."""
+"""The active contexts on PostgreSQL: the shared reads (stores/sql/contexts.py), an
+upsert, and each session's summary decoded once per stored text."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ctxd.daemon.stores.sqlite.context_store import (
+from ctxd.daemon.stores.sql.contexts import (
     ContextState,
-    SqliteContexts,
+    SqlContexts,
     context_row,
     decode_summary,
     load_context,
@@ -25,7 +25,7 @@ _CONTEXT_COLUMNS = (
 )
 
 
-class PgContexts(SqliteContexts):
+class PgContexts(SqlContexts):
     """Contexts read on every request (other daemons write them too), with each
     session's summary decoded once per stored text: a summary of a few hundred items
     cost more to decode (json, then an object per item) than the rest of a

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ctxd.daemon.stores.sqlite.archive import _CALL_IDS, _RESULT_IDS, lookup_statements
-from ctxd.daemon.stores.sqlite.context_store import _COLUMNS as _CONTEXT_COLUMNS
-from ctxd.daemon.stores.sqlite.runs import _APPROVAL_COLS, _RUN_COLS
+from ctxd.daemon.stores.sql.archive import _CALL_IDS, _RESULT_IDS, lookup_statements
+from ctxd.daemon.stores.sql.contexts import _COLUMNS as _CONTEXT_COLUMNS
+from ctxd.daemon.stores.sql.runs import _APPROVAL_COLS, _RUN_COLS
 
 Read = tuple[str, Sequence[Any]]
 

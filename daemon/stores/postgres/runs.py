@@ -1,6 +1,6 @@
-"""Runs on PostgreSQL: the embedded store's SqliteRuns, each run recording the daemon that
-serves it, so the other daemons can tell the runs of a daemon that is gone from those of
-a live one.
+"""Runs on PostgreSQL: the shared SqlRuns (stores/sql/runs.py), each run recording the
+daemon that serves it, so the other daemons can tell the runs of a daemon that is gone
+from those of a live one.
 
 A daemon is live while it holds the row lock on its own row of `ctxd_daemons` (schema
 migration 6), through a transaction kept open on a connection of its own. A row lock,
@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 
 from ctxd.daemon.stores.postgres.connection import PgConnection, _storage
-from ctxd.daemon.stores.sqlite.runs import SqliteRuns, _run
+from ctxd.daemon.stores.sql.runs import SqlRuns, _run
 
 REGISTER = (
     "INSERT INTO ctxd_daemons(daemon_id, started_at) VALUES (%s, %s) "
@@ -116,14 +116,14 @@ class DaemonPresence:
             self._holder = None
 
 
-class PgRuns(SqliteRuns):
+class PgRuns(SqlRuns):
     """Runs, each open one naming the daemon serving it (the one that opened it, or the
     one that adopted it once that daemon was gone)."""
 
-    conn: PgConnection  # type: ignore[assignment]
+    conn: PgConnection
 
     def __init__(self, conn: PgConnection) -> None:
-        super().__init__(conn)  # type: ignore[arg-type]
+        super().__init__(conn)
         self.presence = DaemonPresence(conn)
 
     @property

@@ -1,9 +1,9 @@
 """PostgresStore: the store interface (stores/base.py) on PostgreSQL through psycopg 3.
 
-Most of the SQL is the embedded store's own: the parts (archive, runs, pins, compaction
-log) run their statements through `PgConnection`, which takes SQLite's `?` parameters
-and turns failures of the server or the connection into typed `StorageError`s. What
-PostgreSQL does differently is overridden here:
+Most of the SQL is the shared SQL of stores/sql/: the parts (archive, runs, pins,
+compaction log) run its statements through `PgConnection`, which takes their `?`
+parameters and turns failures of the server or the connection into typed
+`StorageError`s. What is PostgreSQL's own is here:
 
 - writes: a write transaction about a session locks that session's row first
   (daemon/stores/postgres/connection.py), so writes to one session are serialized across daemons and
@@ -47,10 +47,10 @@ from ctxd.daemon.stores.postgres.locks import CompactionLocks
 from ctxd.daemon.stores.postgres.prefetch import READ_TAIL, READ_TAIL_RANGE
 from ctxd.daemon.stores.postgres.runs import PgRuns
 from ctxd.daemon.stores.postgres.store_ahead import ReadsAhead
-from ctxd.daemon.stores.sqlite.archive import SqliteArchive, _row_to_message
-from ctxd.daemon.stores.sqlite.archive_search import search_where, too_broad
-from ctxd.daemon.stores.sqlite.compaction_log import CompactionLog
-from ctxd.daemon.stores.sqlite.context_store import SqlitePins
+from ctxd.daemon.stores.sql.archive import SqlArchive, message_from_row
+from ctxd.daemon.stores.sql.compaction_log import CompactionLog
+from ctxd.daemon.stores.sql.contexts import SqlPins
+from ctxd.daemon.stores.sql.search import search_where, too_broad
 from ctxd.protocol.errors import InvalidParams, StorageError
 
 log = logging.getLogger("ctxd.pg.store")
@@ -63,11 +63,11 @@ T = TypeVar("T")
 # (asked right after the commit, on the same event-loop turn); later asks read again
 EXACT_FOR = 0.5
 
-class PgArchive(SqliteArchive):
-    conn: PgConnection  # type: ignore[assignment]
+class PgArchive(SqlArchive):
+    conn: PgConnection
 
     def __init__(self, conn: PgConnection) -> None:
-        super().__init__(conn)  # type: ignore[arg-type]
+        super().__init__(conn)
         conn.planned_per_call |= {READ_TAIL, READ_TAIL_RANGE}
         # session -> (highest message id counted, count): see message_count
         self._counts: dict[str, tuple[int, int]] = {}
@@ -184,7 +184,7 @@ class PgArchive(SqliteArchive):
             rows = self.conn.execute(
                 READ_TAIL_RANGE, (from_id, to_id, session_id, from_id, to_id)
             )
-        return [_row_to_message(r) for r in rows]
+        return [message_from_row(r) for r in rows]
 
     def batch(self, batch_id: int) -> tuple[str, str | None, int, int] | None:
         """(session id, run id, first message id, last message id) of a batch."""
@@ -199,9 +199,9 @@ class PgArchive(SqliteArchive):
             "SELECT id, batch_id, body, tokens, created_at FROM messages WHERE id = ANY(?)",
             (list(ids),),
         )
-        return {r[0]: _row_to_message(r) for r in rows}
+        return {r[0]: message_from_row(r) for r in rows}
 
-    # `search` is ArchiveSearch's: the same fallback from "all" words to "any" and the
+    # `search` is SqlSearch's: the same fallback from "all" words to "any" and the
     # same paging, over PostgreSQL's query builders, budget and SQL below
     queries = tsearch
 
@@ -298,9 +298,9 @@ class PostgresStore(ReadsAhead):
         self.compaction_locks = CompactionLocks(self.conn)
         self._waiters: ThreadPoolExecutor | None = None
         self.contexts = PgContexts(self.conn)  # type: ignore[arg-type]
-        self.pins = SqlitePins(self.conn)  # type: ignore[arg-type]
+        self.pins = SqlPins(self.conn)
         self.runs = PgRuns(self.conn)
-        self.compactions = CompactionLog(self.conn)  # type: ignore[arg-type]
+        self.compactions = CompactionLog(self.conn)
         self._pool: ThreadPoolExecutor | None = None
         self._lanes: list[ThreadPoolExecutor] | None = None
         self._session_tails: dict[str, asyncio.Future[None]] = {}
@@ -457,7 +457,7 @@ class PostgresStore(ReadsAhead):
     async def search_async(self, query: str, **kw: Any) -> tuple[list[dict[str, Any]], str]:
         return await self._run(functools.partial(self._search, query, kw))
 
-    async def read_async(self, fn: Callable[[SqliteArchive], T]) -> T:
+    async def read_async(self, fn: Callable[[PgArchive], T]) -> T:
         return await self._run(lambda: fn(self._reader()))
 
     async def _run(self, fn: Callable[[], T]) -> T:

@@ -21,7 +21,7 @@ from ctxd.daemon.stores.postgres import prefetch
 
 if TYPE_CHECKING:  # the store this mixes into
     from ctxd.daemon.stores.postgres.connection import PgConnection
-    from ctxd.daemon.stores.sqlite.context_store import SqliteContexts
+    from ctxd.daemon.stores.postgres.contexts import PgContexts
 
 T = TypeVar("T")
 
@@ -42,7 +42,7 @@ SWITCH_INTERVAL = 0.0005
 class ReadsAhead:
     conn: PgConnection
     archive: Any  # PgArchive (store.py imports this module)
-    contexts: SqliteContexts
+    contexts: PgContexts
     _lanes: list[ThreadPoolExecutor] | None
     # session -> the last call given for it (in_lane), done when that call is
     _session_tails: dict[str, asyncio.Future[None]]

@@ -1,9 +1,9 @@
-"""Search text for PostgreSQL, split by ctxd's own tokenizer (daemon/stores/sqlite/fts.py's).
+"""Search text for PostgreSQL, split by ctxd's own tokenizer (stores/sql/search_text.py).
 
 PostgreSQL's text-search parser classifies characters by the server's locale: under `C`
 a run of Han characters is one word or none, so `压缩` would not be found inside
 `上下文压缩策略`. ctxd therefore builds the `tsvector` itself, as a literal, from the same
-token stream the SQLite index sees (`fts.index_text`: every CJK character its own token),
+token stream the SQLite index sees (`search_text.index_text`: every CJK character its own token),
 lowercased and without diacritics like unicode61's `remove_diacritics 2`; a query chunk of
 several tokens becomes a phrase (`'压' <-> '缩'`), so a two-character word matches only
 where its characters stand side by side. No text-search configuration is involved (the
@@ -21,8 +21,7 @@ import functools
 import re
 import unicodedata
 
-from ctxd.daemon.stores.sqlite import fts
-from ctxd.daemon.stores.sqlite.snippets import windows
+from ctxd.daemon.stores.sql import search_text
 from ctxd.protocol.errors import InvalidParams
 
 _TOKEN = re.compile(r"[^\W_]+")
@@ -55,7 +54,7 @@ def tokens(text: str) -> list[str]:
         # every append indexes its messages here: lowercasing ASCII moves no token
         # boundary, so the whole text is lowercased at once instead of token by token
         return _TOKEN.findall(text.replace("\x00", " ").lower())
-    return [normalize(t) for t in _TOKEN.findall(fts.index_text(text))]
+    return [normalize(t) for t in _TOKEN.findall(search_text.index_text(text))]
 
 
 def _quote(lexeme: str) -> str:
@@ -125,14 +124,14 @@ def _phrase(chunk: str) -> str | None:
 def plain_query(text: str) -> str | None:
     """A `tsquery` literal: each whitespace-separated chunk a phrase, chunks ANDed;
     None when nothing searchable remains. Nothing in the text is read as syntax."""
-    fts.check_terms(text)
+    search_text.check_terms(text)
     phrases = [p for chunk in text.split() if (p := _phrase(chunk))]
     return " & ".join(phrases) if phrases else None
 
 
 def any_terms_query(text: str) -> str | None:
     """The same phrases ORed: the looser retry when every term together finds nothing."""
-    fts.check_terms(text)
+    search_text.check_terms(text)
     phrases = [p for chunk in text.split() if (p := _phrase(chunk))]
     return " | ".join(phrases) if phrases else None
 
@@ -145,7 +144,7 @@ def advanced_query(text: str) -> str:
     NOT, parentheses, a trailing `*` for a prefix; words side by side are ANDed."""
     if not text.strip():
         raise InvalidParams("the search query is empty")
-    fts.check_terms(text)
+    search_text.check_terms(text)
     out: list[str] = []
     pos = 0
     need_op = False
@@ -193,11 +192,11 @@ def snippet(text: str, query_lexemes: set[str], width: int = 24) -> str:
     """About `width` tokens of the text around the first matched token, matches in
     **bold**, cut ends marked with `…` (what FTS5's snippet() gives on SQLite).
 
-    Only the window of the text (daemon/stores/sqlite/snippets.py's windows) holding the
+    Only the window of the text (stores/sql/search_text.py's windows) holding the
     first match is tokenized: a 3 MB tool output costs what its first 16,000 characters do."""
     first = None
-    for start, end in windows(text):
-        window = fts.index_text(text[start:end])
+    for start, end in search_text.windows(text):
+        window = search_text.index_text(text[start:end])
         cuts = (start > 0, end < len(text))
         out = _window_snippet(window, cuts, query_lexemes, width, need_hit=True)
         if out is not None:
@@ -243,7 +242,7 @@ def _window_snippet(
     cut_after = end < len(spans) or cuts[1]
     out = ("…" if cut_before else "") + body + ("…" if cut_after else "")
     # adjacent marked CJK characters are one highlighted word, as FTS5 marks a phrase
-    return fts.clean_snippet(out.replace(f"**{fts.SEP}**", ""))
+    return search_text.clean_snippet(out.replace(f"**{search_text.SEP}**", ""))
 
 
 def query_lexemes(tsquery: str) -> set[str]:

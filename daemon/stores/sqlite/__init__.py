@@ -1,7 +1,8 @@
 """The embedded SQLite store (the default): `store.SqliteStore` over one APSW connection.
 
-`archive` (with `archive_search`, `search`, `fts`, `snippets`) holds the messages and
-their full-text index, `context_store` the active contexts, `runs` the runs and
-approvals, `compaction_log` every compaction attempt, `schema` the tables and their
-migrations. Nothing is imported here, so a module of the package can be imported alone.
+What is SQLite's own, on top of the shared SQL (stores/sql/): `archive_fts` (with
+`search`, `fts`, `snippets`) writes the messages with their FTS5 index and searches it,
+`contexts` writes a context's row with INSERT OR REPLACE, `schema` makes the tables and
+their migrations. Nothing is imported here, so a module of the package can be imported
+alone.
 """

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import apsw
 
-from ctxd.daemon.stores.sqlite.archive import SqliteArchive
+from ctxd.daemon.stores.sqlite.archive_fts import SqliteArchive
 
 T = TypeVar("T")
 

@@ -13,37 +13,15 @@ between windows and by the progress handler inside them.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import apsw
 
+from ctxd.daemon.stores.sql.search_text import windows
+
 # the tokenizer of messages_fts (daemon/stores/sqlite/schema.py): the same words must match
 TOKENIZE = "unicode61 remove_diacritics 2"
-# characters snippet() sees at once: a few hundred hits at most, a few ms of work
-WINDOW = 16_000
-# windows overlap by this much, so a phrase across a cut is still found whole
-OVERLAP = 1_000
 TOKENS = 24
 PROGRESS_STEPS = 10_000
-
-
-def windows(text: str) -> Iterator[tuple[int, int]]:
-    """(start, end) slices of at most WINDOW characters covering `text`, cut at
-    whitespace where there is some near the cut, overlapping by about OVERLAP."""
-    n = len(text)
-    start = 0
-    while True:
-        end = min(n, start + WINDOW)
-        if end < n:
-            space = text.rfind(" ", end - OVERLAP, end)
-            if space > start:
-                end = space
-        yield start, end
-        if end >= n:
-            return
-        nxt = max(start + 1, end - OVERLAP)
-        space = text.find(" ", nxt, end)
-        start = space + 1 if space != -1 else nxt
 
 
 def _mark_cuts(snip: str, start: int, end: int, n: int) -> str:

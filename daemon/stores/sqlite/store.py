@@ -1,9 +1,10 @@
 """The embedded store: one SQLite file through APSW, full-text search with FTS5.
 
 The default, and the reference for other implementations (see `base`). Its parts are the
-modules that hold their SQL: archive.py, context_store.py, runs.py, compaction_log.py;
-schema.py creates and migrates the file; search.py runs searches on reader connections
-beside the event loop.
+shared SQL of stores/sql/ (runs, pins and the compaction log as they are) and what is
+SQLite's beside it: archive_fts.py (FTS5), contexts.py (INSERT OR REPLACE); schema.py
+creates and migrates the file; search.py runs searches on reader connections beside the
+event loop.
 """
 
 from __future__ import annotations
@@ -15,14 +16,18 @@ from typing import Any, TypeVar
 
 import apsw
 
-from ctxd.daemon.stores.sqlite.archive import SqliteArchive
-from ctxd.daemon.stores.sqlite.compaction_log import CompactionLog
-from ctxd.daemon.stores.sqlite.context_store import SqliteContexts, SqlitePins
-from ctxd.daemon.stores.sqlite.runs import SqliteRuns
+from ctxd.daemon.stores.sql.compaction_log import CompactionLog
+from ctxd.daemon.stores.sql.runs import SqlRuns
+from ctxd.daemon.stores.sqlite.archive_fts import SqliteArchive
+from ctxd.daemon.stores.sqlite.contexts import SqliteContexts, SqlitePins
 from ctxd.daemon.stores.sqlite.schema import open_database, transaction
 from ctxd.daemon.stores.sqlite.search import Searcher
 
 T = TypeVar("T")
+
+
+class SqliteRuns(SqlRuns):
+    """Runs and approvals on SQLite: the shared SQL as it is."""
 
 
 class SqliteStore:

@@ -1,4 +1,6 @@
-"""The active context: a replaceable row per session, apart from the archive.
+"""The active context: a replaceable row per session, apart from the archive; and the
+session's pins. The statements both stores run: SqlContexts (each store writes the whole
+row its own way: `save`), SqlPins.
 
 The active messages are the session's leading system messages (`system_ids`) plus
 every archived message from `tail_start_id` on: the tail is always a suffix of the
@@ -153,14 +155,6 @@ def context_row(st: ContextState) -> tuple[Any, ...]:
     )
 
 
-def save_context(conn: apsw.Connection, st: ContextState) -> None:
-    conn.execute(
-        f"INSERT OR REPLACE INTO conversation_context({_COLUMNS}, updated_at) "
-        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-        context_row(st),
-    )
-
-
 def bump_counts(conn: apsw.Connection, st: ContextState) -> None:
     """The cheap write an append makes: counters and the tail start, not the summary."""
     conn.execute(
@@ -218,17 +212,19 @@ def remove_pin(conn: apsw.Connection, session_id: str, pin_id: str) -> dict[str,
     return {"pinId": row[0], "text": row[1], "createdAt": row[2]}
 
 
-class SqliteContexts:
-    """The active contexts on one SQLite connection (the functions above, bound to it)."""
+class SqlContexts:
+    """The active contexts on one connection (the functions above, bound to it)."""
 
-    def __init__(self, conn: apsw.Connection) -> None:
+    def __init__(self, conn: Any) -> None:
         self.conn = conn
 
     def load(self, session_id: str) -> ContextState | None:
         return load_context(self.conn, session_id)
 
     def save(self, st: ContextState) -> None:
-        save_context(self.conn, st)
+        """Write the whole row (`context_row`): an upsert, which each engine words its
+        own way."""
+        raise NotImplementedError
 
     def bump_counts(self, st: ContextState) -> None:
         bump_counts(self.conn, st)
@@ -237,10 +233,10 @@ class SqliteContexts:
         set_summary_tokens(self.conn, session_id, tokens)
 
 
-class SqlitePins:
-    """The pins on one SQLite connection."""
+class SqlPins:
+    """The pins on one connection."""
 
-    def __init__(self, conn: apsw.Connection) -> None:
+    def __init__(self, conn: Any) -> None:
         self.conn = conn
 
     def list(self, session_id: str) -> list[dict[str, Any]]:

@@ -1,9 +1,10 @@
-"""SqliteArchive: the append-only record of every message, and its full-text index.
+"""SqlArchive: the archive's SQL both stores run (sessions, reads, tool-call lookups).
 
-Nothing here updates or deletes an archived row (triggers would refuse it anyway).
-The caller owns transactions: `append` runs inside the engine's write transaction so
-the archive and the active context's counters change together or not at all.
-Searching the index is `ArchiveSearch` (archive_search.py), which this class takes in.
+The append-only record of every message. Nothing here updates or deletes an archived
+row (triggers would refuse it anyway). What each store does its own way is in its
+subclass: writing a batch with its search rows, reading a session's tail, counting, and
+searching (`SqlSearch` runs the search over the store's own queries and SQL):
+`SqliteArchive` (stores/sqlite/archive_fts.py) and `PgArchive` (stores/postgres/store.py).
 """
 
 from __future__ import annotations
@@ -13,12 +14,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-import apsw
-
-from ctxd.daemon.messages import message_text
-from ctxd.daemon.stores.sqlite import fts
-from ctxd.daemon.stores.sqlite.archive_search import ArchiveSearch
-from ctxd.daemon.stores.sqlite.snippets import Snippets
+from ctxd.daemon.stores.sql.search import SqlSearch
 from ctxd.protocol.errors import InvalidParams
 
 
@@ -73,7 +69,7 @@ def _within_bytes(rows: Iterable[Sequence[Any]], max_bytes: int | None) -> Itera
         yield row
 
 
-def _row_to_message(row: Sequence[Any]) -> dict[str, Any]:
+def message_from_row(row: Sequence[Any]) -> dict[str, Any]:
     msg_id, batch_id, body, tokens, created_at = row
     msg = json.loads(body)
     msg["id"] = msg_id
@@ -83,21 +79,12 @@ def _row_to_message(row: Sequence[Any]) -> dict[str, Any]:
     return msg
 
 
-# a session's messages from an id on (its tail), and within a range of ids
-READ_FROM = (
-    "SELECT id, batch_id, body, tokens, created_at FROM messages "
-    "WHERE session_id = ? AND id >= ? ORDER BY id"
-)
-READ_RANGE = (
-    "SELECT id, batch_id, body, tokens, created_at FROM messages "
-    "WHERE session_id = ? AND id >= ? AND id <= ? ORDER BY id"
-)
+class SqlArchive(SqlSearch):
+    """The archive on one connection: an APSW connection, or a `PgConnection`, which
+    takes the same `?` parameters."""
 
-
-class SqliteArchive(ArchiveSearch):
-    def __init__(self, conn: apsw.Connection) -> None:
+    def __init__(self, conn: Any) -> None:
         self.conn = conn
-        self.snippets = Snippets()
 
     # sessions
 
@@ -210,99 +197,6 @@ class SqliteArchive(ArchiveSearch):
         ).fetchone()
         return tuple(row) if row else None  # type: ignore[return-value]
 
-    def append(
-        self,
-        session_id: str,
-        messages: Sequence[tuple[dict[str, Any], str, int]],
-        *,
-        digest: str,
-        run_id: str | None,
-        client_batch_id: str | None,
-        index_texts: Sequence[str] | None = None,
-    ) -> tuple[int, list[int], float]:
-        """Write one batch: (normalized message, JSON body, tokens) each. Returns
-        (batch id, message ids, created_at). Must run inside a transaction.
-        `index_texts` are the messages' `fts.index_text`, when computed beforehand."""
-        now = time.time()
-        last_message, last_batch = self.conn.execute(
-            "SELECT (SELECT max(id) FROM messages), (SELECT max(id) FROM batches)"
-        ).fetchone()
-        first = (last_message or 0) + 1
-        ids = list(range(first, first + len(messages)))
-        batch_id = (last_batch or 0) + 1
-        self._insert_batch(
-            session_id, messages, ids, batch_id, digest, run_id, client_batch_id, now
-        )
-        self.conn.executemany(
-            "INSERT INTO messages_fts(rowid, body) VALUES (?, ?)",
-            [
-                (i, fts.index_text(message_text(m)) if index_texts is None else text)
-                for i, (m, _, _), text in zip(
-                    ids, messages, index_texts or [None] * len(ids), strict=True
-                )
-            ],
-        )
-        self._index_tool_calls(session_id, messages, ids)
-        return batch_id, ids, now
-
-    def _insert_batch(
-        self,
-        session_id: str,
-        messages: Sequence[tuple[dict[str, Any], str, int]],
-        ids: Sequence[int],
-        batch_id: int,
-        digest: str,
-        run_id: str | None,
-        client_batch_id: str | None,
-        now: float,
-    ) -> None:
-        """The `batches` row and the `messages` rows of an append (the same statements
-        on PostgreSQL)."""
-        self.conn.execute(
-            "INSERT INTO batches(id, session_id, client_batch_id, run_id, digest, "
-            "first_message_id, last_message_id, created_at) VALUES (?,?,?,?,?,?,?,?)",
-            (batch_id, session_id, client_batch_id, run_id, digest, ids[0], ids[-1], now),
-        )
-        self.conn.executemany(
-            "INSERT INTO messages(id, session_id, batch_id, role, body, tokens, created_at) "
-            "VALUES (?,?,?,?,?,?,?)",
-            [
-                # a message that brings its own time (an imported one) keeps it
-                (i, session_id, batch_id, m["role"], body, tokens, m.get("createdAt", now))
-                for i, (m, body, tokens) in zip(ids, messages, strict=True)
-            ],
-        )
-
-    def _index_tool_calls(
-        self,
-        session_id: str,
-        messages: Sequence[tuple[dict[str, Any], str, int]],
-        ids: Sequence[int],
-    ) -> None:
-        """The rows of `tool_calls` and `tool_results` for an appended batch (the same
-        statements on PostgreSQL)."""
-        calls = [
-            (session_id, c["id"], i)
-            for i, (m, _, _) in zip(ids, messages, strict=True)
-            for c in m.get("tool_calls") or ()
-        ]
-        if calls:
-            self.conn.executemany(
-                "INSERT INTO tool_calls(session_id, tool_call_id, call_message_id) VALUES (?,?,?)",
-                calls,
-            )
-        results = [
-            (session_id, m["tool_call_id"], i)
-            for i, (m, _, _) in zip(ids, messages, strict=True)
-            if m["role"] == "tool"
-        ]
-        if results:
-            self.conn.executemany(
-                "INSERT INTO tool_results(session_id, tool_call_id, result_message_id) "
-                "VALUES (?,?,?)",
-                results,
-            )
-
     # tool call bookkeeping for validation
 
     def existing_tool_calls(self, session_id: str, call_ids: Iterable[str]) -> set[str]:
@@ -352,7 +246,7 @@ class SqliteArchive(ArchiveSearch):
             "WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?",
             (session_id, after_id, limit),
         )
-        return [_row_to_message(r) for r in _within_bytes(rows, max_bytes)]
+        return [message_from_row(r) for r in _within_bytes(rows, max_bytes)]
 
     def read_before(
         self,
@@ -370,7 +264,7 @@ class SqliteArchive(ArchiveSearch):
             (session_id, after_id, before_id, limit),
         )
         kept = list(_within_bytes(rows, max_bytes))
-        return [_row_to_message(r) for r in reversed(kept)]
+        return [message_from_row(r) for r in reversed(kept)]
 
     def has_between(self, session_id: str, after_id: int, before_id: int | None) -> bool:
         """Whether the session has a message with after_id < id (< before_id)."""
@@ -379,16 +273,6 @@ class SqliteArchive(ArchiveSearch):
             (session_id, after_id, before_id if before_id is not None else 1 << 62),
         ).fetchone()
         return row is not None
-
-    def read_from(
-        self, session_id: str, from_id: int, to_id: int | None = None
-    ) -> list[dict[str, Any]]:
-        """Every message of the session with from_id <= id (<= to_id)."""
-        if to_id is None:
-            rows = self.conn.execute(READ_FROM, (session_id, from_id))
-        else:
-            rows = self.conn.execute(READ_RANGE, (session_id, from_id, to_id))
-        return [_row_to_message(r) for r in rows]
 
     def stored_bytes(
         self, session_id: str, from_id: int, also: Sequence[int] = (),
@@ -412,26 +296,6 @@ class SqliteArchive(ArchiveSearch):
                     [session_id, *chunk],
                 ).fetchone()[0])
         return total
-
-    def get_many(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
-        out: dict[int, dict[str, Any]] = {}
-        for i in range(0, len(ids), 500):
-            chunk = list(ids[i : i + 500])
-            marks = ",".join("?" * len(chunk))
-            for row in self.conn.execute(
-                f"SELECT id, batch_id, body, tokens, created_at FROM messages "  # noqa: S608
-                f"WHERE id IN ({marks})",
-                chunk,
-            ):
-                out[row[0]] = _row_to_message(row)
-        return out
-
-    def message_count(self, session_id: str) -> int:
-        return int(
-            self.conn.execute(
-                "SELECT count(*) FROM messages WHERE session_id = ?", (session_id,)
-            ).fetchone()[0]
-        )
 
     def count_between(self, session_id: str, lo: int, hi: int) -> int:
         """Messages of the session with lo <= id <= hi (the summary's per-session ordinals

@@ -1,4 +1,5 @@
-"""Runs and tool approvals, stored with the session so they outlive the daemon."""
+"""SqlRuns: runs and tool approvals, stored with the session so they outlive the daemon;
+the statements both stores run (PostgreSQL adds the daemon serving each run)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,7 @@ import json
 import time
 from typing import Any
 
-import apsw
-
-from ctxd.daemon.stores.sqlite.archive import strict_json
+from ctxd.daemon.stores.sql.archive import strict_json
 
 RUN_OUTCOMES = ("completed", "failed", "cancelled")
 
@@ -47,8 +46,8 @@ _APPROVAL_COLS = (
 )
 
 
-class SqliteRuns:
-    def __init__(self, conn: apsw.Connection) -> None:
+class SqlRuns:
+    def __init__(self, conn: Any) -> None:
         self.conn = conn
 
     def start(self, run_id: str, session_id: str) -> dict[str, Any]:

@@ -1,17 +1,15 @@
 """CompactionLog: every compaction attempt, effective or not, in the `compactions` table.
 
-Rows are written inside the caller's transaction (the log entry of a committed
-compaction commits with the new context) and read back newest first. One record type
-both ways: `Compaction` (protocol/types.py), what `context/compactions` sends; the
-archive's size when it ran is not in this table, so it is read back as None and the
-engine fills it in (engine/archive_sizes.py).
+The same statements on both stores. Rows are written inside the caller's transaction
+(the log entry of a committed compaction commits with the new context) and read back
+newest first. One record type both ways: `Compaction` (protocol/types.py), what
+`context/compactions` sends; the archive's size when it ran is not in this table, so it
+is read back as None and the engine fills it in (engine/archive_sizes.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-import apsw
 
 from ctxd.protocol.types import Compaction
 
@@ -31,7 +29,7 @@ _HISTORY = (
 
 
 class CompactionLog:
-    def __init__(self, conn: apsw.Connection) -> None:
+    def __init__(self, conn: Any) -> None:
         self.conn = conn
 
     def record(self, session_id: str, c: Compaction) -> None:

@@ -8,6 +8,10 @@ batch's digest matches, so nothing is copied twice and nothing is skipped. The r
 change (active contexts, pins, runs, approvals, the compaction log) are then upserted, so
 running the copy again refreshes them. The target must be empty or hold only an earlier
 copy of the same archive: a batch id that holds other data there stops the copy.
+
+It reads the SQLite file and writes through the PostgreSQL store's parts, so it stands
+beside both engines' folders, not in either (neither imports the other); the CLI
+imports it for `ctxd copy` alone, so the embedded path never loads psycopg for it.
 """
 
 from __future__ import annotations
