@@ -33,6 +33,10 @@ TOOL_RESULTS = (
     "SELECT ?, t.call, t.mid FROM unnest(?::text[], ?::bigint[]) AS t(call, mid)"
 )
 
+# the statements whose arrays (bodies, tsvector literals, tool call ids) go in binary
+# (PgConnection.binary_params)
+BINARY = frozenset({MESSAGES, SEARCH, TOOL_CALLS, TOOL_RESULTS})
+
 
 def message_rows(
     session_id: str, batch_id: int, messages: Sequence[tuple[dict[str, Any], str, int]],

@@ -69,6 +69,7 @@ class PgArchive(SqliteArchive):
     def __init__(self, conn: PgConnection) -> None:
         super().__init__(conn)  # type: ignore[arg-type]
         conn.planned_per_call |= {READ_TAIL, READ_TAIL_RANGE}
+        conn.binary_params |= batch_rows.BINARY
         # session -> (highest message id counted, count): see message_count
         self._counts: dict[str, tuple[int, int]] = {}
         # counts made in the open transaction under the session's lock, and the sessions
