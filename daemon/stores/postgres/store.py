@@ -417,6 +417,9 @@ class PostgresStore(ReadsAhead):
             target=self._listen, args=(on_event,), name="ctxd-pg-listen", daemon=True
         )
         self._listener.start()
+        # a daemon about to serve: the lanes' connections opened now, not by its first
+        # requests
+        self.warm_lanes()
 
     @property
     def listening(self) -> threading.Event:
