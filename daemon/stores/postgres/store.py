@@ -153,16 +153,9 @@ class PgArchive(SqliteArchive):
             self._before_tx[session_id] = top
         parts = [tsearch.tsvector_parts(message_text(m)) for m, _, _ in messages]
         with c.pipeline():
-            # one statement a table (daemon/stores/postgres/batch_rows.py)
-            c.execute(
-                "INSERT INTO batches(id, session_id, client_batch_id, run_id, digest, "
-                "first_message_id, last_message_id, created_at) VALUES (?,?,?,?,?,?,?,?)",
-                (batch_id, session_id, client_batch_id, run_id, digest, ids[0], ids[-1], now),
-            )
-            c.execute(*batch_rows.message_rows(session_id, batch_id, messages, ids, now))
-            c.execute(*batch_rows.search_rows(ids, parts))
-            for sql, params in batch_rows.tool_rows(session_id, messages, ids):
-                c.execute(sql, params)
+            # every row in one statement (daemon/stores/postgres/batch_rows.py)
+            c.execute(*batch_rows.batch_writes(session_id, batch_id, client_batch_id, run_id,
+                                               digest, messages, ids, parts, now))
             # seen by every listening daemon when (and only if) this transaction commits
             c.execute(events.RECORD, (
                 self.origin, session_id,
