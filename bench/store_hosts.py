@@ -10,7 +10,8 @@ on a session of its own (created fresh, in a database holding the prepared archi
 append agent steps and read `context/get` after each; messages/s, and the round trips
 per turn (every connection of every daemon counted, its listener's included). Then, on
 one daemon, one client alone: the round trips of each append and each `context/get`,
-and `context/status` p99 idle and while another client appends at full speed.
+and `context/status` p99 idle and while another client appends at full speed (on the
+embedded store too, for comparison).
 """
 
 from __future__ import annotations
@@ -166,7 +167,10 @@ def run(stores: Any, history: int, rtts: list[float], counts: list[int], steps: 
     embedded = start_daemons(stores, "sqlite", history, 1)[0]
     try:
         figures["sqlite"] = counted_turns(embedded, None, 15)
-        log(f"embedded: {figures['sqlite']}")
+        # the same status probe: what a busy client costs a cheap request where every
+        # request runs on the event loop
+        figures["sqlite_probe"] = status_probe(embedded, 6.0)
+        log(f"embedded: {figures['sqlite']} {figures['sqlite_probe']}")
     finally:
         embedded.stop()
     for rtt in rtts:
@@ -238,7 +242,11 @@ def render(f: dict[str, Any], rtts: list[float], counts: list[int], steps: int,
             f"{p['busy_p99']:.1f} | {p['busy_p99'] / p['idle_p99']:.2f} |")
     s = f.get("sqlite")
     if s:
-        lines.append(f"| embedded SQLite | | | {s['append_ms']:.1f} | {s['get_ms']:.1f} | | | |")
+        sp = f.get("sqlite_probe")
+        probe = (f"{sp['idle_p99']:.1f} | {sp['busy_p99']:.1f} | "
+                 f"{sp['busy_p99'] / sp['idle_p99']:.2f}") if sp else " | "
+        lines.append(f"| embedded SQLite | | | {s['append_ms']:.1f} | {s['get_ms']:.1f} | "
+                     f"{probe} |")
         z = f["turns"].get(0.0) or f["turns"].get(0)
         if z:
             lines += ["", f"On loopback (0 ms added), PostgreSQL over the embedded store: "

@@ -322,6 +322,15 @@ class SharedStore(Store, Protocol):
         """Whether another daemon compacts the session now."""
 
 
+# store class -> whether it is a SharedStore: checking a runtime Protocol walks every one
+# of its members (some 0.1 ms), and requests on a shared store ask once each
+_SHARED_KINDS: dict[type, bool] = {}
+
+
 def shared_store(store: object) -> SharedStore | None:
     """`store` when other daemons write it too, else None."""
-    return store if isinstance(store, SharedStore) and store.shared else None
+    kind = type(store)
+    shared = _SHARED_KINDS.get(kind)
+    if shared is None:
+        shared = _SHARED_KINDS[kind] = isinstance(store, SharedStore)
+    return store if shared and store.shared else None  # type: ignore[attr-defined]

@@ -1,11 +1,12 @@
-"""An append's rows on PostgreSQL: one statement a table, whatever the batch's size.
+"""An append's rows on PostgreSQL: one statement, whatever the batch's size.
 
 The embedded store inserts a batch's rows one statement each (an executemany), which
 costs SQLite next to nothing. On PostgreSQL each statement is a message psycopg builds
 and the server parses, binds and answers: a turn of four messages wrote a dozen rows in
 as many statements, and those statements cost the daemon and the server more CPU than
 the rows did. Here every table's rows go as arrays in one `INSERT .. SELECT FROM
-unnest(..)`, inside the append's pipeline (the same round trip).
+unnest(..)`, and the tables' inserts are the WITH queries of one statement
+(`batch_writes`), inside the append's pipeline (the same round trip).
 """
 
 from __future__ import annotations
@@ -32,6 +33,48 @@ TOOL_RESULTS = (
     "INSERT INTO tool_results(session_id, tool_call_id, result_message_id) "
     "SELECT ?, t.call, t.mid FROM unnest(?::text[], ?::bigint[]) AS t(call, mid)"
 )
+
+BATCH = (
+    "INSERT INTO batches(id, session_id, client_batch_id, run_id, digest, "
+    "first_message_id, last_message_id, created_at) VALUES (?,?,?,?,?,?,?,?)"
+)
+
+
+def _writes(tool_calls: bool, tool_results: bool) -> str:
+    """Every row of a batch in one statement: each table's INSERT a data-modifying WITH
+    query of the batch's own (the foreign keys between them are checked when the
+    statement ends, once every row is in)."""
+    parts = [("b", BATCH), ("m", MESSAGES)]
+    if tool_calls:
+        parts.append(("c", TOOL_CALLS))
+    if tool_results:
+        parts.append(("r", TOOL_RESULTS))
+    return "WITH " + ", ".join(f"{name} AS ({sql})" for name, sql in parts) + " " + SEARCH
+
+
+# the batch's statement for each (tool calls?, tool results?)
+WRITES = {(c, r): _writes(c, r) for c in (False, True) for r in (False, True)}
+# the statements whose arrays (bodies, tsvector literals, tool call ids) go in binary
+# (PgConnection.binary_params)
+BINARY = frozenset({MESSAGES, SEARCH, TOOL_CALLS, TOOL_RESULTS, *WRITES.values()})
+
+
+def batch_writes(
+    session_id: str, batch_id: int, client_batch_id: str | None, run_id: str | None,
+    digest: str, messages: Sequence[tuple[dict[str, Any], str, int]], ids: Sequence[int],
+    parts: Sequence[list[str]], now: float,
+) -> tuple[str, list[Any]]:
+    """The batch's row, its messages, their search parts and its tool calls and results
+    as one statement (one message for psycopg to build and the server to parse and
+    plan, where there were five): its SQL and parameters."""
+    params: list[Any] = [batch_id, session_id, client_batch_id, run_id, digest, ids[0],
+                         ids[-1], now]
+    params += message_rows(session_id, batch_id, messages, ids, now)[1]
+    tools = {sql: p for sql, p in tool_rows(session_id, messages, ids)}
+    for sql in (TOOL_CALLS, TOOL_RESULTS):
+        params += tools.get(sql, ())
+    params += search_rows(ids, parts)[1]
+    return WRITES[TOOL_CALLS in tools, TOOL_RESULTS in tools], params
 
 
 def message_rows(

@@ -69,6 +69,7 @@ class PgArchive(SqlArchive):
     def __init__(self, conn: PgConnection) -> None:
         super().__init__(conn)
         conn.planned_per_call |= {READ_TAIL, READ_TAIL_RANGE}
+        conn.binary_params |= batch_rows.BINARY
         # session -> (highest message id counted, count): see message_count
         self._counts: dict[str, tuple[int, int]] = {}
         # counts made in the open transaction under the session's lock, and the sessions
@@ -152,16 +153,9 @@ class PgArchive(SqlArchive):
             self._before_tx[session_id] = top
         parts = [tsearch.tsvector_parts(message_text(m)) for m, _, _ in messages]
         with c.pipeline():
-            # one statement a table (daemon/stores/postgres/batch_rows.py)
-            c.execute(
-                "INSERT INTO batches(id, session_id, client_batch_id, run_id, digest, "
-                "first_message_id, last_message_id, created_at) VALUES (?,?,?,?,?,?,?,?)",
-                (batch_id, session_id, client_batch_id, run_id, digest, ids[0], ids[-1], now),
-            )
-            c.execute(*batch_rows.message_rows(session_id, batch_id, messages, ids, now))
-            c.execute(*batch_rows.search_rows(ids, parts))
-            for sql, params in batch_rows.tool_rows(session_id, messages, ids):
-                c.execute(sql, params)
+            # every row in one statement (daemon/stores/postgres/batch_rows.py)
+            c.execute(*batch_rows.batch_writes(session_id, batch_id, client_batch_id, run_id,
+                                               digest, messages, ids, parts, now))
             # seen by every listening daemon when (and only if) this transaction commits
             c.execute(events.RECORD, (
                 self.origin, session_id,
@@ -416,6 +410,9 @@ class PostgresStore(ReadsAhead):
             target=self._listen, args=(on_event,), name="ctxd-pg-listen", daemon=True
         )
         self._listener.start()
+        # a daemon about to serve: the lanes' connections opened now, not by its first
+        # requests
+        self.warm_lanes()
 
     @property
     def listening(self) -> threading.Event:

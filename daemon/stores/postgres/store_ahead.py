@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ctxd.daemon.stores.postgres import prefetch
+from ctxd.protocol.errors import StorageError
 
 if TYPE_CHECKING:  # the store this mixes into
     from ctxd.daemon.stores.postgres.connection import PgConnection
     from ctxd.daemon.stores.postgres.contexts import PgContexts
+    from ctxd.daemon.stores.postgres.ids import IdAllocator
 
 T = TypeVar("T")
 
@@ -37,11 +40,14 @@ class KeptView(Protocol):
 # worker threads serving requests off the event loop (in_lane), each with a connection
 LANES = 4
 SWITCH_INTERVAL = 0.0005
+# seconds the lanes wait for each other to start before opening their connections
+WARM_WAIT = 5.0
 
 
 class ReadsAhead:
     conn: PgConnection
     archive: Any  # PgArchive (store.py imports this module)
+    ids: IdAllocator
     contexts: PgContexts
     _lanes: list[ThreadPoolExecutor] | None
     # session -> the last call given for it (in_lane), done when that call is
@@ -131,6 +137,20 @@ class ReadsAhead:
         another, in the order given; other sessions' run beside them on the other
         threads, and the event loop waits on none."""
         loop = asyncio.get_running_loop()
+        lanes = self._lane_pool()
+        before = self._session_tails.get(session_id)
+        mine: asyncio.Future[None] = loop.create_future()
+        self._session_tails[session_id] = mine
+        try:
+            if before is not None:
+                await asyncio.wait([before])  # its outcome is its own caller's
+            return await loop.run_in_executor(lanes, fn)
+        finally:
+            mine.set_result(None)
+            if self._session_tails.get(session_id) is mine:
+                del self._session_tails[session_id]
+
+    def _lane_pool(self) -> ThreadPoolExecutor:
         if self._lanes is None:
             self._lanes = [ThreadPoolExecutor(LANES, thread_name_prefix="ctxd-pg-lane")]
             # a thread waits for the interpreter's lock up to the switch interval (5 ms
@@ -138,14 +158,29 @@ class ReadsAhead:
             # thread would wait that long, several times, behind an append's encoding on
             # another; the lanes' calls are short and mostly wait on the network
             sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
-        before = self._session_tails.get(session_id)
-        mine: asyncio.Future[None] = loop.create_future()
-        self._session_tails[session_id] = mine
-        try:
-            if before is not None:
-                await asyncio.wait([before])  # its outcome is its own caller's
-            return await loop.run_in_executor(self._lanes[0], fn)
-        finally:
-            mine.set_result(None)
-            if self._session_tails.get(session_id) is mine:
-                del self._session_tails[session_id]
+        return self._lanes[0]
+
+    def warm_lanes(self) -> None:
+        """Open every lane's connections now, beside the event loop (a daemon about to
+        serve). Each is a TCP and an authentication handshake (SCRAM: milliseconds of
+        CPU for the daemon and for the server): opened by the first requests, they cost
+        those requests, and a short burst of turns several times their own work."""
+        if self._lanes is not None:
+            return  # started already: its threads may be busy, and have connected
+        lanes = self._lane_pool()
+        # one task per thread: each holds its thread until every lane has one
+        started = threading.Barrier(LANES)
+
+        def connect() -> None:
+            try:
+                started.wait(WARM_WAIT)
+            except threading.BrokenBarrierError:
+                pass
+            try:
+                self.conn.raw()
+                self.ids.conn.raw()
+            except StorageError:
+                pass  # the first request connects again, and says why if it cannot
+
+        for _ in range(LANES):
+            lanes.submit(connect)
