@@ -59,7 +59,7 @@ class AutoCompactor:
             await asyncio.sleep(0)  # let the reply that scheduled us go out first
             # Appends keep landing while the summary is computed: when they outran it,
             # go again at once instead of waiting for the next append or run.
-            while self.engine.auto_compaction_due(session_id):
+            while await self.engine.auto_compaction_still_due(session_id):
                 result = await self.engine.compact(session_id, trigger="auto")
                 if result is None or not result.effective:
                     break

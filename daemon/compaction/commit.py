@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.stores.base import Store
 from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.daemon.summary import Summary
@@ -212,3 +213,15 @@ def say_instructions(result: CompactResult) -> None:
     if not applied:
         why = result.reason or "nothing was committed"
         result.reason = f"{why}; the instructions were not applied (the summary is unchanged)"
+
+
+def say_under_limits(result: CompactResult, policy: CompactionPolicy) -> None:
+    """A compaction nobody forced, of a context under its limits: that is the news."""
+    before = result.before
+    result.under_limits = True
+    result.limits = Size(messages=policy.max_active_messages, tokens=policy.max_active_tokens)
+    result.reason = (
+        f"the context is under its limits ({before.messages} of "
+        f"{policy.max_active_messages} messages, {before.tokens} of "
+        f"{policy.max_active_tokens} tokens): nothing is due; pass force to compact it anyway"
+    )

@@ -22,11 +22,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple, NoReturn, Protocol
+from typing import Any, NamedTuple, NoReturn, Protocol, TypeVar
 
 import msgspec
 
-from ctxd.daemon.busy import when_free
+from ctxd.daemon.busy import when_free, when_free_off_loop
 from ctxd.daemon.compaction import commit, inputs, preambles
 from ctxd.daemon.compaction.commit import Attempt
 from ctxd.daemon.compaction.one_at_a_time import OneAtATime
@@ -51,7 +51,6 @@ from ctxd.protocol.types import (
     ErrorObject,
     Progress,
     ProgressValue,
-    Size,
     Status,
 )
 
@@ -60,6 +59,8 @@ log = logging.getLogger("ctxd.compactor")
 # auto-compaction pauses on a session after this many failures in a row, until a
 # manual compaction or a rebuild succeeds there
 MAX_AUTO_FAILURES = 3
+
+T = TypeVar("T")
 
 
 def _nowhere(session_id: str) -> bool:
@@ -140,6 +141,18 @@ class Compactor(OneAtATime):
             shared.release_compaction_lock if shared else None)
         self.elsewhere: Callable[[str], bool] = (
             shared.compacting_elsewhere if shared else _nowhere)
+        # a shared store's worker threads: each of its calls is a round trip to a server
+        self._in_lane = shared.in_lane if shared else None
+
+    async def beside_loop(self, session_id: str, fn: Callable[[], T]) -> T:
+        """`fn()`, which reads or writes the store: on a shared store, on the session's
+        worker thread after its earlier calls, so the event loop serves other clients
+        while the server answers (one round trip at 5 ms between hosts held every
+        client's `context/status` behind an automatic compaction); on the embedded
+        store, here (SQLite answers in microseconds, and its connection is the loop's)."""
+        if self._in_lane is None:
+            return fn()
+        return await self._in_lane(session_id, fn)
 
     # when
 
@@ -178,7 +191,7 @@ class Compactor(OneAtATime):
         dry_run: bool = False,
     ) -> CompactResult | None:
         """The result; None for an automatic one found no longer due."""
-        self.contexts.require_session(session_id)
+        await self.beside_loop(session_id, lambda: self.contexts.require_session(session_id))
         cid = new_id("cmp")
         begun = False
         # a store shared by several daemons lets one of them compact a session at a time
@@ -191,7 +204,11 @@ class Compactor(OneAtATime):
                 begun = await self._wait_for_running(session_id, cid, trigger)
             locked = True
         try:
-            if self.store.runs.pending_count(session_id):
+            # read first: the checks below and marking the session running are made with
+            # nothing awaited between them
+            pending = await self.beside_loop(
+                session_id, lambda: self.store.runs.pending_count(session_id))
+            if pending:
                 if begun:
                     self._progress(session_id, cid,
                                    ProgressValue(kind="end", message="not started"))
@@ -215,7 +232,8 @@ class Compactor(OneAtATime):
         self.running.add(session_id)
         self._idle.setdefault(session_id, asyncio.Event()).clear()
         try:
-            under = not self.over_limits(self.contexts.context_state(session_id))
+            under = not self.over_limits(await self.beside_loop(
+                session_id, lambda: self.contexts.context_state(session_id)))
         except BaseException:
             self._unlock(session_id)
             raise
@@ -230,7 +248,7 @@ class Compactor(OneAtATime):
                 session_id, force, instructions, trigger, dry_run, cid, begun
             )
             if under and trigger == "manual" and not force and not result.effective:
-                self._say_under_limits(result)
+                commit.say_under_limits(result, self.policy)
             if instructions and not dry_run:
                 commit.say_instructions(result)
         except CtxdError:
@@ -243,25 +261,13 @@ class Compactor(OneAtATime):
             if result.compaction_id:
                 self.auto_failures.pop(session_id, None)
             # sent once the attempt is over, so the status it carries is final
+            status = await self.beside_loop(session_id, lambda: self.contexts.status(session_id))
             self.emit(
                 session_id,
                 "context/didCompact",
-                DidCompact(session_id=session_id, status=self.contexts.status(session_id),
-                           **_event_members(result)),
+                DidCompact(session_id=session_id, status=status, **_event_members(result)),
             )
         return result
-
-    def _say_under_limits(self, result: CompactResult) -> None:
-        """A compaction nobody forced, of a context under its limits: that is the news."""
-        p = self.policy
-        before = result.before
-        result.under_limits = True
-        result.limits = Size(messages=p.max_active_messages, tokens=p.max_active_tokens)
-        result.reason = (
-            f"the context is under its limits ({before.messages} of "
-            f"{p.max_active_messages} messages, {before.tokens} of {p.max_active_tokens} "
-            "tokens): nothing is due; pass force to compact it anyway"
-        )
 
     # one attempt
 
@@ -276,39 +282,40 @@ class Compactor(OneAtATime):
         begun: bool = False,
     ) -> CompactResult:
         a = Attempt(cid, session_id, trigger, time.time(), instructions, dry_run)
-        st = self.contexts.context_state(session_id)
+        st, tail_region, pins = await self.beside_loop(
+            session_id, lambda: self._read_context(session_id))
         before = {"messages": st.rendered_messages, "tokens": st.rendered_tokens}
         title = "Rebuilding context" if trigger == "rebuild" else "Compacting context"
         if not begun:
             self._progress(session_id, cid, ProgressValue(kind="begin", title=title, percentage=0))
         rederive = inputs.rederives(self.summarizer, self.policy, st, trigger)
-        tail_region = self.contexts.tail_messages(session_id, st)
         region = (
             await inputs.non_system_messages(self.archive, session_id, st)
             if trigger == "rebuild"
             else tail_region
         )
+        # which tool calls will never be answered asks the archive (runs closed)
+        abandoned = await self.beside_loop(
+            session_id, lambda: inputs.abandoned_calls(self.archive, region))
         boundary = tail_boundary(
             region,
             keep=self.policy.keep_messages,
             keep_tokens=self.policy.max_active_tokens // 2,
             force=force,
-            abandoned=inputs.abandoned_calls(self.archive, region),
+            abandoned=abandoned,
             force_keep=self.policy.force_keep_messages,
         )
         if trigger == "rebuild" and region:
             boundary = rebuild_boundary(region, boundary, st.tail_start_id)
         if boundary is None:
-            return self._not_effective(
+            return await self.beside_loop(session_id, lambda: self._not_effective(
                 a,
                 before,
                 "nothing can leave the context: the tail keeps at least the latest message "
                 "and never starts between a tool call and its result"
                 + ("" if force else f", and it keeps {self.policy.keep_messages} messages "
                    "(pass force to keep fewer)"),
-            )
-        abandoned = inputs.abandoned_calls(self.archive, region)
-        pins = [p["text"] for p in self.store.pins.list(session_id)]
+            ))
         tries = [boundary]
         last = valid_boundaries(region, abandoned)[-1:]
         if force and trigger == "manual" and last and last[0] > boundary:
@@ -323,9 +330,22 @@ class Compactor(OneAtATime):
             if grows < departing:
                 break
         # on a shared store the session may be being written through another daemon at
-        # this moment: wait for it beside the event loop (busy.py)
-        return await when_free(self.store, lambda: self._commit(
-            a, st, summary, region[boundary]["id"], leaving, rederive))
+        # this moment: wait for it beside the event loop (busy.py), and commit on the
+        # session's worker thread (a transaction of several round trips)
+        def commit_it() -> CompactResult:
+            return self._commit(a, st, summary, region[boundary]["id"], leaving, rederive)
+
+        if self._in_lane is None:
+            return await when_free(self.store, commit_it)
+        return await when_free_off_loop(self.store, session_id, commit_it)
+
+    def _read_context(
+        self, session_id: str
+    ) -> tuple[ContextState, list[dict[str, Any]], list[str]]:
+        """What an attempt starts from: the context, its tail's messages, the pins."""
+        st = self.contexts.context_state(session_id)
+        pins = [p["text"] for p in self.store.pins.list(session_id)]
+        return st, self.contexts.tail_messages(session_id, st), pins
 
     async def _summarize_upto(
         self,
@@ -349,7 +369,8 @@ class Compactor(OneAtATime):
         else:
             leaving = region[:boundary]
         previous = Summary() if rederive else st.summary
-        ordinals = inputs.ordinals(self.archive, session_id, st.summary, leaving)
+        ordinals = await self.beside_loop(
+            session_id, lambda: inputs.ordinals(self.archive, session_id, st.summary, leaving))
         # what leaves the context now (a rebuild or re-derivation also reads messages
         # the old summary stands for): the summary may grow by a share of it
         start = st.tail_start_id or 0

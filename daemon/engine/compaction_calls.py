@@ -41,6 +41,12 @@ class CompactionCalls:
                               self.run_book.open_run_id(session_id))
         return self.compactor.auto_due(session_id, status)
 
+    async def auto_compaction_still_due(self, session_id: str) -> bool:
+        """`auto_compaction_due` asked again by a running auto-compaction, beside the
+        event loop on a shared store (its reads are round trips to the server)."""
+        return await self.compactor.beside_loop(
+            session_id, lambda: self.auto_compaction_due(session_id))
+
     async def compact(
         self,
         session_id: str,
