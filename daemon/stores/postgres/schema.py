@@ -235,8 +235,10 @@ def migrate(conn: Any, target_version: int = SCHEMA_VERSION) -> int:
 
     try:
         conn.execute("CREATE TABLE IF NOT EXISTS ctxd_schema (version INTEGER NOT NULL)")
-    except (pgerr.UniqueViolation, pgerr.DuplicateTable):
-        pass  # another daemon created it at the same moment
+    except (pgerr.UniqueViolation, pgerr.DuplicateTable, pgerr.DuplicateObject):
+        # another daemon created it at the same moment: the race shows as the table, its
+        # row type ("type ctxd_schema already exists") or a catalog index's key
+        pass
     with conn.transaction():
         conn.execute(f"SET LOCAL lock_timeout = '{MIGRATION_WAIT_SECONDS}s'")
         # building an index on a large archive may take longer than a request may
