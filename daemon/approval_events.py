@@ -8,18 +8,26 @@ the relay needs nothing of the engine.
 from __future__ import annotations
 
 import json
-from typing import Any
+
+import msgspec
+
+from ctxd.daemon.stores.records import ApprovalRecord
+from ctxd.daemon.views import approval_struct
+from ctxd.protocol.types import Approval
 
 # Events go to every subscriber, and a subscriber that stops reading holds them in the
 # daemon until its queue limit: keep them small. approval/list has the full arguments.
 EVENT_ARGUMENTS_CHARS = 2048
 
 
-def event_approval(approval: dict[str, Any]) -> dict[str, Any]:
-    args = approval.get("arguments")
+def event_approval(approval: ApprovalRecord) -> Approval:
+    shown = approval_struct(approval)
+    args = approval.arguments
     if args is None:
-        return approval
+        return shown
     text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
     if len(text) <= EVENT_ARGUMENTS_CHARS:
-        return approval
-    return {**approval, "arguments": text[:EVENT_ARGUMENTS_CHARS] + "…", "argumentsTruncated": True}
+        return shown
+    return msgspec.structs.replace(
+        shown, arguments=text[:EVENT_ARGUMENTS_CHARS] + "…", arguments_truncated=True
+    )

@@ -34,6 +34,7 @@ from ctxd.daemon.compaction.rules import rebuild_boundary, tail_boundary, valid_
 from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.ids import new_id
 from ctxd.daemon.stores.base import Store, shared_store
+from ctxd.daemon.stores.records import SessionRecord
 from ctxd.daemon.stores.sqlite.context_store import ContextState
 from ctxd.daemon.summary import Summarizer, Summary
 from ctxd.daemon.tokens import TokenCounter
@@ -70,7 +71,7 @@ class ActiveContexts(Protocol):
     """What a compaction needs of the active contexts (the engine keeps them): the
     current state, its rendering and status, and the replacement after a commit."""
 
-    def require_session(self, session_id: str) -> dict[str, Any]: ...
+    def require_session(self, session_id: str) -> SessionRecord: ...
 
     def context_state(self, session_id: str) -> ContextState: ...
 
@@ -308,7 +309,7 @@ class Compactor(OneAtATime):
                    "(pass force to keep fewer)"),
             )
         abandoned = inputs.abandoned_calls(self.archive, region)
-        pins = [p["text"] for p in self.store.pins.list(session_id)]
+        pins = [p.text for p in self.store.pins.list(session_id)]
         tries = [boundary]
         last = valid_boundaries(region, abandoned)[-1:]
         if force and trigger == "manual" and last and last[0] > boundary:

@@ -16,6 +16,7 @@ from typing import Any
 import apsw
 
 from ctxd.daemon.messages import message_text
+from ctxd.daemon.stores.records import SessionRecord
 from ctxd.daemon.stores.sqlite import fts
 from ctxd.daemon.stores.sqlite.archive_search import ArchiveSearch
 from ctxd.daemon.stores.sqlite.snippets import Snippets
@@ -116,7 +117,7 @@ class SqliteArchive(ArchiveSearch):
         )
         return now
 
-    def get_session(self, session_id: str) -> dict[str, Any] | None:
+    def get_session(self, session_id: str) -> SessionRecord | None:
         row = self.conn.execute(
             "SELECT id, title, metadata, created_at FROM sessions WHERE id = ?", (session_id,)
         ).fetchone()
@@ -124,7 +125,7 @@ class SqliteArchive(ArchiveSearch):
 
     def list_sessions(
         self, limit: int, after: tuple[float, str] | None, title: str | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[SessionRecord]:
         """Newest first; `after` is the (created_at, id) of the last session already seen;
         `title` keeps only titles containing it (LIKE: ASCII letters in either case)."""
         where: list[str] = []
@@ -182,14 +183,9 @@ class SqliteArchive(ArchiveSearch):
         return out, (last_id, count, tokens)
 
     @staticmethod
-    def _session(row: Sequence[Any]) -> dict[str, Any]:
+    def _session(row: Sequence[Any]) -> SessionRecord:
         sid, title, metadata, created_at = row
-        return {
-            "sessionId": sid,
-            "title": title,
-            "metadata": json.loads(metadata) if metadata else {},
-            "createdAt": created_at,
-        }
+        return SessionRecord(sid, title, json.loads(metadata) if metadata else {}, created_at)
 
     def session_ids_without_context(self) -> list[str]:
         return [
