@@ -135,7 +135,8 @@ class SqliteArchive(ArchiveSearch):
             args += [after[0], after[1]]
         if title:
             escaped = title.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            where.append("title LIKE ? ESCAPE '\\'")
+            # lower() both: PostgreSQL's LIKE minds case, SQLite's does not (ASCII)
+            where.append("lower(title) LIKE lower(?) ESCAPE '\\'")
             args.append(f"%{escaped}%")
         clause = f"WHERE {' AND '.join(where)} " if where else ""
         rows = self.conn.execute(
