@@ -1,4 +1,4 @@
-"""The approval as events carry it: its arguments cut to a bound.
+"""The approval as events carry it: the reply's approval, its arguments cut to a bound.
 
 Shared by the engine, which emits `approval/didRequest` and `approval/didResolve`, and
 by the PostgreSQL relay, which rebuilds the same events from other daemons' rows, so
@@ -11,8 +11,6 @@ import json
 
 import msgspec
 
-from ctxd.daemon.stores.records import ApprovalRecord
-from ctxd.daemon.views import approval_struct
 from ctxd.protocol.types import Approval
 
 # Events go to every subscriber, and a subscriber that stops reading holds them in the
@@ -20,14 +18,14 @@ from ctxd.protocol.types import Approval
 EVENT_ARGUMENTS_CHARS = 2048
 
 
-def event_approval(approval: ApprovalRecord) -> Approval:
-    shown = approval_struct(approval)
+def event_approval(approval: Approval) -> Approval:
+    """`approval` itself when its arguments are short, else a copy with them cut."""
     args = approval.arguments
     if args is None:
-        return shown
+        return approval
     text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
     if len(text) <= EVENT_ARGUMENTS_CHARS:
-        return shown
+        return approval
     return msgspec.structs.replace(
-        shown, arguments=text[:EVENT_ARGUMENTS_CHARS] + "…", arguments_truncated=True
+        approval, arguments=text[:EVENT_ARGUMENTS_CHARS] + "…", arguments_truncated=True
     )

@@ -145,16 +145,17 @@ class RunsAndApprovals:
                 {"approvalId": waiting.id},
             )
         with self.store.transaction(session_id):
-            approval = self.runs.request_approval(
+            record = self.runs.request_approval(
                 new_id("apr"), session_id, run_id, tool_call_id, tool_name, arguments
             )
-        self.run_book.requested(approval)
+        self.run_book.requested(record)
+        approval = approval_struct(record)
         self.emit(
             session_id,
             "approval/didRequest",
             ApprovalEvent(session_id=session_id, approval=event_approval(approval)),
         )
-        return approval_struct(approval)
+        return approval
 
     def resolve_approval(
         self, approval_id: str, decision: str, reason: str | None = None
@@ -177,12 +178,13 @@ class RunsAndApprovals:
                     "decision stands",
                     {"approvalId": approval_id, "status": approval.status},
                 )
-            approval = self.runs.resolve_approval(approval_id, decision, reason)
-        self.run_book.resolved(approval)
-        sid = approval.session_id
+            record = self.runs.resolve_approval(approval_id, decision, reason)
+        self.run_book.resolved(record)
+        sid = record.session_id
+        resolved = approval_struct(record)
         self.emit(sid, "approval/didResolve",
-                  ApprovalEvent(session_id=sid, approval=event_approval(approval)))
-        return approval_struct(approval)
+                  ApprovalEvent(session_id=sid, approval=event_approval(resolved)))
+        return resolved
 
     @serves(APPROVAL_LIST)
     def list_approvals(self, session_id: str, status: str | None = None) -> list[Approval]:

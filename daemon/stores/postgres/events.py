@@ -44,7 +44,7 @@ import psycopg
 
 from ctxd.daemon.approval_events import event_approval
 from ctxd.daemon.stores.postgres.connection import connect
-from ctxd.daemon.views import run_struct
+from ctxd.daemon.views import approval_struct, run_struct
 from ctxd.protocol.types import ApprovalEvent, RunDidFinish, RunDidStart
 
 log = logging.getLogger("ctxd.pg.events")
@@ -157,7 +157,7 @@ def _params(
         approval = runs.get_approval(ref["p"])
         if approval is None or approval.session_id != sid:
             return None
-        return ApprovalEvent(session_id=sid, approval=event_approval(approval))
+        return ApprovalEvent(session_id=sid, approval=event_approval(approval_struct(approval)))
     params = {"sessionId": sid, **ref.get("v", {})}
     ids = params.get("messageIds")
     if isinstance(ids, dict):  # a long pop: the range's messages now left out
