@@ -4,7 +4,7 @@ An append asks whether its run is the session's open one and which tool calls aw
 approval; a status asks for the open run and how many approvals are pending. The engine
 is the only writer of runs and approvals, so it tells this book what it committed and
 the book answers from memory after one read per session. A store other daemons write
-too (`shared`, PostgreSQL) is asked every time instead. Records are frozen: the book
+too (`shared`, PostgreSQL) is asked every time instead. Records are immutable: the book
 hands out the ones it keeps.
 """
 

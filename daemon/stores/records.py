@@ -3,18 +3,18 @@ snake_case fields named for their table's columns (`id` is the row's own key).
 
 A store knows nothing of the protocol: the engine turns these into the protocol's
 Structs (daemon/views.py), which is where the wire's camelCase names live. Records are
-frozen, so one kept between requests (the engine's run book) can be handed out as it is.
+immutable, so one kept between requests (the engine's run book) can be handed out as it
+is. NamedTuples rather than frozen dataclasses: a list of approvals is read on every
+approval/list and a frozen dataclass costs five times a NamedTuple to make.
 Archived messages are not records: a message is the payload, and stays its dict.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class SessionRecord:
+class SessionRecord(NamedTuple):
     id: str
     title: str | None
     # the metadata given at creation, decoded ({} when none was given)
@@ -22,8 +22,7 @@ class SessionRecord:
     created_at: float
 
 
-@dataclass(frozen=True, slots=True)
-class RunRecord:
+class RunRecord(NamedTuple):
     id: str
     session_id: str
     # "open", or how it ended: "completed", "failed", "cancelled", "interrupted"
@@ -32,8 +31,7 @@ class RunRecord:
     finished_at: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class ApprovalRecord:
+class ApprovalRecord(NamedTuple):
     id: str
     session_id: str
     run_id: str
@@ -48,8 +46,7 @@ class ApprovalRecord:
     resolved_at: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class PinRecord:
+class PinRecord(NamedTuple):
     id: str
     session_id: str
     text: str
