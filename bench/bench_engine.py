@@ -61,7 +61,7 @@ def measure(turns: int, archived: int) -> dict[str, float]:
         floor.read()
         t["floor"].append(pc() - t0)
         t0 = pc()
-        run = engine.start_run(sid)["runId"]
+        run = engine.start_run(sid).run_id
         t1 = pc()
         engine.append(sid, msgs, run_id=run)
         t2 = pc()

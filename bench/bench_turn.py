@@ -239,7 +239,7 @@ def bench_turns(root: Path, daemon: Daemon, n: int) -> list[list[str]]:
 
     def inproc(msgs: list[dict[str, Any]]) -> Any:
         sid = sessions["inproc"]
-        run = engine.start_run(sid)["runId"]
+        run = engine.start_run(sid).run_id
         engine.append(sid, msgs, run_id=run)
         engine.finish_run(run, "completed")
         return engine.get_context(sid).messages

@@ -145,10 +145,10 @@ class Driver:
                 if call.gated:
                     approval = e.request_approval(sid, run_id, cid, call.name, call.args)
                     if self.rng.random() < 0.8:
-                        e.resolve_approval(approval["approvalId"], "approved")
+                        e.resolve_approval(approval.approval_id, "approved")
                     else:
                         reason = self.rng.choice(DENY_REASONS)
-                        e.resolve_approval(approval["approvalId"], "denied", reason)
+                        e.resolve_approval(approval.approval_id, "denied", reason)
                         call.result = f"Denied by the user: {reason}"
             results = [
                 {"role": "tool", "tool_call_id": cid, "content": call.result}

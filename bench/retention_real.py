@@ -249,11 +249,11 @@ async def replay(t: Transcript, policy_name: str, policy: CompactionPolicy, root
         for turn in turns:
             run = engine.start_run(sid)
             for step in turn:
-                ids = engine.append(sid, [msgs[i] for i in step], run_id=run["runId"])
+                ids = engine.append(sid, [msgs[i] for i in step], run_id=run.run_id)
                 for i, mid in zip(step, ids.message_ids, strict=True):
                     for it in by_index.get(i, ()):
                         it.msg_id = mid
-            done = engine.finish_run(run["runId"], "completed")
+            done = engine.finish_run(run.run_id, "completed")
             if done.auto_compaction_scheduled:
                 auto.maybe_schedule(sid, due=True)
                 await asyncio.gather(*auto.running())

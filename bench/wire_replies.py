@@ -31,6 +31,8 @@ REPO = Path(__file__).resolve().parent.parent
 # random ids: a prefix, an underscore and the random part
 _ID = re.compile(r"^(ses|run|apr|pin|cmp|cpt|prg)_[0-9A-Za-z_-]+$")
 _CLOCK = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d")
+# a random id written into a text (an error message naming its approval)
+_ID_IN_TEXT = re.compile(r"\b(ses|run|apr|pin|cmp|cpt|prg)_[0-9a-f]{20}\b")
 # keys whose values are times or durations
 _TIMES = {"createdAt", "startedAt", "finishedAt", "resolvedAt", "lastCompactedAt",
           "lastActivityAt", "durationMs", "at", "nonceMac", "pageKey", "nextCursor",
@@ -49,7 +51,8 @@ def mask(value: Any, key: str = "") -> Any:
     if isinstance(value, str) and _ID.match(value):
         return f"<{value.split('_', 1)[0]}>"
     if isinstance(value, str):
-        return _CLOCK.sub("<time>", value)  # a time written into a text
+        # a time or a random id written into a text
+        return _ID_IN_TEXT.sub(r"<\1>", _CLOCK.sub("<time>", value))
     if isinstance(value, float):
         return ["float", value]
     return value
@@ -78,6 +81,28 @@ def script(call: Any) -> None:
                         "messages": [{"role": "tool", "tool_call_id": "c1", "content": "ok"}]})
     call("run/finish", {"runId": call("run/start", {"sessionId": sid})["runId"],
                         "outcome": "cancelled"})
+    # approvals: one whose arguments its events cut, denied with a reason, one without any
+    run_id = call("run/start", {"sessionId": sid})["runId"]
+    call("messages/append", {"sessionId": sid, "runId": run_id, "messages": [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{i}", "type": "function", "function": {"name": "sh", "arguments": "{}"}}
+            for i in (2, 3)]}]})
+    long = call("approval/request", {"sessionId": sid, "runId": run_id, "toolCallId": "c2",
+                                     "toolName": "sh", "arguments": {"text": "x" * 3000}})
+    bare = call("approval/request", {"sessionId": sid, "runId": run_id, "toolCallId": "c3"})
+    call("approval/list", {"sessionId": sid, "status": "pending"})
+    call("approval/resolve", {"approvalId": long["approvalId"], "decision": "denied",
+                              "reason": "too long"})
+    call("approval/resolve", {"approvalId": bare["approvalId"], "decision": "approved"})
+    call("approval/resolve", {"approvalId": bare["approvalId"], "decision": "denied"})
+    call("run/finish", {"runId": run_id, "outcome": "completed", "messages": [
+        {"role": "tool", "tool_call_id": f"c{i}", "content": "done"} for i in (2, 3)]})
+    call("approval/list", {"sessionId": sid})
+    # a session with neither title nor metadata, and pages of the list
+    call("session/create", {})
+    call("session/list", {"limit": 1, "title": "t"})
+    call("session/get", {"sessionId": call("session/list", {"limit": 1})["sessions"][0][
+        "sessionId"]})
     call("archive/read", {"sessionId": sid})
     call("archive/read", {"sessionId": sid, "limit": 2})
     call("archive/read", {"sessionId": sid, "limit": 1, "beforeId": 3})
@@ -88,6 +113,7 @@ def script(call: Any) -> None:
     call("context/get", {"sessionId": sid, "budgetTokens": 1000, "query": "hi"})
     call("context/get", {"sessionId": sid, "budgetTokens": 40, "includeMetadata": True})
     pin = call("context/pins/add", {"sessionId": sid, "text": "keep"})["pin"]
+    call("context/pins/add", {"sessionId": sid, "text": " keep "})  # the same pin again
     call("context/pins/list", {"sessionId": sid})
     for i in range(3):
         call("messages/append", {"sessionId": sid, "messages": [

@@ -114,10 +114,10 @@ def _refuse_pending(engine: Engine, session_id: str, call_ids: set[str] | None) 
     pending = [
         a
         for a in engine.pending_approvals(session_id)
-        if call_ids is None or a["toolCallId"] in call_ids
+        if call_ids is None or a.tool_call_id in call_ids
     ]
     if pending:
         raise ApprovalPending(
             "a tool call awaits approval; resolve it with approval/resolve first",
-            {"approvalIds": [a["approvalId"] for a in pending]},
+            {"approvalIds": [a.id for a in pending]},
         )

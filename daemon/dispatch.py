@@ -18,8 +18,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
-
 from ctxd import __version__
 
 # context_edit holds handlers of its own: imported so they register
@@ -362,14 +360,14 @@ class Dispatcher(RequestFlow):
                                      lambda run: self._run_started(conn, run))
         return self._run_started(conn, self.scheduler.start_run(sid, self._held))
 
-    def _run_started(self, conn: Connection, run: dict[str, Any]) -> types.RunStartResult:
+    def _run_started(self, conn: Connection, run: types.Run) -> types.RunStartResult:
         # interrupted when the connection closes; on ZeroMQ, which never says so, when the
         # client stays silent past its lease (see ZmqServer)
-        conn.open_runs.add(run["runId"])
-        self.off_loop.learn(run["runId"], run["sessionId"])
+        conn.open_runs.add(run.run_id)
+        self.off_loop.learn(run.run_id, run.session_id)
         if conn.closed:  # it closed while the run started beside the loop
-            self.scheduler.client_gone({run["runId"]})
-        return types.RunStartResult(run_id=run["runId"], run=run)
+            self.scheduler.client_gone({run.run_id})
+        return types.RunStartResult(run_id=run.run_id, run=run)
 
     def _held(self, run_id: str) -> bool:
         # a copy: asked from a worker thread too, while the loop adds connections
@@ -395,7 +393,7 @@ class Dispatcher(RequestFlow):
         `_appended`)."""
         if p.return_context:
             appended = result.append if isinstance(result.append, types.AppendResult) else None
-            result = self._with_context(result, result.run["sessionId"], appended, gated)
+            result = self._with_context(result, result.run.session_id, appended, gated)
             if inspect.isawaitable(result):
                 return self._finished_later(conn, p, result)
         conn.open_runs.discard(p.run_id)
@@ -409,7 +407,7 @@ class Dispatcher(RequestFlow):
 
     @serves(APPROVAL_RESOLVE, connection=True)
     def approval_resolve(self, conn: Connection, p: ApprovalResolveParams) -> Any:
-        def resolve() -> dict[str, Any]:
+        def resolve() -> types.Approval:
             return self.engine.resolve_approval(p.approval_id, p.decision, p.reason)
 
         sid = self.off_loop.session_of("approval/resolve", p.approval_id)
@@ -417,16 +415,15 @@ class Dispatcher(RequestFlow):
             return self.off_loop.run(conn, sid, resolve, self._approval_resolved)
         return self._approval_resolved(resolve())
 
-    def _approval_resolved(self, approval: dict[str, Any]) -> types.Approval:
+    def _approval_resolved(self, approval: types.Approval) -> types.Approval:
         self.scheduler.after_approval_resolved(approval)
-        # the store's record, camelCase keys in the Struct's order
-        return msgspec.convert(approval, types.Approval)
+        return approval
 
     @serves(APPROVAL_REQUEST, connection=True)
     def approval_request(self, conn: Connection, p: ApprovalRequestParams) -> Any:
         self._claim(conn, p.run_id)
 
-        def request() -> dict[str, Any]:
+        def request() -> types.Approval:
             return self.engine.request_approval(
                 p.session_id, p.run_id, p.tool_call_id, p.tool_name, p.arguments
             )
@@ -435,9 +432,9 @@ class Dispatcher(RequestFlow):
             return self.off_loop.run(conn, p.session_id, request, self._approval_requested)
         return self._approval_requested(request())
 
-    def _approval_requested(self, approval: dict[str, Any]) -> types.ApprovalRequestResult:
-        self.off_loop.learn(approval["approvalId"], approval["sessionId"])
-        return types.ApprovalRequestResult(approval_id=approval["approvalId"], approval=approval)
+    def _approval_requested(self, approval: types.Approval) -> types.ApprovalRequestResult:
+        self.off_loop.learn(approval.approval_id, approval.session_id)
+        return types.ApprovalRequestResult(approval_id=approval.approval_id, approval=approval)
 
 
 def _stored(appended: types.AppendResult | None) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from typing import Any
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.messages import PreparedBatch
 from ctxd.daemon.pairing import check_tool_pairs
+from ctxd.daemon.stores.records import RunRecord
 from ctxd.daemon.stores.sql.contexts import ContextState, bump_counts
 from ctxd.daemon.stores.sql.runs import RUN_OUTCOMES
 from ctxd.daemon.stores.sqlite.archive_fts import SqliteArchive
@@ -136,12 +137,12 @@ class LargeWrites:
         *,
         run_id: str | None = None,
         client_batch_id: str | None = None,
-        run: dict[str, Any] | None = None,
+        run: RunRecord | None = None,
     ) -> AppendResult:
         """`Engine.append` of a prepared batch; call it holding the gate."""
         eng = self.engine
         eng.require_session(session_id)
-        if run_id is not None and (run is None or run["runId"] != run_id):
+        if run_id is not None and (run is None or run.id != run_id):
             run = eng.runs.get(run_id)
 
         def on_loop() -> AppendResult:
@@ -155,7 +156,7 @@ class LargeWrites:
         ) is not None:
             return on_loop()  # a repeated batch: its stored ids, or the conflict
         if run_id is not None and (
-            run is None or run["sessionId"] != session_id or run["status"] != "open"
+            run is None or run.session_id != session_id or run.status != "open"
         ):
             return on_loop()  # refused there, with the engine's words
         st = eng.context_state(session_id)
@@ -191,11 +192,11 @@ class LargeWrites:
         gate."""
         eng = self.engine
         run = eng.runs.get(run_id)
-        if run is None or run["status"] != "open" or outcome not in RUN_OUTCOMES:
+        if run is None or run.status != "open" or outcome not in RUN_OUTCOMES:
             # refused before anything is appended, with the engine's words
             return eng.finish_run(run_id, outcome, messages=messages,
                                   client_batch_id=client_batch_id)
-        appended = await self.append(run["sessionId"], messages, prepared, run_id=run_id,
+        appended = await self.append(run.session_id, messages, prepared, run_id=run_id,
                                      client_batch_id=client_batch_id, run=run)
         result = eng.finish_run(run_id, outcome)
         result.append = appended

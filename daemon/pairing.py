@@ -13,13 +13,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from ctxd.daemon.stores.base import ArchiveStore
+from ctxd.daemon.stores.records import ApprovalRecord
 from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.protocol.errors import ApprovalPending, InvalidMessage
 
 
 def check_tool_pairs(
     archive: ArchiveStore,
-    pending: Mapping[str, dict[str, Any]],
+    pending: Mapping[str, ApprovalRecord],
     st: ContextState,
     msgs: list[dict[str, Any]],
 ) -> None:
@@ -42,7 +43,7 @@ def check_tool_pairs(
             raise ApprovalPending(
                 f"message {i}: a tool call awaits approval; resolve it with "
                 "approval/resolve before adding user messages",
-                {"index": i, "approvalIds": [a["approvalId"] for a in pending.values()]},
+                {"index": i, "approvalIds": [a.id for a in pending.values()]},
             )
         for call in m.get("tool_calls") or ():
             cid = call["id"]
@@ -86,6 +87,6 @@ def check_tool_pairs(
                 raise ApprovalPending(
                     f"message {i}: tool call {cid!r} awaits approval; its result is "
                     "accepted once approval/resolve decides it",
-                    {"index": i, "approvalId": pending[cid]["approvalId"]},
+                    {"index": i, "approvalId": pending[cid].id},
                 )
             seen_results.add(cid)

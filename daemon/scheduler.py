@@ -23,11 +23,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from ctxd.daemon.engine import Engine
 from ctxd.protocol.errors import CompactionInProgress, CtxdError, RunActive
-from ctxd.protocol.types import RunFinishResult, Status
+from ctxd.protocol.types import Approval, Run, RunFinishResult, Status
 
 log = logging.getLogger("ctxd.scheduler")
 
@@ -112,18 +111,18 @@ class Scheduler(AutoCompactor):
         when a compaction was really started."""
         if result.auto_compaction_scheduled:
             result.auto_compaction_scheduled = self.maybe_schedule(
-                result.run["sessionId"], due=True
+                result.run.session_id, due=True
             )
         return result
 
-    def after_approval_resolved(self, approval: dict[str, Any]) -> None:
+    def after_approval_resolved(self, approval: Approval) -> None:
         # a run that finished while this approval was pending scheduled nothing: with the
         # last approval resolved and no run open, the held-back compaction is due now
-        self.maybe_schedule(approval["sessionId"])
+        self.maybe_schedule(approval.session_id)
 
     # runs without a client
 
-    def start_run(self, session_id: str, held: Callable[[str], bool]) -> dict[str, Any]:
+    def start_run(self, session_id: str, held: Callable[[str], bool]) -> Run:
         """Start a run; an open run of the session that predates this daemon and that no
         live client holds (`held`) is interrupted first: its client died with the old
         daemon and must not lock the session forever."""
@@ -132,7 +131,7 @@ class Scheduler(AutoCompactor):
         except RunActive as exc:
             stale = exc.data["runId"]
             run = self.engine.runs.get(stale)
-            if run is None or run["startedAt"] >= self.started_at or held(stale):
+            if run is None or run.started_at >= self.started_at or held(stale):
                 raise
             log.info("run %s predates this daemon and has no client: interrupted", stale)
             self.engine.finish_run(stale, "interrupted")

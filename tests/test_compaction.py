@@ -168,8 +168,8 @@ def test_pending_approval_blocks_compaction_and_user_messages(engine: Engine) ->
     _fill(engine, sid, 21)
     run = engine.start_run(sid)
     call, result = tool_turn(99)
-    engine.append(sid, [call], run_id=run["runId"])
-    approval = engine.request_approval(sid, run["runId"], "call_99", "read_file")
+    engine.append(sid, [call], run_id=run.run_id)
+    approval = engine.request_approval(sid, run.run_id, "call_99", "read_file")
     with pytest.raises(ApprovalPending):
         asyncio.run(engine.compact(sid, force=True))
     with pytest.raises(ApprovalPending):
@@ -177,17 +177,17 @@ def test_pending_approval_blocks_compaction_and_user_messages(engine: Engine) ->
     with pytest.raises(ApprovalPending):
         engine.append(sid, [result])
     assert not engine.auto_compaction_due(sid)
-    engine.resolve_approval(approval["approvalId"], "approved")
-    engine.append(sid, [result], run_id=run["runId"])
-    assert engine.finish_run(run["runId"], "completed").auto_compaction_scheduled is True
+    engine.resolve_approval(approval.approval_id, "approved")
+    engine.append(sid, [result], run_id=run.run_id)
+    assert engine.finish_run(run.run_id, "completed").auto_compaction_scheduled is True
 
 
 def test_failed_run_schedules_nothing(engine: Engine) -> None:
     sid = engine.create_session().session_id
     run = engine.start_run(sid)
     for i in range(21):
-        engine.append(sid, agent_turn(i), run_id=run["runId"])
-    assert engine.finish_run(run["runId"], "failed").auto_compaction_scheduled is False
+        engine.append(sid, agent_turn(i), run_id=run.run_id)
+    assert engine.finish_run(run.run_id, "failed").auto_compaction_scheduled is False
 
 
 def test_incremental_summary_keeps_earlier_items_and_pointers(engine: Engine) -> None:
@@ -310,7 +310,7 @@ def test_pins_render_first_and_survive_rebuild(engine: Engine) -> None:
     assert "release branch" in engine.context_messages(sid)[1]["content"]
     assert (engine.status(sid).active_messages,
             engine.status(sid).estimated_tokens) == _recount(engine, sid)
-    engine.remove_pin(sid, pin["pinId"])
+    engine.remove_pin(sid, pin.pin_id)
     assert "release branch" not in engine.context_messages(sid)[1]["content"]
     assert (engine.status(sid).active_messages,
             engine.status(sid).estimated_tokens) == _recount(engine, sid)

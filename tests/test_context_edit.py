@@ -95,7 +95,7 @@ def test_clear_starts_fresh_and_compaction_respects_it(tmp_path: Path) -> None:
 
 def test_clear_refuses_while_an_approval_is_pending(engine: Engine) -> None:
     sid = engine.create_session().session_id
-    run = engine.start_run(sid)["runId"]
+    run = engine.start_run(sid).run_id
     engine.append(sid, [{"role": "user", "content": "go"}, tool_turn(1)[0]], run_id=run)
     engine.request_approval(sid, run, "call_1", "read_file")
     with pytest.raises(ApprovalPending):

@@ -60,7 +60,7 @@ class Driver:
             e.append(sid, [result], run_id=run_id)
         elif op == "run":
             if run_id is None:
-                self.runs[sid] = e.start_run(sid)["runId"]
+                self.runs[sid] = e.start_run(sid).run_id
             else:
                 self.runs[sid] = None
                 e.finish_run(run_id, rng.choice(["completed", "failed"]))
@@ -69,14 +69,14 @@ class Driver:
         elif op == "resolve":
             pending = e.list_approvals(sid, "pending")
             if pending:
-                e.resolve_approval(rng.choice(pending)["approvalId"],
+                e.resolve_approval(rng.choice(pending).approval_id,
                                    rng.choice(["approved", "denied"]))
         elif op == "pin":
             e.add_pin(sid, f"pin {n}")
         elif op == "unpin":
             pins = e.pins(sid)
             if pins:
-                e.remove_pin(sid, rng.choice(pins)["pinId"])
+                e.remove_pin(sid, rng.choice(pins).pin_id)
         elif op == "compact":
             e.compact_sync(sid, force=True)
         elif op == "preview":

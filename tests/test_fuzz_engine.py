@@ -93,7 +93,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
     shared = engine.create_session("shared").session_id
     # a session whose tool call `pending_call` waits for a human
     pending = engine.create_session("pending").session_id
-    run = engine.start_run(pending)["runId"]
+    run = engine.start_run(pending).run_id
     engine.append(pending, [{"role": "user", "content": "edit hosts"}, {
         "role": "assistant", "content": None, "tool_calls": [
             {"id": "pending_call", "type": "function",

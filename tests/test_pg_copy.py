@@ -57,7 +57,7 @@ def _build_archive(data: Path) -> str:
     e.append(sid, [{"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_x", "type": "function", "function": {"name": "shell", "arguments": "{}"}}
     ]}])
-    e.request_approval(sid, run["runId"], "call_x", "shell", {"cmd": "ls"})
+    e.request_approval(sid, run.run_id, "call_x", "shell", {"cmd": "ls"})
     other = e.create_session(title="second").session_id
     e.append(other, [{"role": "user", "content": "hello"}])
     e.close()

@@ -107,7 +107,7 @@ def test_server_restart_gives_typed_errors_then_recovers(tmp_path: Path) -> None
             with store.transaction():
                 store.archive.create_session("s2", None, None)
         cluster.launch()
-        assert store.archive.get_session("s1")["title"] == "t"  # reconnected by itself
+        assert store.archive.get_session("s1").title == "t"  # reconnected by itself
         with store.transaction():
             store.archive.create_session("s2", None, None)
         assert store.archive.get_session("s2") is not None

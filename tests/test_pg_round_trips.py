@@ -99,7 +99,7 @@ def test_an_append_in_a_run_keeps_the_run_in_its_status(
     e = engine_far
     sid = e.create_session().session_id
     e.append(sid, [{"role": "user", "content": "warm"}])  # the connections made once
-    run = e.start_run(sid)["runId"]
+    run = e.start_run(sid).run_id
     n, res = counted(proxy, lambda: e.append(sid, [{"role": "user", "content": "go"}],
                                              run_id=run))
     assert res.status.active_run_id == run

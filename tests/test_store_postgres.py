@@ -23,6 +23,7 @@ import test_archive
 import test_compaction
 import test_context_edit
 import test_search
+import test_store_records
 from _pytest.fixtures import FixtureFunctionDefinition
 from helpers import make_config
 
@@ -34,7 +35,7 @@ from ctxd.daemon.stores.postgres import events
 from ctxd.daemon.stores.postgres.store import PostgresStore
 from ctxd.protocol.errors import SessionBusy, StorageError
 
-SUITES = (test_archive, test_search, test_compaction, test_context_edit)
+SUITES = (test_archive, test_search, test_compaction, test_context_edit, test_store_records)
 # tests that open the SQLite file itself (PostgreSQL's counterparts: test_pg_schema.py)
 SQLITE_ONLY = {"test_triggers_refuse_rewriting_history"}
 

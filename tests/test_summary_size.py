@@ -316,16 +316,16 @@ def test_forced_compaction_leaves_a_pending_approval_alone(engine: Engine) -> No
         engine.append(sid, agent_turn(i))
     run = engine.start_run(sid)
     call, result = tool_turn(99)
-    engine.append(sid, [call], run_id=run["runId"])
-    approval = engine.request_approval(sid, run["runId"], "call_99", "read_file")
+    engine.append(sid, [call], run_id=run.run_id)
+    approval = engine.request_approval(sid, run.run_id, "call_99", "read_file")
     before = engine.context_messages(sid)
     with pytest.raises(ApprovalPending):
         asyncio.run(engine.compact(sid, force=True))
     assert engine.context_messages(sid) == before
     assert any(c["id"] == "call_99" for m in before for c in m.get("tool_calls") or ())
-    engine.resolve_approval(approval["approvalId"], "approved")
-    engine.append(sid, [result], run_id=run["runId"])
-    engine.finish_run(run["runId"], "completed")
+    engine.resolve_approval(approval.approval_id, "approved")
+    engine.append(sid, [result], run_id=run.run_id)
+    engine.finish_run(run.run_id, "completed")
     out = asyncio.run(engine.compact(sid, force=True))
     assert out.effective, out
     check_pairs(engine.context_messages(sid))

@@ -34,6 +34,7 @@ from ctxd.daemon.compaction.rules import rebuild_boundary, tail_boundary, valid_
 from ctxd.daemon.config import CompactionPolicy
 from ctxd.daemon.ids import new_id
 from ctxd.daemon.stores.base import Store, shared_store
+from ctxd.daemon.stores.records import SessionRecord
 from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.daemon.summary import Summarizer, Summary
 from ctxd.daemon.tokens import TokenCounter
@@ -71,7 +72,7 @@ class ActiveContexts(Protocol):
     """What a compaction needs of the active contexts (the engine keeps them): the
     current state, its rendering and status, and the replacement after a commit."""
 
-    def require_session(self, session_id: str) -> dict[str, Any]: ...
+    def require_session(self, session_id: str) -> SessionRecord: ...
 
     def context_state(self, session_id: str) -> ContextState: ...
 
@@ -344,7 +345,7 @@ class Compactor(OneAtATime):
     ) -> tuple[ContextState, list[dict[str, Any]], list[str]]:
         """What an attempt starts from: the context, its tail's messages, the pins."""
         st = self.contexts.context_state(session_id)
-        pins = [p["text"] for p in self.store.pins.list(session_id)]
+        pins = [p.text for p in self.store.pins.list(session_id)]
         return st, self.contexts.tail_messages(session_id, st), pins
 
     async def _summarize_upto(

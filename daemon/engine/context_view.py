@@ -45,6 +45,7 @@ from typing import Any
 from ctxd.daemon.compaction.rules import render_summary_message
 from ctxd.daemon.messages import strip_archive_fields
 from ctxd.daemon.stores.base import SharedArchive, Store, shared_store
+from ctxd.daemon.stores.records import PinRecord
 from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.daemon.summary import Summary
 
@@ -66,7 +67,7 @@ class _Kept:
     chars: int = 0
     system_key: tuple[int, ...] | None = None
     system: list[dict[str, Any]] = field(default_factory=list)
-    pins: list[dict[str, Any]] | None = None
+    pins: list[PinRecord] | None = None
     # the summary message was rendered from this summary object (and the compaction ids
     # list it held then: a compaction replaces it even when it updates the summary in place)
     summary: Summary | None = None
@@ -173,22 +174,22 @@ class ContextView:
         by_id = self.archive.get_many(ids)
         return [strip_archive_fields(by_id[i]) for i in ids if i in by_id]
 
-    def pins(self, session_id: str) -> list[dict[str, Any]]:
-        """{pinId, text, createdAt} each, oldest first (new dicts)."""
+    def pins(self, session_id: str) -> list[PinRecord]:
+        """Oldest first (a new list)."""
         if self.shared:
             return self.pin_store.list(session_id)
         kept = self._entry(session_id)
         if kept.pins is None:
             kept.pins = self.pin_store.list(session_id)
-        return [dict(p) for p in kept.pins]
+        return list(kept.pins)
 
     def pin_texts(self, session_id: str) -> list[str]:
         if self.shared:
-            return [p["text"] for p in self.pin_store.list(session_id)]
+            return [p.text for p in self.pin_store.list(session_id)]
         kept = self._entry(session_id)
         if kept.pins is None:
             kept.pins = self.pin_store.list(session_id)
-        return [p["text"] for p in kept.pins]
+        return [p.text for p in kept.pins]
 
     def pins_changed(self, session_id: str) -> None:
         """A pin was added or removed (or may have been: call it again after a rollback)."""

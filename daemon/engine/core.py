@@ -35,11 +35,13 @@ from ctxd.daemon.ids import new_id
 from ctxd.daemon.messages import PreparedBatch, check_time, prepare_batch
 from ctxd.daemon.pairing import check_tool_pairs
 from ctxd.daemon.stores.base import Store, shared_store
+from ctxd.daemon.stores.records import RunRecord, SessionRecord
 from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.daemon.stores.sqlite.store import SqliteStore
 from ctxd.daemon.summarizers import make_summarizer, summarizer_status
 from ctxd.daemon.summary import Summarizer
 from ctxd.daemon.tokens import TokenCounter
+from ctxd.daemon.views import listed_session_struct, session_struct
 from ctxd.protocol.errors import Conflict, InvalidParams, SessionNotFound
 from ctxd.protocol.handlers import serves
 from ctxd.protocol.methods import (
@@ -51,7 +53,6 @@ from ctxd.protocol.methods import (
 from ctxd.protocol.types import (
     AppendResult,
     DidAppend,
-    ListedSession,
     Session,
     SessionGetResult,
     SessionListResult,
@@ -220,13 +221,12 @@ class Engine(ContextReads, RunsAndApprovals, CompactionCalls):
         if not self.shared:
             self._archive_counts[sid] = 0
             self.run_book.created(sid)
-        # the store's record, camelCase keys in the Struct's order
-        return msgspec.convert(self.get_session(sid).session, Session)
+        return session_struct(self.require_session(sid))  # as stored
 
     @serves(SESSION_GET)
     def get_session(self, session_id: str) -> SessionGetResult:
         session = self.require_session(session_id)
-        return SessionGetResult(session=session, status=self.status(session_id))
+        return SessionGetResult(session=session_struct(session), status=self.status(session_id))
 
     @serves(SESSION_LIST)
     def list_sessions(
@@ -245,18 +245,13 @@ class Engine(ContextReads, RunsAndApprovals, CompactionCalls):
         page = rows[:limit]
         sessions = []
         for s in page:
-            sid, created_at = s["sessionId"], s["createdAt"]
-            sessions.append(ListedSession(
-                session_id=sid, title=s["title"], metadata=s["metadata"], created_at=created_at,
-                status=self.status(sid),
-                last_activity_at=self.archive.last_message_at(sid) or created_at,
+            sessions.append(listed_session_struct(
+                s, self.status(s.id), self.archive.last_message_at(s.id) or s.created_at
             ))
-        next_cursor = (
-            f"{page[-1]['createdAt']!r}:{page[-1]['sessionId']}" if len(rows) > limit else None
-        )
+        next_cursor = f"{page[-1].created_at!r}:{page[-1].id}" if len(rows) > limit else None
         return SessionListResult(sessions=sessions, next_cursor=next_cursor)
 
-    def require_session(self, session_id: str) -> dict[str, Any]:
+    def require_session(self, session_id: str) -> SessionRecord:
         session = self.archive.get_session(session_id)
         if session is None:
             raise SessionNotFound(
@@ -318,7 +313,7 @@ class Engine(ContextReads, RunsAndApprovals, CompactionCalls):
         run_id: str | None = None,
         client_batch_id: str | None = None,
         prepared: PreparedBatch | None = None,
-        run: dict[str, Any] | None = None,
+        run: RunRecord | None = None,
     ) -> AppendResult:
         """Archive a batch. `prepared` is `prepare_append(messages)` done beforehand (the
         daemon does it in a worker thread for large batches); `run`, the run `run_id`

@@ -20,6 +20,7 @@ from ctxd.daemon.stores.base import ArchiveStore, SharedStore, Store
 from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.daemon.summary import Summary
 from ctxd.daemon.tokens import TokenCounter
+from ctxd.daemon.views import pin_struct
 from ctxd.protocol.errors import InvalidParams, NotFound
 from ctxd.protocol.handlers import serves
 from ctxd.protocol.methods import (
@@ -32,6 +33,7 @@ from ctxd.protocol.types import (
     ArchiveReadResult,
     ArchiveSearchResult,
     ContextGetResult,
+    Pin,
     Status,
 )
 
@@ -250,12 +252,12 @@ class ContextReads:
     # pins
 
     @serves(CONTEXT_PINS_LIST)
-    def pins(self, session_id: str) -> list[dict[str, Any]]:
+    def pins(self, session_id: str) -> list[Pin]:
         self.check_session(session_id)
-        return self.view.pins(session_id)
+        return [pin_struct(p) for p in self.view.pins(session_id)]
 
     @serves(CONTEXT_PINS_ADD)
-    def add_pin(self, session_id: str, text: str) -> dict[str, Any]:
+    def add_pin(self, session_id: str, text: str) -> Pin:
         self.check_session(session_id)
         if not isinstance(text, str) or not text.strip():
             raise InvalidParams("a pin needs non-empty text")
@@ -264,18 +266,18 @@ class ContextReads:
             with self.store.transaction(session_id):
                 # the same text pinned again is the same invariant: one pin, returned again
                 for pin in self.store.pins.list(session_id):
-                    if pin["text"] == text:
-                        return pin
+                    if pin.text == text:
+                        return pin_struct(pin)
                 pin = self.store.pins.add(new_id("pin"), session_id, text)
                 self.view.pins_changed(session_id)
                 self._refresh_summary_tokens(session_id)
         finally:
             # read inside the transaction, the pins are kept only once it has committed
             self.view.pins_changed(session_id)
-        return pin
+        return pin_struct(pin)
 
     @serves(CONTEXT_PINS_REMOVE)
-    def remove_pin(self, session_id: str, pin_id: str) -> dict[str, Any]:
+    def remove_pin(self, session_id: str, pin_id: str) -> Pin:
         self.check_session(session_id)
         try:
             with self.store.transaction(session_id):
@@ -290,7 +292,7 @@ class ContextReads:
                 self._refresh_summary_tokens(session_id)
         finally:
             self.view.pins_changed(session_id)
-        return pin
+        return pin_struct(pin)
 
     def summary_tokens(self, session_id: str, summary: Summary) -> int:
         text = render_summary_message(self.pin_texts(session_id), summary)

@@ -10,18 +10,22 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ctxd.daemon.approval_events import event_approval as _event_approval
+from ctxd.daemon.approval_events import event_approval
 from ctxd.daemon.compaction.compactor import RunActivity
 from ctxd.daemon.engine.run_book import RunBook
 from ctxd.daemon.ids import new_id
 from ctxd.daemon.stores.base import ArchiveStore, RunStore, Store
+from ctxd.daemon.stores.records import ApprovalRecord, RunRecord
 from ctxd.daemon.stores.sql.runs import RUN_OUTCOMES
+from ctxd.daemon.views import approval_struct, run_struct
 from ctxd.protocol.errors import Conflict, InvalidParams, NotFound, RunActive
 from ctxd.protocol.handlers import serves
 from ctxd.protocol.methods import APPROVAL_LIST
 from ctxd.protocol.types import (
     AppendResult,
+    Approval,
     ApprovalEvent,
+    Run,
     RunDidFinish,
     RunDidStart,
     RunFinishResult,
@@ -47,27 +51,28 @@ class RunsAndApprovals:
             *,
             run_id: str | None = None,
             client_batch_id: str | None = None,
-            run: dict[str, Any] | None = None,
+            run: RunRecord | None = None,
         ) -> AppendResult: ...
 
         def auto_compaction_due(
             self, session_id: str, status: RunActivity | None = None
         ) -> bool: ...
 
-    def start_run(self, session_id: str) -> dict[str, Any]:
+    def start_run(self, session_id: str) -> Run:
         self.check_session(session_id)
         with self.store.transaction(session_id):
             current = self.run_book.open_run(session_id)
             if current is not None:
                 raise RunActive(
-                    f"run {current['runId']} is still open in this session; finish it with "
+                    f"run {current.id} is still open in this session; finish it with "
                     "run/finish first",
-                    {"runId": current["runId"]},
+                    {"runId": current.id},
                 )
-            run = self.runs.start(new_id("run"), session_id)
-        self.run_book.started(run)
+            record = self.runs.start(new_id("run"), session_id)
+        self.run_book.started(record)
+        run = run_struct(record)
         self.emit(session_id, "run/didStart",
-                  RunDidStart(session_id=session_id, run_id=run["runId"], run=run))
+                  RunDidStart(session_id=session_id, run_id=run.run_id, run=run))
         return run
 
     def finish_run(
@@ -88,24 +93,25 @@ class RunsAndApprovals:
             raise NotFound(
                 f"no run {run_id!r}; run/start returns the id to finish", {"runId": run_id}
             )
-        if run["status"] != "open":
+        if run.status != "open":
             raise Conflict(
-                f"run {run_id!r} is already {run['status']}",
-                {"runId": run_id, "status": run["status"]},
+                f"run {run_id!r} is already {run.status}",
+                {"runId": run_id, "status": run.status},
             )
         appended = None
         if messages is not None:
             appended = self.append(
-                run["sessionId"], messages, run_id=run_id, client_batch_id=client_batch_id, run=run
+                run.session_id, messages, run_id=run_id, client_batch_id=client_batch_id, run=run
             )
         with self.store.transaction():
             run = self.runs.finish(run_id, outcome)
         self.run_book.finished(run)
-        sid = run["sessionId"]
+        sid = run.session_id
         due = outcome == "completed" and self.auto_compaction_due(sid)
+        finished = run_struct(run)
         self.emit(sid, "run/didFinish",
-                  RunDidFinish(session_id=sid, run=run, auto_compaction_scheduled=due))
-        result = RunFinishResult(run=run, auto_compaction_scheduled=due)
+                  RunDidFinish(session_id=sid, run=finished, auto_compaction_scheduled=due))
+        result = RunFinishResult(run=finished, auto_compaction_scheduled=due)
         if appended is not None:
             result.append = appended
         return result
@@ -117,13 +123,13 @@ class RunsAndApprovals:
         tool_call_id: str,
         tool_name: str | None = None,
         arguments: Any = None,
-    ) -> dict[str, Any]:
+    ) -> Approval:
         self.check_session(session_id)
         run = self.run_book.get(run_id)
-        if run is None or run["sessionId"] != session_id:
+        if run is None or run.session_id != session_id:
             raise NotFound(f"no run {run_id!r} in session {session_id!r}", {"runId": run_id})
-        if run["status"] != "open":
-            raise InvalidParams(f"run {run_id!r} is {run['status']}; approvals need an open run")
+        if run.status != "open":
+            raise InvalidParams(f"run {run_id!r} is {run.status}; approvals need an open run")
         if not self.archive.existing_tool_calls(session_id, [tool_call_id]):
             raise NotFound(
                 f"no tool call {tool_call_id!r} in session {session_id!r}; append "
@@ -135,78 +141,80 @@ class RunsAndApprovals:
         waiting = self.run_book.pending(session_id).get(tool_call_id)
         if waiting is not None:
             raise Conflict(
-                f"tool call {tool_call_id!r} already awaits approval {waiting['approvalId']}",
-                {"approvalId": waiting["approvalId"]},
+                f"tool call {tool_call_id!r} already awaits approval {waiting.id}",
+                {"approvalId": waiting.id},
             )
         with self.store.transaction(session_id):
-            approval = self.runs.request_approval(
+            record = self.runs.request_approval(
                 new_id("apr"), session_id, run_id, tool_call_id, tool_name, arguments
             )
-        self.run_book.requested(approval)
+        self.run_book.requested(record)
+        approval = approval_struct(record)
         self.emit(
             session_id,
             "approval/didRequest",
-            ApprovalEvent(session_id=session_id, approval=_event_approval(approval)),
+            ApprovalEvent(session_id=session_id, approval=event_approval(approval)),
         )
         return approval
 
     def resolve_approval(
         self, approval_id: str, decision: str, reason: str | None = None
-    ) -> dict[str, Any]:
+    ) -> Approval:
         if decision not in ("approved", "denied"):
             raise InvalidParams("decision must be 'approved' or 'denied'")
         # its session first (outside), to lock that session: two answers given at once,
         # through two daemons, are checked one after the other
         found = self.runs.get_approval(approval_id)
-        with self.store.transaction(found["sessionId"] if found else None):
+        with self.store.transaction(found.session_id if found else None):
             approval = self.runs.get_approval(approval_id)
             if approval is None:
                 raise NotFound(
                     f"no approval {approval_id!r}; approval/list shows them",
                     {"approvalId": approval_id},
                 )
-            if approval["status"] != "pending":
+            if approval.status != "pending":
                 raise Conflict(
-                    f"approval {approval_id!r} was already {approval['status']}; the first "
+                    f"approval {approval_id!r} was already {approval.status}; the first "
                     "decision stands",
-                    {"approvalId": approval_id, "status": approval["status"]},
+                    {"approvalId": approval_id, "status": approval.status},
                 )
-            approval = self.runs.resolve_approval(approval_id, decision, reason)
-        self.run_book.resolved(approval)
-        sid = approval["sessionId"]
+            record = self.runs.resolve_approval(approval_id, decision, reason)
+        self.run_book.resolved(record)
+        sid = record.session_id
+        resolved = approval_struct(record)
         self.emit(sid, "approval/didResolve",
-                  ApprovalEvent(session_id=sid, approval=_event_approval(approval)))
-        return approval
+                  ApprovalEvent(session_id=sid, approval=event_approval(resolved)))
+        return resolved
 
     @serves(APPROVAL_LIST)
-    def list_approvals(self, session_id: str, status: str | None = None) -> list[dict[str, Any]]:
+    def list_approvals(self, session_id: str, status: str | None = None) -> list[Approval]:
         self.check_session(session_id)
-        return self.runs.list_approvals(session_id, status)
+        return [approval_struct(a) for a in self.runs.list_approvals(session_id, status)]
 
-    def pending_approvals(self, session_id: str) -> list[dict[str, Any]]:
+    def pending_approvals(self, session_id: str) -> list[ApprovalRecord]:
         """The session's pending approvals, oldest first."""
-        return [dict(a) for a in self.run_book.pending(session_id).values()]
+        return list(self.run_book.pending(session_id).values())
 
     def interrupt_runs(self, run_ids: set[str]) -> None:
         """Runs whose client went away without run/finish."""
         for rid in run_ids:
             run = self.runs.get(rid)
-            if run and run["status"] == "open":
+            if run and run.status == "open":
                 self.finish_run(rid, "interrupted")
 
     def _check_run(
-        self, session_id: str, run_id: str, run: dict[str, Any] | None
+        self, session_id: str, run_id: str, run: RunRecord | None
     ) -> None:
         """The run an append names must be the session's, and open."""
-        if run is None or run["runId"] != run_id:
+        if run is None or run.id != run_id:
             run = self.run_book.get(run_id)
-        if run is None or run["sessionId"] != session_id:
+        if run is None or run.session_id != session_id:
             raise NotFound(
                 f"no run {run_id!r} in session {session_id!r}; start one with run/start",
                 {"runId": run_id},
             )
-        if run["status"] != "open":
+        if run.status != "open":
             raise InvalidParams(
-                f"run {run_id!r} is {run['status']}; start a new run", {"runId": run_id}
+                f"run {run_id!r} is {run.status}; start a new run", {"runId": run_id}
             )
 

@@ -34,15 +34,17 @@ Contract every implementation keeps (the engine relies on each point):
   integers, unique across the whole store and increasing in append order within a
   session (across sessions too on the embedded store); a batch's ids are
   consecutive (`ArchiveStore.append` returns them). `clientBatchId` is unique per session.
-- **Dicts on the wire side.** Sessions, messages, hits, runs, approvals and pins are
-  returned as the dicts the protocol sends (camelCase keys; an archived message is its
-  chat message plus `id`, `batchId`, `tokens`, `createdAt`). Compaction log rows are
-  `Compaction`s (protocol/types.py); contexts are `ContextState`s.
+- **Records, not protocol shapes.** Sessions, runs, approvals and pins are returned as
+  the small records of stores/records.py (snake_case fields named for the columns),
+  which the engine turns into the protocol's Structs (daemon/views.py). Messages and
+  search hits are the dicts the protocol sends (an archived message is its chat message
+  plus `id`, `batchId`, `tokens`, `createdAt`). Compaction log rows are `Compaction`s
+  (protocol/types.py); contexts are `ContextState`s.
 - **Errors.** Bad input the store detects (a value JSON cannot store, a search query it
   cannot parse) raises `InvalidParams`; a search over its time budget raises
   `SearchTooBroad`.
 - **Ordering.** Reads of messages are in id order; `list_sessions` is newest first by
-  (createdAt, sessionId); approvals by creation time; pins by creation time, then id.
+  (created_at, id); approvals by creation time; pins by creation time, then id.
 
 Everything above the store (id generation, validation, token counting, tool-pair
 checks, the active-context arithmetic, events) stays in the engine, so an implementation
@@ -55,6 +57,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from ctxd.daemon.stores.records import ApprovalRecord, PinRecord, RunRecord, SessionRecord
 from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.protocol.types import Compaction
 
@@ -77,13 +80,12 @@ class ArchiveStore(Protocol):
     ) -> float:
         """Insert a session; returns its createdAt (`created_at` when given, else now)."""
 
-    def get_session(self, session_id: str) -> dict[str, Any] | None:
-        """{sessionId, title, metadata, createdAt}, or None."""
+    def get_session(self, session_id: str) -> SessionRecord | None: ...
 
     def list_sessions(
         self, limit: int, after: tuple[float, str] | None, title: str | None = None
-    ) -> list[dict[str, Any]]:
-        """Newest first, after the (createdAt, sessionId) `after`; `title` keeps titles
+    ) -> list[SessionRecord]:
+        """Newest first, after the (created_at, id) `after`; `title` keeps titles
         containing it (ASCII letters in either case)."""
 
     def session_ids_without_context(self) -> list[str]: ...
@@ -192,27 +194,27 @@ class ContextStore(Protocol):
 
 
 class PinStore(Protocol):
-    def list(self, session_id: str) -> list[dict[str, Any]]:
-        """{pinId, text, createdAt} each, oldest first."""
+    def list(self, session_id: str) -> list[PinRecord]:
+        """Oldest first."""
 
-    def add(self, pin_id: str, session_id: str, text: str) -> dict[str, Any]: ...
+    def add(self, pin_id: str, session_id: str, text: str) -> PinRecord: ...
 
-    def remove(self, session_id: str, pin_id: str) -> dict[str, Any] | None:
+    def remove(self, session_id: str, pin_id: str) -> PinRecord | None:
         """The removed pin, or None when the session has no such pin."""
 
 
 class RunStore(Protocol):
-    def start(self, run_id: str, session_id: str) -> dict[str, Any]:
-        """Open a run ({runId, sessionId, status, startedAt, finishedAt}); the engine has
-        checked that the session has no open run (a store may also enforce it)."""
+    def start(self, run_id: str, session_id: str) -> RunRecord:
+        """Open a run (status "open"); the engine has checked that the session has no
+        open run (a store may also enforce it)."""
 
-    def get(self, run_id: str) -> dict[str, Any] | None: ...
+    def get(self, run_id: str) -> RunRecord | None: ...
 
-    def open_run(self, session_id: str) -> dict[str, Any] | None: ...
+    def open_run(self, session_id: str) -> RunRecord | None: ...
 
     def open_run_ids(self) -> set[str]: ...
 
-    def finish(self, run_id: str, status: str) -> dict[str, Any]: ...
+    def finish(self, run_id: str, status: str) -> RunRecord: ...
 
     def request_approval(
         self,
@@ -222,18 +224,18 @@ class RunStore(Protocol):
         tool_call_id: str,
         tool_name: str | None,
         arguments: Any,
-    ) -> dict[str, Any]: ...
+    ) -> ApprovalRecord: ...
 
-    def get_approval(self, approval_id: str) -> dict[str, Any] | None: ...
+    def get_approval(self, approval_id: str) -> ApprovalRecord | None: ...
 
     def resolve_approval(
         self, approval_id: str, decision: str, reason: str | None
-    ) -> dict[str, Any]:
+    ) -> ApprovalRecord:
         """The engine has checked the approval is pending, in the same transaction."""
 
     def list_approvals(
         self, session_id: str, status: str | None = None
-    ) -> list[dict[str, Any]]: ...
+    ) -> list[ApprovalRecord]: ...
 
     def pending_count(self, session_id: str) -> int: ...
 

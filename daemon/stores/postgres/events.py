@@ -39,10 +39,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import psycopg
 
 from ctxd.daemon.approval_events import event_approval
 from ctxd.daemon.stores.postgres.connection import connect
+from ctxd.daemon.views import approval_struct, run_struct
+from ctxd.protocol.types import ApprovalEvent, RunDidFinish, RunDidStart
 
 log = logging.getLogger("ctxd.pg.events")
 
@@ -125,7 +128,9 @@ def relay(
         log.warning("could not relay %s of %s", method, session_id, exc_info=True)
 
 
-def _params(engine: Any, method: str, sid: str, ref: dict[str, Any]) -> dict[str, Any] | None:
+def _params(
+    engine: Any, method: str, sid: str, ref: dict[str, Any]
+) -> msgspec.Struct | dict[str, Any] | None:
     runs = engine.store.runs
     if method == "session/didAppend":
         batch_id = int(ref["b"])
@@ -142,16 +147,17 @@ def _params(engine: Any, method: str, sid: str, ref: dict[str, Any]) -> dict[str
         }
     if method in ("run/didStart", "run/didFinish"):
         run = runs.get(ref["r"])
-        if run is None or run["sessionId"] != sid:
+        if run is None or run.session_id != sid:
             return None
         if method == "run/didStart":
-            return {"sessionId": sid, "runId": run["runId"], "run": run}
-        return {"sessionId": sid, "run": run, "autoCompactionScheduled": bool(ref.get("a"))}
+            return RunDidStart(session_id=sid, run_id=run.id, run=run_struct(run))
+        return RunDidFinish(session_id=sid, run=run_struct(run),
+                            auto_compaction_scheduled=bool(ref.get("a")))
     if method in ("approval/didRequest", "approval/didResolve"):
         approval = runs.get_approval(ref["p"])
-        if approval is None or approval["sessionId"] != sid:
+        if approval is None or approval.session_id != sid:
             return None
-        return {"sessionId": sid, "approval": event_approval(approval)}
+        return ApprovalEvent(session_id=sid, approval=event_approval(approval_struct(approval)))
     params = {"sessionId": sid, **ref.get("v", {})}
     ids = params.get("messageIds")
     if isinstance(ids, dict):  # a long pop: the range's messages now left out

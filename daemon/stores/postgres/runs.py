@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
 
 import psycopg
 
 from ctxd.daemon.stores.postgres.connection import PgConnection, _storage
+from ctxd.daemon.stores.records import RunRecord
 from ctxd.daemon.stores.sql.runs import SqlRuns, _run
 
 REGISTER = (
@@ -130,7 +130,7 @@ class PgRuns(SqlRuns):
     def daemon_id(self) -> str:
         return self.presence.daemon_id
 
-    def start(self, run_id: str, session_id: str) -> dict[str, Any]:
+    def start(self, run_id: str, session_id: str) -> RunRecord:
         self.presence.hold()
         now = time.time()
         self.conn.execute(

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from ctxd.daemon.stores.records import SessionRecord
 from ctxd.daemon.stores.sql.search import SqlSearch
 from ctxd.protocol.errors import InvalidParams
 
@@ -103,7 +104,7 @@ class SqlArchive(SqlSearch):
         )
         return now
 
-    def get_session(self, session_id: str) -> dict[str, Any] | None:
+    def get_session(self, session_id: str) -> SessionRecord | None:
         row = self.conn.execute(
             "SELECT id, title, metadata, created_at FROM sessions WHERE id = ?", (session_id,)
         ).fetchone()
@@ -111,7 +112,7 @@ class SqlArchive(SqlSearch):
 
     def list_sessions(
         self, limit: int, after: tuple[float, str] | None, title: str | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[SessionRecord]:
         """Newest first; `after` is the (created_at, id) of the last session already seen;
         `title` keeps only titles containing it (LIKE: ASCII letters in either case)."""
         where: list[str] = []
@@ -121,7 +122,8 @@ class SqlArchive(SqlSearch):
             args += [after[0], after[1]]
         if title:
             escaped = title.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            where.append("title LIKE ? ESCAPE '\\'")
+            # lower() both: PostgreSQL's LIKE minds case, SQLite's does not (ASCII)
+            where.append("lower(title) LIKE lower(?) ESCAPE '\\'")
             args.append(f"%{escaped}%")
         clause = f"WHERE {' AND '.join(where)} " if where else ""
         rows = self.conn.execute(
@@ -169,14 +171,9 @@ class SqlArchive(SqlSearch):
         return out, (last_id, count, tokens)
 
     @staticmethod
-    def _session(row: Sequence[Any]) -> dict[str, Any]:
+    def _session(row: Sequence[Any]) -> SessionRecord:
         sid, title, metadata, created_at = row
-        return {
-            "sessionId": sid,
-            "title": title,
-            "metadata": json.loads(metadata) if metadata else {},
-            "createdAt": created_at,
-        }
+        return SessionRecord(sid, title, json.loads(metadata) if metadata else {}, created_at)
 
     def session_ids_without_context(self) -> list[str]:
         return [

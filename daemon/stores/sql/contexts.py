@@ -20,6 +20,7 @@ from typing import Any
 
 import apsw
 
+from ctxd.daemon.stores.records import PinRecord
 from ctxd.daemon.summary import Summary
 
 
@@ -181,9 +182,9 @@ def set_summary_tokens(conn: apsw.Connection, session_id: str, tokens: int) -> N
 # pins
 
 
-def list_pins(conn: apsw.Connection, session_id: str) -> list[dict[str, Any]]:
+def list_pins(conn: apsw.Connection, session_id: str) -> list[PinRecord]:
     return [
-        {"pinId": pid, "text": text, "createdAt": created}
+        PinRecord(pid, session_id, text, created)
         for pid, text, created in conn.execute(
             "SELECT id, text, created_at FROM pins WHERE session_id = ? ORDER BY created_at, id",
             (session_id,),
@@ -191,16 +192,16 @@ def list_pins(conn: apsw.Connection, session_id: str) -> list[dict[str, Any]]:
     ]
 
 
-def add_pin(conn: apsw.Connection, pin_id: str, session_id: str, text: str) -> dict[str, Any]:
+def add_pin(conn: apsw.Connection, pin_id: str, session_id: str, text: str) -> PinRecord:
     now = time.time()
     conn.execute(
         "INSERT INTO pins(id, session_id, text, created_at) VALUES (?,?,?,?)",
         (pin_id, session_id, text, now),
     )
-    return {"pinId": pin_id, "text": text, "createdAt": now}
+    return PinRecord(pin_id, session_id, text, now)
 
 
-def remove_pin(conn: apsw.Connection, session_id: str, pin_id: str) -> dict[str, Any] | None:
+def remove_pin(conn: apsw.Connection, session_id: str, pin_id: str) -> PinRecord | None:
     """Delete a pin; returns it as it was, or None when there is no such pin."""
     row = conn.execute(
         "SELECT id, text, created_at FROM pins WHERE id = ? AND session_id = ?",
@@ -209,7 +210,7 @@ def remove_pin(conn: apsw.Connection, session_id: str, pin_id: str) -> dict[str,
     if row is None:
         return None
     conn.execute("DELETE FROM pins WHERE id = ? AND session_id = ?", (pin_id, session_id))
-    return {"pinId": row[0], "text": row[1], "createdAt": row[2]}
+    return PinRecord(row[0], session_id, row[1], row[2])
 
 
 class SqlContexts:
@@ -239,11 +240,11 @@ class SqlPins:
     def __init__(self, conn: Any) -> None:
         self.conn = conn
 
-    def list(self, session_id: str) -> list[dict[str, Any]]:
+    def list(self, session_id: str) -> list[PinRecord]:
         return list_pins(self.conn, session_id)
 
-    def add(self, pin_id: str, session_id: str, text: str) -> dict[str, Any]:
+    def add(self, pin_id: str, session_id: str, text: str) -> PinRecord:
         return add_pin(self.conn, pin_id, session_id, text)
 
-    def remove(self, session_id: str, pin_id: str) -> dict[str, Any] | None:
+    def remove(self, session_id: str, pin_id: str) -> PinRecord | None:
         return remove_pin(self.conn, session_id, pin_id)

@@ -7,36 +7,31 @@ import json
 import time
 from typing import Any
 
+from ctxd.daemon.stores.records import ApprovalRecord, RunRecord
 from ctxd.daemon.stores.sql.archive import strict_json
 
 RUN_OUTCOMES = ("completed", "failed", "cancelled")
 
 
-def _run(row: Any) -> dict[str, Any]:
+def _run(row: Any) -> RunRecord:
     rid, sid, status, started, finished = row
-    return {
-        "runId": rid,
-        "sessionId": sid,
-        "status": status,
-        "startedAt": started,
-        "finishedAt": finished,
-    }
+    return RunRecord(rid, sid, status, started, finished)
 
 
-def _approval(row: Any) -> dict[str, Any]:
+def _approval(row: Any) -> ApprovalRecord:
     (aid, sid, run_id, tcid, tool_name, arguments, status, reason, created, resolved) = row
-    return {
-        "approvalId": aid,
-        "sessionId": sid,
-        "runId": run_id,
-        "toolCallId": tcid,
-        "toolName": tool_name,
-        "arguments": json.loads(arguments) if arguments else None,
-        "status": status,
-        "reason": reason,
-        "createdAt": created,
-        "resolvedAt": resolved,
-    }
+    return ApprovalRecord(
+        aid,
+        sid,
+        run_id,
+        tcid,
+        tool_name,
+        json.loads(arguments) if arguments else None,
+        status,
+        reason,
+        created,
+        resolved,
+    )
 
 
 _RUN_COLS = "id, session_id, status, started_at, finished_at"
@@ -50,7 +45,7 @@ class SqlRuns:
     def __init__(self, conn: Any) -> None:
         self.conn = conn
 
-    def start(self, run_id: str, session_id: str) -> dict[str, Any]:
+    def start(self, run_id: str, session_id: str) -> RunRecord:
         now = time.time()
         self.conn.execute(
             "INSERT INTO runs(id, session_id, status, started_at) VALUES (?, ?, 'open', ?)",
@@ -58,11 +53,11 @@ class SqlRuns:
         )
         return _run((run_id, session_id, "open", now, None))
 
-    def get(self, run_id: str) -> dict[str, Any] | None:
+    def get(self, run_id: str) -> RunRecord | None:
         row = self.conn.execute(f"SELECT {_RUN_COLS} FROM runs WHERE id = ?", (run_id,)).fetchone()
         return _run(row) if row else None
 
-    def open_run(self, session_id: str) -> dict[str, Any] | None:
+    def open_run(self, session_id: str) -> RunRecord | None:
         row = self.conn.execute(
             f"SELECT {_RUN_COLS} FROM runs WHERE session_id = ? AND status = 'open'", (session_id,)
         ).fetchone()
@@ -71,7 +66,7 @@ class SqlRuns:
     def open_run_ids(self) -> set[str]:
         return {r[0] for r in self.conn.execute("SELECT id FROM runs WHERE status = 'open'")}
 
-    def finish(self, run_id: str, status: str) -> dict[str, Any]:
+    def finish(self, run_id: str, status: str) -> RunRecord:
         # (an UPDATE ... RETURNING costs SQLite more than this UPDATE and SELECT by key)
         self.conn.execute(
             "UPDATE runs SET status = ?, finished_at = ? WHERE id = ?",
@@ -89,7 +84,7 @@ class SqlRuns:
         tool_call_id: str,
         tool_name: str | None,
         arguments: Any,
-    ) -> dict[str, Any]:
+    ) -> ApprovalRecord:
         self.conn.execute(
             "INSERT INTO approvals(id, session_id, run_id, tool_call_id, tool_name, arguments, "
             "status, created_at) VALUES (?,?,?,?,?,?, 'pending', ?)",
@@ -105,7 +100,7 @@ class SqlRuns:
         )
         return self.get_approval(approval_id)  # type: ignore[return-value]
 
-    def get_approval(self, approval_id: str) -> dict[str, Any] | None:
+    def get_approval(self, approval_id: str) -> ApprovalRecord | None:
         row = self.conn.execute(
             f"SELECT {_APPROVAL_COLS} FROM approvals WHERE id = ?", (approval_id,)
         ).fetchone()
@@ -113,14 +108,14 @@ class SqlRuns:
 
     def resolve_approval(
         self, approval_id: str, decision: str, reason: str | None
-    ) -> dict[str, Any]:
+    ) -> ApprovalRecord:
         self.conn.execute(
             "UPDATE approvals SET status = ?, reason = ?, resolved_at = ? WHERE id = ?",
             (decision, reason, time.time(), approval_id),
         )
         return self.get_approval(approval_id)  # type: ignore[return-value]
 
-    def list_approvals(self, session_id: str, status: str | None = None) -> list[dict[str, Any]]:
+    def list_approvals(self, session_id: str, status: str | None = None) -> list[ApprovalRecord]:
         if status is None:
             rows = self.conn.execute(
                 f"SELECT {_APPROVAL_COLS} FROM approvals WHERE session_id = ? ORDER BY created_at",
