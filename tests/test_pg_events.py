@@ -1,0 +1,198 @@
+"""Other daemons' events wake and cost only the daemons whose clients watch the session.
+
+Real daemon processes on a PostgreSQL server of this module's own, with
+pg_stat_statements loaded, so what a daemon reads is counted by the server: the rows its
+events reader receives (stores/postgres/event_reader.py). Each of its reads returns the
+event rows it relays and one row saying what was looked at, so the event rows received
+are the rows returned less the statements' calls.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from helpers import DaemonProcess, make_config, wait_for
+from pg import PASSWORD, PgCluster
+
+from ctxd.daemon.engine import Engine
+from ctxd.daemon.stores.postgres.event_reader import SHARED, session_channel
+from ctxd.daemon.stores.postgres.store import PostgresStore
+
+PW_VAR = "CTXD_TEST_PG_PASSWORD"
+
+
+@pytest.fixture(scope="module")
+def counted_cluster() -> Iterator[PgCluster]:
+    """A server that counts every statement's calls and rows (pg_stat_statements)."""
+    cluster = PgCluster().start()
+    try:
+        with psycopg.connect(cluster.socket_dsn(), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+        cluster.halt()
+        cluster.launch()
+        with psycopg.connect(cluster.socket_dsn(), autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def two_daemons(tmp_path: Path, counted_cluster: PgCluster
+                ) -> Iterator[tuple[DaemonProcess, DaemonProcess, str]]:
+    dbname = f"ev{time.monotonic_ns()}"
+    counted_cluster.create_database(dbname)
+    env = {"CTXD_STORE": "postgres", "CTXD_POSTGRES_DSN": counted_cluster.tcp_dsn(dbname),
+           "CTXD_POSTGRES_PASSWORD_ENV": PW_VAR, PW_VAR: PASSWORD,
+           "CTXD_MAX_ACTIVE_MESSAGES": "100000"}
+    procs: list[DaemonProcess] = []
+    try:
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            procs.append(DaemonProcess(tmp_path / name, env=env).start())
+        yield procs[0], procs[1], dbname
+    finally:
+        for d in procs:
+            d.stop()
+
+
+def event_rows_read(cluster: PgCluster, dbname: str) -> int:
+    """The event rows every daemon's events reader received since the last reset."""
+    with psycopg.connect(cluster.socket_dsn(), autocommit=True) as conn:
+        read, calls = conn.execute(
+            "SELECT coalesce(sum(rows), 0), coalesce(sum(calls), 0) FROM pg_stat_statements s "
+            "JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %s "
+            "AND query LIKE '%%WITH fresh AS%%'", (dbname,),
+        ).fetchone()
+        (caught_up,) = conn.execute(
+            "SELECT coalesce(sum(rows), 0) FROM pg_stat_statements s "
+            "JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %s "
+            "AND query LIKE '%%SELECT id, body FROM ctxd_events%%'", (dbname,),
+        ).fetchone()
+    return int(read) - int(calls) + int(caught_up)
+
+
+def reset_counts(cluster: PgCluster) -> None:
+    with psycopg.connect(cluster.socket_dsn(), autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_statements_reset()")
+
+
+def until(stream: Iterator[Any], method: str, where: Any, timeout: float = 10.0
+          ) -> list[tuple[str, dict[str, Any]]]:
+    """Every notification up to and including the first `method` matching `where`."""
+    seen: list[tuple[str, dict[str, Any]]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            m, params = next(stream)
+        except StopIteration:
+            continue
+        seen.append((m, params))
+        if m == method and where(params):
+            return seen
+    raise AssertionError(f"no {method} matching within {timeout}s; got {seen}")
+
+
+def test_a_daemon_receives_no_event_row_of_a_session_its_clients_do_not_watch(
+    two_daemons: tuple[DaemonProcess, DaemonProcess, str], counted_cluster: PgCluster,
+) -> None:
+    """B's appends to a session no client of A watches reach A's reader as no row at all
+    (counted by the server); the one session A's client watches reaches it, one row an
+    event, and a subscription to the quiet one makes its next event reach A too."""
+    a, b, dbname = two_daemons
+    with a.client("jsonrpc") as ca, b.client() as cb:
+        quiet = cb.create_session()["sessionId"]
+        marker = cb.create_session()["sessionId"]
+        ca.subscribe(marker)
+        events = ca.notifications(timeout=0.5)
+        # A's reader is up and follows the marker before anything is counted
+        ids = cb.append(marker, [{"role": "user", "content": "warm"}])["messageIds"]
+        wait_for(events, "session/didAppend", where=lambda p: p["messageIds"] == ids)
+        reset_counts(counted_cluster)
+
+        for i in range(5):
+            cb.append(quiet, [{"role": "user", "content": f"q{i}"}])
+        ids = cb.append(marker, [{"role": "user", "content": "mark"}])["messageIds"]
+        seen = until(events, "session/didAppend", lambda p: p["messageIds"] == ids)
+        assert all(p["sessionId"] == marker for _, p in seen)
+        # B's rows are B's own (its reader passes them over on the server), and of A's
+        # sessions only the marker's one append was sent to A
+        assert event_rows_read(counted_cluster, dbname) == 1
+
+        ca.subscribe(quiet)
+        ids = cb.append(quiet, [{"role": "user", "content": "q5"}])["messageIds"]
+        got = wait_for(events, "session/didAppend", where=lambda p: p["messageIds"] == ids)
+        assert got["sessionId"] == quiet and got["status"]["archiveMessages"] == 6
+        assert event_rows_read(counted_cluster, dbname) == 2
+
+
+def test_subscribing_after_events_unsubscribing_and_subscribing_again(
+    two_daemons: tuple[DaemonProcess, DaemonProcess, str],
+) -> None:
+    """A subscription made after B wrote events gets B's later ones (the first sent right
+    after the subscription's reply); while one of two subscribers stays, events still
+    come; after the last one leaves they stop, and a new subscription gets them again."""
+    a, b, _ = two_daemons
+    with a.client("jsonrpc") as c1, a.client("jsonrpc") as c2, b.client() as cb:
+        sid = cb.create_session()["sessionId"]
+        marker = cb.create_session()["sessionId"]
+        for i in range(3):
+            cb.append(sid, [{"role": "user", "content": f"before {i}"}])
+
+        c1.subscribe(sid)
+        c1.subscribe(marker)
+        one = c1.notifications(timeout=0.5)
+        ids = cb.append(sid, [{"role": "user", "content": "after"}])["messageIds"]
+        got = wait_for(one, "session/didAppend", where=lambda p: p["messageIds"] == ids)
+        assert got["sessionId"] == sid and got["status"]["archiveMessages"] == 4
+
+        c2.subscribe(sid)
+        two = c2.notifications(timeout=0.5)
+        c2.unsubscribe(sid)  # c1 still watches: A keeps reading the session
+        ids = cb.append(sid, [{"role": "user", "content": "one left"}])["messageIds"]
+        wait_for(one, "session/didAppend", where=lambda p: p["messageIds"] == ids)
+
+        c1.unsubscribe(sid)  # nobody on A watches it now
+        gone = cb.append(sid, [{"role": "user", "content": "unwatched"}])["messageIds"]
+        mark = cb.append(marker, [{"role": "user", "content": "mark"}])["messageIds"]
+        seen = until(one, "session/didAppend", lambda p: p["messageIds"] == mark)
+        assert not [p for m, p in seen if p.get("sessionId") == sid]
+        assert gone  # written all the same
+
+        c2.subscribe(sid)  # a new subscription after the last one left
+        ids = cb.append(sid, [{"role": "user", "content": "again"}])["messageIds"]
+        got = wait_for(two, "session/didAppend", where=lambda p: p["messageIds"] == ids)
+        assert got["status"]["archiveMessages"] == 7
+
+
+def test_the_channel_of_a_session_is_the_one_its_events_are_sent_on(
+    pg_dsn: str, tmp_path: Path,
+) -> None:
+    """The server names a session's channel from its id as the daemon does, for any id
+    (quotes, spaces, any script, the longest allowed), and a compaction's events go on
+    the shared channel instead."""
+    engine = Engine(make_config(tmp_path / "d"), store=PostgresStore(pg_dsn))
+    try:
+        odd = ["ses_plain", "it's \"quoted\"; LISTEN x", "séance 会话 🙂", "x" * 200]
+        with psycopg.connect(pg_dsn, autocommit=True) as listener:
+            listener.execute(f"LISTEN {SHARED}")
+            for sid in odd:
+                listener.execute(f"LISTEN {session_channel(sid)}")
+            for sid in odd:
+                engine.create_session(session_id=sid)
+                engine.append(sid, [{"role": "user", "content": "hello"}])
+            engine.store.share_event(odd[0], "context/didCompact", {
+                "sessionId": odd[0], "compactionId": "cmp_1", "effective": False})
+            got: list[str] = []
+            deadline = time.monotonic() + 10
+            while len(got) < len(odd) + 1 and time.monotonic() < deadline:
+                got += [n.channel for n in listener.notifies(timeout=0.5)]
+        assert got == [session_channel(s) for s in odd] + [SHARED]
+        assert all(len(c) <= 63 for c in got)
+    finally:
+        engine.close()
