@@ -16,12 +16,14 @@ from typing import Any
 
 import psycopg
 import pytest
+import zmq
 from helpers import DaemonProcess, make_config, wait_for
 from pg import PASSWORD, PgCluster
 
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.stores.postgres.event_reader import SHARED, session_channel
 from ctxd.daemon.stores.postgres.store import PostgresStore
+from ctxd.protocol.codec import unpackb
 
 PW_VAR = "CTXD_TEST_PG_PASSWORD"
 
@@ -196,3 +198,34 @@ def test_the_channel_of_a_session_is_the_one_its_events_are_sent_on(
         assert all(len(c) <= 63 for c in got)
     finally:
         engine.close()
+
+
+def test_a_zeromq_subscription_to_every_session_gets_every_sessions_events(
+    two_daemons: tuple[DaemonProcess, DaemonProcess, str],
+) -> None:
+    """A ZeroMQ subscriber to `session/` (every session's topic starts so) on A gets B's
+    events of a session nobody ever subscribed to by name."""
+    a, b, _ = two_daemons
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.RCVTIMEO, 10_000)
+    try:
+        sub.connect(a.info()["zmq_pub"])
+        sub.subscribe(b"session/")
+        sub.subscribe(b"probe/every")  # answered once the subscriptions before it hold
+        while sub.recv_multipart()[0] != b"probe/every":
+            pass
+        with b.client() as cb:
+            sid = cb.create_session()["sessionId"]
+            ids = cb.append(sid, [{"role": "user", "content": "anyone"}])["messageIds"]
+        while True:
+            topic, payload = sub.recv_multipart()  # zmq.Again after 10 s: none came
+            event = unpackb(payload, 1 << 20)
+            if event["method"] == "session/didAppend":
+                break
+        assert topic == b"session/" + sid.encode()
+        assert event["params"]["messageIds"] == ids
+        assert event["params"]["status"]["archiveMessages"] == 1
+    finally:
+        sub.close(0)
+        ctx.term()

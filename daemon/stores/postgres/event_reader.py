@@ -167,6 +167,8 @@ class EventReader:
     def watch(self, session_id: str | None, watched: bool) -> None:
         """Read (or stop reading) the events of a session, or with None of every
         session; takes effect on the listening thread, which is woken for it."""
+        log.debug("events of %s %s", session_id or "every session",
+                  "read" if watched else "no longer read")
         with self._lock:
             self._changes[session_id] = (watched, self.reads, self.horizon)
         try:
@@ -206,6 +208,7 @@ class EventReader:
             pass
         statements, late = self._apply()
         if statements:
+            log.debug("%s", "; ".join(statements))
             conn.execute("; ".join(statements))
         self._catch_up(conn, on_event, late)
 
@@ -281,6 +284,7 @@ class EventReader:
                 else:
                     found.append((event_id, body))
             self._advance(hi, missing)
+            log.debug("read: %d rows up to %d (%d missing)", len(found), hi, len(missing))
             for _, body in sorted(found):
                 ref = self.parse(body)
                 if ref is not None:
