@@ -9,6 +9,7 @@ are the rows returned less the statements' calls.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from helpers import DaemonProcess, make_config, wait_for
 from pg import PASSWORD, PgCluster
 
 from ctxd.daemon.engine import Engine
-from ctxd.daemon.stores.postgres.event_reader import SHARED, session_channel
+from ctxd.daemon.stores.postgres.event_reader import RECORD, SHARED, session_channel
 from ctxd.daemon.stores.postgres.store import PostgresStore
 from ctxd.protocol.codec import unpackb
 
@@ -229,3 +230,81 @@ def test_a_zeromq_subscription_to_every_session_gets_every_sessions_events(
     finally:
         sub.close(0)
         ctx.term()
+
+
+@pytest.fixture
+def two_engines(tmp_path: Path, pg_dsn: str) -> Iterator[tuple[Engine, Engine]]:
+    """Two engines (as of two daemons) on one database."""
+    out = [Engine(make_config(tmp_path / name), store=PostgresStore(pg_dsn)) for name in "ab"]
+    yield out[0], out[1]
+    for e in out:
+        e.close()
+
+
+def _record(conn: psycopg.Connection, session_id: str, body: dict[str, Any]) -> None:
+    """Write an event row as a daemon does (RECORD), origin another daemon's."""
+    conn.execute(RECORD.replace("?", "%s"), ("elsewhere", session_id, json.dumps(body),
+                                             time.time()))
+
+
+def _collect(got: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + 15
+    while len(got) < n:
+        assert time.monotonic() < deadline, f"only {got}"
+        time.sleep(0.02)
+    return list(got)
+
+
+def test_a_row_committed_after_a_higher_one_is_read_and_a_rolled_back_one_holds_nothing(
+    two_engines: tuple[Engine, Engine], pg_dsn: str,
+) -> None:
+    """B's reader reads A's append while an earlier id is still uncommitted, reads that
+    one once it commits, and is not held up by one whose transaction rolled back."""
+    a, b = two_engines
+    sid = a.create_session().session_id
+    got: list[dict[str, Any]] = []
+    b.store.listen(got.append)
+    assert b.store.listening.wait(30)
+    with psycopg.connect(pg_dsn) as held, psycopg.connect(pg_dsn) as undone:
+        _record(held, sid, {"m": "run/didStart", "s": sid, "r": "run_held"})
+        _record(undone, sid, {"m": "run/didStart", "s": sid, "r": "run_undone"})
+        first = a.append(sid, [{"role": "user", "content": "after"}]).batch_id
+        assert [r.get("b") for r in _collect(got, 1)] == [first]
+        undone.rollback()
+        held.commit()
+        assert [r.get("r") for r in _collect(got, 2)][1] == "run_held"
+    second = a.append(sid, [{"role": "user", "content": "later"}]).batch_id
+    assert [r.get("b") for r in _collect(got, 3)][2] == second
+    assert not any(r.get("r") == "run_undone" for r in got)
+
+
+def test_the_reader_reads_the_watched_sessions_and_the_shared_events_only(
+    two_engines: tuple[Engine, Engine],
+) -> None:
+    """Told to read one session, B's reader hands on that session's events, and of the
+    other session only its compaction's (which every daemon's bookkeeping needs); told
+    to read it no more, only the compaction's."""
+    a, b = two_engines
+    watched, other = a.create_session().session_id, a.create_session().session_id
+    got: list[dict[str, Any]] = []
+    b.store.watch(None, False)
+    b.store.watch(watched, True)
+    b.store.listen(got.append)
+    assert b.store.listening.wait(30)
+
+    def compacted(sid: str, cid: str) -> None:
+        a.store.share_event(sid, "context/didCompact",
+                            {"sessionId": sid, "compactionId": cid, "effective": False})
+
+    a.append(other, [{"role": "user", "content": "not read"}])
+    seen = a.append(watched, [{"role": "user", "content": "read"}]).batch_id
+    compacted(other, "cmp_other")
+    assert [(r["m"], r["s"]) for r in _collect(got, 2)] == [
+        ("session/didAppend", watched), ("context/didCompact", other)]
+    assert got[0]["b"] == seen
+
+    b.store.watch(watched, False)
+    a.append(watched, [{"role": "user", "content": "no longer read"}])
+    compacted(watched, "cmp_watched")
+    assert [(r["m"], r["s"]) for r in _collect(got, 3)][2:] == [
+        ("context/didCompact", watched)]
