@@ -22,7 +22,13 @@ from helpers import DaemonProcess, make_config, wait_for
 from pg import PASSWORD, PgCluster
 
 from ctxd.daemon.engine import Engine
-from ctxd.daemon.stores.postgres.event_reader import RECORD, SHARED, session_channel
+from ctxd.daemon.stores.postgres.event_reader import (
+    RECORD,
+    SHARED,
+    EventReader,
+    session_channel,
+)
+from ctxd.daemon.stores.postgres.events import parse_reference
 from ctxd.daemon.stores.postgres.store import PostgresStore
 from ctxd.protocol.codec import unpackb
 
@@ -308,3 +314,44 @@ def test_the_reader_reads_the_watched_sessions_and_the_shared_events_only(
     compacted(watched, "cmp_watched")
     assert [(r["m"], r["s"]) for r in _collect(got, 3)][2:] == [
         ("context/didCompact", watched)]
+
+
+def test_a_subscription_made_while_a_read_runs_gets_the_rows_that_read_passed_over(
+    pg_dsn: str, tmp_path: Path,
+) -> None:
+    """The reader driven step by step: a session is watched (asked, not yet made), a row
+    of it is written and a read runs under the set before, which passes it over; making
+    the change reads it then, once, and later rows come once each; a session watched
+    again, or whose change no read ran past, reads nothing twice."""
+    Engine(make_config(tmp_path / "d"), store=PostgresStore(pg_dsn)).close()  # the schema
+    reader = EventReader("here", parse_reference)
+    got: list[dict[str, Any]] = []
+    with psycopg.connect(pg_dsn, autocommit=True) as conn, \
+            psycopg.connect(pg_dsn, autocommit=True) as other:
+        reader.watch(None, False)
+        reader.start(conn, got.append)
+        reader.read(conn, got.append)
+        _record(other, "s1", {"m": "run/didStart", "s": "s1", "r": "before"})
+        reader.read(conn, got.append)
+        assert got == []  # nobody watches s1 yet
+
+        reader.watch("s1", True)  # a client subscribes...
+        _record(other, "s1", {"m": "run/didStart", "s": "s1", "r": "around"})
+        reader.read(conn, got.append)  # ...while a read runs under the set before
+        assert got == []
+        reader.changes(conn, got.append)
+        assert [r["r"] for r in got] == ["around"]
+
+        reader.watch("s1", True)  # a second subscriber: nothing read again
+        _record(other, "s1", {"m": "run/didStart", "s": "s1", "r": "after"})
+        reader.read(conn, got.append)
+        reader.changes(conn, got.append)
+        reader.read(conn, got.append)
+        assert [r["r"] for r in got] == ["around", "after"]
+
+        reader.watch("s1", False)
+        reader.changes(conn, got.append)
+        _record(other, "s1", {"m": "run/didStart", "s": "s1", "r": "gone"})
+        reader.read(conn, got.append)
+        assert [r["r"] for r in got] == ["around", "after"]
+    reader.close()
