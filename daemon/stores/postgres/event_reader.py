@@ -178,11 +178,6 @@ class EventReader:
         except OSError:  # closed: the store is closing
             pass
 
-    @property
-    def waiting(self) -> bool:
-        """Whether ids are still missing (look again without a wake-up)."""
-        return bool(self.missing)
-
     # on the listening thread
 
     def start(self, conn: psycopg.Connection, on_event: OnEvent) -> None:
