@@ -10,6 +10,7 @@ are the rows returned less the statements' calls.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -355,3 +356,29 @@ def test_a_subscription_made_while_a_read_runs_gets_the_rows_that_read_passed_ov
         reader.read(conn, got.append)
         assert [r["r"] for r in got] == ["around", "after"]
     reader.close()
+
+
+def test_events_are_heard_on_descriptors_past_selects_limit(
+    two_engines: tuple[Engine, Engine], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A daemon serving many clients holds descriptors past 1024 (select's limit): its
+    listener, connecting then, still hears and reads other daemons' events, without
+    failing and connecting again to read them."""
+    a, b = two_engines
+    held: list[int] = []
+    try:
+        while not held or held[-1] < 1100:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        sid = a.create_session().session_id
+        got: list[dict[str, Any]] = []
+        b.store.watch(None, False)
+        b.store.watch(sid, True)
+        b.store.listen(got.append)  # its connection and wake-up pipe come after them
+        assert b.store.listening.wait(30)
+        batch = a.append(sid, [{"role": "user", "content": "heard"}]).batch_id
+        with caplog.at_level("ERROR", logger="ctxd.pg.events"):
+            assert [r["b"] for r in _collect(got, 1)] == [batch]
+        assert [r.getMessage() for r in caplog.records if r.name == "ctxd.pg.events"] == []
+    finally:
+        for fd in held:
+            os.close(fd)

@@ -338,8 +338,13 @@ def listen_forever(
                 reader.start(conn, on_event)
                 reader.read(conn, on_event)  # what came while this was not listening
                 reader.listening.set()
+                # poll, not select: a daemon serving many clients has descriptors past
+                # select's limit
+                poller = select.poll()
+                poller.register(conn.fileno(), select.POLLIN)
+                poller.register(reader.wake_fd, select.POLLIN)
                 while not stop.is_set():
-                    ready, _, _ = select.select([conn.fileno(), reader.wake_fd], [], [], 0.5)
+                    ready = {fd for fd, _ in poller.poll(500)}
                     if reader.wake_fd in ready:
                         reader.changes(conn, on_event)
                     # wake-ups that came during a statement wait in psycopg's backlog
