@@ -152,7 +152,7 @@ class Daemon:
         from ctxd.daemon.stores.postgres.events import start_relay, watch_orphaned_runs
 
         loop = asyncio.get_running_loop()
-        self.background.tasks.append(start_relay(engine, loop, hub.watched))
+        self.background.tasks.append(start_relay(engine, loop, hub))
         self.background.tasks.append(asyncio.create_task(watch_orphaned_runs(
             engine, dispatcher.lease_stale_runs, max(0.5, self.config.run_lease_seconds / 3)
         )))

@@ -227,12 +227,12 @@ class Dispatcher(RequestFlow):
     @serves(SESSION_SUBSCRIBE, connection=True)
     def subscribe(self, conn: Connection, p: SessionSubscribeParams) -> types.Empty:
         self.engine.get_session(p.session_id)  # raises for an unknown session
-        conn.subscriptions.add(p.session_id)
+        self.hub.subscribe(conn, p.session_id)
         return types.Empty()
 
     @serves(SESSION_UNSUBSCRIBE, connection=True)
     def unsubscribe(self, conn: Connection, p: SessionUnsubscribeParams) -> types.Empty:
-        conn.subscriptions.discard(p.session_id)
+        self.hub.unsubscribe(conn, p.session_id)
         return types.Empty()
 
     @serves(MESSAGES_APPEND, connection=True)

@@ -675,9 +675,10 @@ def test_events_cross_again_after_a_postgres_restart(tmp_path: Path) -> None:
 def test_a_daemon_reads_nothing_for_the_sessions_none_of_its_clients_watch(
     tmp_path: Path, pg_cluster: PgCluster, pg_dsn: str,
 ) -> None:
-    """B's appends to a session no client of A subscribes to are not read on A (A's
-    debug log counts each one it let pass); once a client of A subscribes, they reach it
-    again, status and all."""
+    """B's appends to a session no client of A subscribes to are not read on A: not
+    even handed to A's relay, which would say in its debug log that it let one pass
+    (tests/test_pg_events.py counts the rows on the server); once a client of A
+    subscribes, they reach it again, status and all."""
     env = _pg_env(pg_cluster, pg_dsn)
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
@@ -703,9 +704,7 @@ def test_a_daemon_reads_nothing_for_the_sessions_none_of_its_clients_watch(
             for i in range(3):
                 cb.append(quiet, [{"role": "user", "content": f"q{i}"}])
             barrier()
-            lines = passed()
-            assert len(lines) == 3 and all(f"session/didAppend of {quiet}" in x for x in lines)
-            assert not any(marker in x for x in lines)
+            assert passed() == []
 
             za.subscribe(quiet)  # a ZeroMQ subscriber this time
             zevents = za.notifications(timeout=0.5)
@@ -713,7 +712,7 @@ def test_a_daemon_reads_nothing_for_the_sessions_none_of_its_clients_watch(
             got = wait_for(zevents, "session/didAppend", where=lambda p: p["messageIds"] == ids)
             assert got["status"]["archiveMessages"] == 4
             barrier()
-            assert len(passed()) == 3
+            assert passed() == []
     finally:
         for d in (a, b):
             d.stop()

@@ -92,6 +92,8 @@ def now_or_later(handler: RequestHandler, conn: Connection, method: str, params:
 EventSink = Callable[[str, str, dict[str, Any]], None]
 # whether a wire-level publisher has a subscriber for a session's events
 Watcher = Callable[[str], bool]
+# told that whether a session is watched may have changed (None: whether every session is)
+WatchHook = Callable[[str | None], None]
 
 
 class EventHub:
@@ -101,18 +103,60 @@ class EventHub:
         self._connections: set[Connection] = set()
         self._sinks: list[EventSink] = []
         self._watchers: list[Watcher] = []
+        # the wire-level publishers' "a subscriber takes every session's events"
+        self._watch_all: list[Callable[[], bool]] = []
+        self._watch_hooks: list[WatchHook] = []
 
     def add_connection(self, conn: Connection) -> None:
         self._connections.add(conn)
 
     def remove_connection(self, conn: Connection) -> None:
         self._connections.discard(conn)
+        for session_id in conn.subscriptions:
+            self.watch_changed(session_id)
 
     def add_sink(self, sink: EventSink) -> None:
         self._sinks.append(sink)
 
-    def add_watcher(self, watcher: Watcher) -> None:
+    def add_watcher(self, watcher: Watcher, everything: Callable[[], bool] | None = None
+                    ) -> None:
+        """A wire-level publisher's `watcher(session_id)`; `everything()` says whether one
+        of its subscribers takes every session's events (a prefix of them all)."""
         self._watchers.append(watcher)
+        if everything is not None:
+            self._watch_all.append(everything)
+
+    # subscriptions: whoever reads events for this daemon's clients (another daemon's,
+    # on a shared store) follows them through the hooks
+
+    def add_watch_hook(self, hook: WatchHook) -> None:
+        self._watch_hooks.append(hook)
+
+    def watch_changed(self, session_id: str | None) -> None:
+        """Whether `session_id` is watched (None: every session) may have changed."""
+        for hook in self._watch_hooks:
+            try:
+                hook(session_id)
+            except Exception:
+                log.exception("watch hook failed")
+
+    def subscribe(self, conn: Connection, session_id: str) -> None:
+        conn.subscriptions.add(session_id)
+        self.watch_changed(session_id)
+
+    def unsubscribe(self, conn: Connection, session_id: str) -> None:
+        if session_id in conn.subscriptions:
+            conn.subscriptions.discard(session_id)
+            self.watch_changed(session_id)
+
+    def watches_everything(self) -> bool:
+        """Whether a client takes every session's events (a wire-level subscription)."""
+        return any(everything() for everything in self._watch_all)
+
+    def watched_sessions(self) -> set[str]:
+        """The sessions the connections subscribe to now."""
+        return {s for c in self._connections if c.pushes_events and not c.closed
+                for s in c.subscriptions}
 
     def watched(self, session_id: str) -> bool:
         """Whether any client of this daemon would receive the session's events now: a

@@ -7,7 +7,9 @@ connection, so once a subscriber receives its probe, every subscription it made 
 is in effect: this is how clients wait out ZeroMQ's slow-joiner problem without sleeping.
 
 The other topics subscribed are kept too, so the daemon can tell whether anyone here
-watches a session (`watches`). The XPUB socket keeps its default (not verbose): libzmq
+watches a session (`watches`), and `on_topic` is told of each topic that comes or goes
+(another daemon's events are read only for the sessions watched here, see
+stores/postgres/event_reader.py). The XPUB socket keeps its default (not verbose): libzmq
 counts the subscribers of each topic itself and passes on a topic's subscription when
 its first subscriber comes and its unsubscription when the last one goes (unsubscribing,
 or disconnecting), so the set of topics passed on is exactly the set subscribed.
@@ -25,16 +27,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import zmq
 
 from ctxd.daemon.servers.zmq_frames import SocketPump, send_now
 from ctxd.protocol.codec import packb
-from ctxd.protocol.envelope import PROBE_METHOD, PROBE_PREFIX, session_topic
+from ctxd.protocol.envelope import PROBE_METHOD, PROBE_PREFIX, SESSION_PREFIX, session_topic
 
 log = logging.getLogger("ctxd.servers.zmq")
+
+# a topic naming one session the daemon made (ids.py): a subscription is a prefix, and no
+# other id of that form starts with this one; any other topic may take many sessions
+ONE_SESSION = re.compile(rb"session/ses_[0-9a-f]{20}")
+
+
+def topic_session(topic: bytes) -> str | None:
+    """The one session a topic takes the events of, or None when it may take many."""
+    if ONE_SESSION.fullmatch(topic):
+        return topic[len(SESSION_PREFIX):].decode()
+    return None
 
 
 class EventPublisher:
@@ -50,6 +65,8 @@ class EventPublisher:
         self._pump = SocketPump(loop, pub, self._on_subscription, "XPUB")
         # the topics some subscriber holds (probes aside)
         self._topics: set[bytes] = set()
+        # told of each topic that comes or goes
+        self.on_topic: Callable[[bytes], None] | None = None
 
     def start(self) -> None:
         self._pump.start()
@@ -67,6 +84,10 @@ class EventPublisher:
             return False
         topic = session_topic(session_id)
         return any(topic[:i] in topics for i in range(len(topic) + 1))
+
+    def watches_everything(self) -> bool:
+        """Whether a subscriber holds a topic that may take many sessions' events."""
+        return any(topic_session(t) is None for t in self._topics)
 
     def publish(self, session_id: str, method: str, params: dict[str, Any]) -> None:
         """Send one event to the session's subscribers; never blocks (drops at the HWM)."""
@@ -108,6 +129,8 @@ class EventPublisher:
                 self._topics.add(msg[1:])
             else:
                 self._topics.discard(msg[1:])
+            if self.on_topic is not None:
+                self.on_topic(msg[1:])
             return
         if msg[0] != 1:
             return

@@ -39,7 +39,7 @@ import zmq.asyncio
 
 from ctxd.daemon.servers.base import EventHub, RequestHandler, now_or_later
 from ctxd.daemon.servers.zmq_auth import ZapHandler
-from ctxd.daemon.servers.zmq_events import EventPublisher
+from ctxd.daemon.servers.zmq_events import EventPublisher, topic_session
 from ctxd.daemon.servers.zmq_frames import (
     SocketPump,
     ZmqConnection,
@@ -208,10 +208,11 @@ class ZmqServer:
             if ep.startswith("ipc://") and not ep.startswith("ipc://@")
         ]
         self._events = EventPublisher(loop, pub, self.stats)
+        self._events.on_topic = self._topic_changed
         self._pump = SocketPump(loop, router, self._accept, "ROUTER")
         if not self._sink_added:
             self.hub.add_sink(self.publish)
-            self.hub.add_watcher(self.watches)
+            self.hub.add_watcher(self.watches, self.watches_everything)
             self._sink_added = True
         self._pump.start()
         self._events.start()
@@ -291,6 +292,14 @@ class ZmqServer:
         """Whether a ZeroMQ subscriber would receive the session's events now."""
         events = self._events
         return not self._closed and events is not None and events.watches(session_id)
+
+    def watches_everything(self) -> bool:
+        """Whether a ZeroMQ subscriber takes the events of many sessions (a prefix)."""
+        events = self._events
+        return not self._closed and events is not None and events.watches_everything()
+
+    def _topic_changed(self, topic: bytes) -> None:
+        self.hub.watch_changed(topic_session(topic))
 
     # requests
 

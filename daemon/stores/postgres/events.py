@@ -4,26 +4,23 @@ subscribers.
 Every event a daemon emits is also written as a row of `ctxd_events` (schema migration
 5), as a reference: the event's method, its session, the ids of the rows it is about
 (batch, run, approval) and the few small values the database does not hold (a
-compaction's result numbers, a progress step). The same statement sends a NOTIFY on the
-events channel, which is only a wake-up: any role that may connect can send one, so its
-payload is never read. A woken daemon reads the rows it has not seen from `ctxd_events`,
-which only ctxd's role can write, and computes the session's status itself, so its
-subscribers get the same params as the sending daemon's own subscribers, as of the
-moment the event is relayed. A `session/didAppend` is written inside the append's own
-transaction (stores/postgres/store.py); the other events are written when the daemon that made
-the change tells its own subscribers, right after its commit.
+compaction's result numbers, a progress step). The same statement sends a NOTIFY, which
+is only a wake-up: any role that may connect can send one, so its payload is never read.
+A woken daemon reads the rows it has not seen from `ctxd_events`, which only ctxd's role
+can write, and computes the session's status itself, so its subscribers get the same
+params as the sending daemon's own subscribers, as of the moment the event is relayed. A
+`session/didAppend` is written inside the append's own transaction
+(stores/postgres/store.py); the other events are written when the daemon that made the
+change tells its own subscribers, right after its commit.
 
-Rows are read by id; ids come from a sequence, so a row can commit after one with a
-higher id. The reader keeps a horizon (every id at or below it handled) and the ids seen
-above it; an id missing above the horizon is looked for again until it has been missing
-for GAP_SECONDS (a transaction that rolled back leaves one for good). The listening
-thread reconnects by itself, reads what it missed when it is back (rows are kept
-RETAIN_SECONDS), and is started again if it ever ends (`ListenerWatch`).
-
-Reading the rows costs statements, and every daemon receives every event: a daemon
-reads only for the sessions one of its clients watches (`watched`, asked of the event
-hub, which knows the subscriptions of every wire). The bookkeeping that must see every
-event (another daemon's compactions, `note_event`) still does.
+An event costs only the daemons that need it (event_reader.py): a compaction's events go
+on one channel every daemon listens on (its bookkeeping, `note_event`, needs them);
+every other event goes on a channel of its session, which a daemon listens on while one
+of its clients watches the session (the event hub tells it, `start_relay`), and a daemon
+reads no row of a session none of its clients watches. Gaps in the ids (a row committed
+after one with a higher id, a rolled-back transaction), reconnecting and reading what was
+missed (rows are kept RETAIN_SECONDS) are the reader's; the listening thread is started
+again if it ever ends (`watch_listener`).
 
 References stay small: ids, not rows, and long texts (an error message) are cut.
 """
@@ -34,29 +31,30 @@ import asyncio
 import itertools
 import json
 import logging
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
-import psycopg
 
 from ctxd.daemon.approval_events import event_approval
-from ctxd.daemon.stores.postgres.connection import connect
+from ctxd.daemon.stores.postgres.event_reader import (  # noqa: F401 - the module's names
+    ALL,
+    GAP_SECONDS,
+    PRUNE_EVERY,
+    READ_ROWS,
+    RECORD,
+    RETAIN_SECONDS,
+    SHARED,
+    SHARED_METHODS,
+    EventReader,
+    listen_forever,
+    session_channel,
+)
 from ctxd.daemon.views import approval_struct, run_struct
 from ctxd.protocol.types import ApprovalEvent, RunDidFinish, RunDidStart
 
 log = logging.getLogger("ctxd.pg.events")
 
-# the channel the wake-ups go on
-CHANNEL = "ctxd_events"
-# one event written and the listeners woken, in one statement (and one round trip); the
-# NOTIFY carries the row's id, which nobody trusts: it is read from the table
-RECORD = (
-    "WITH e AS (INSERT INTO ctxd_events(origin, session_id, body, created_at) "
-    "VALUES (?, ?, ?, ?) RETURNING id) SELECT pg_notify('" + CHANNEL + "', id::text) FROM e"
-)
 # the longest a reference may be (it was PostgreSQL's NOTIFY payload limit, 8000 bytes)
 NOTIFY_LIMIT = 7900
 # strings longer than this are cut when a reference would not fit the limit
@@ -168,89 +166,6 @@ def _params(
     return params
 
 
-# an id missing this long above the horizon is taken for a rolled-back transaction's
-GAP_SECONDS = 10.0
-# rows older than this are deleted (by every daemon, every PRUNE_EVERY seconds)
-RETAIN_SECONDS = 600.0
-PRUNE_EVERY = 60.0
-# rows read at most per query (the rest on the next one)
-READ_ROWS = 1000
-# the listener's own bounds: its reads are short; NOTIFY wake-ups drained per read
-LISTENER_SETTINGS = "SELECT set_config('statement_timeout', '30000', false), " \
-    "set_config('lock_timeout', '5000', false)"
-DRAIN = 10_000
-
-
-class EventReader:
-    """Which rows of `ctxd_events` this daemon has handled (see the module docstring);
-    kept across reconnects."""
-
-    def __init__(self, origin: str) -> None:
-        self.origin = origin
-        self.horizon: int | None = None
-        self.seen: set[int] = set()
-        self.missing_since: dict[int, float] = {}
-        self.pruned_at = 0.0
-        # set while the listening connection is up (LISTEN done, the backlog read)
-        self.listening = threading.Event()
-
-    def start(self, conn: psycopg.Connection) -> None:
-        if self.horizon is None:
-            row = conn.execute("SELECT coalesce(max(id), 0) FROM ctxd_events").fetchone()
-            self.horizon = int(row[0])
-
-    def read(self, conn: psycopg.Connection, on_event: Callable[[dict[str, Any]], None]) -> None:
-        """Hand every new row of another daemon to `on_event`, in id order."""
-        assert self.horizon is not None
-        while True:
-            rows = conn.execute(
-                "SELECT id, origin, body FROM ctxd_events WHERE id > %s AND id <> ALL(%s) "
-                "ORDER BY id LIMIT %s",
-                (self.horizon, sorted(self.seen), READ_ROWS),
-            ).fetchall()
-            for event_id, origin, body in rows:
-                self.seen.add(event_id)
-                if origin != self.origin:
-                    ref = parse_reference(body)
-                    if ref is not None:
-                        on_event(ref)
-            self._advance()
-            if len(rows) < READ_ROWS:
-                return
-
-    def _advance(self) -> None:
-        assert self.horizon is not None
-        now = time.monotonic()
-        top = max(self.seen, default=self.horizon)
-        while self.horizon < top:
-            nxt = self.horizon + 1
-            if nxt in self.seen:
-                self.seen.discard(nxt)
-            else:
-                since = self.missing_since.setdefault(nxt, now)
-                if now - since < GAP_SECONDS:
-                    break
-                del self.missing_since[nxt]
-            self.horizon = nxt
-        for gap in range(self.horizon + 1, top):
-            if gap not in self.seen:
-                self.missing_since.setdefault(gap, now)
-
-    @property
-    def waiting(self) -> bool:
-        """Whether ids above the horizon are still missing (look again without a wake-up)."""
-        return bool(self.missing_since)
-
-    def prune(self, conn: psycopg.Connection) -> None:
-        now = time.monotonic()
-        if now - self.pruned_at < PRUNE_EVERY:
-            return
-        self.pruned_at = now
-        conn.execute(
-            "DELETE FROM ctxd_events WHERE created_at < %s", (time.time() - RETAIN_SECONDS,)
-        )
-
-
 def parse_reference(body: str) -> dict[str, Any] | None:
     """A row's reference, or None for one this ctxd does not understand (a row written
     by a newer ctxd, say): read from ctxd's own table, still checked for its shape."""
@@ -265,52 +180,26 @@ def parse_reference(body: str) -> dict[str, Any] | None:
     return ref
 
 
-def listen_forever(
-    dsn: str, password: str | None, origin: str, stop: threading.Event,
-    on_event: Callable[[dict[str, Any]], None], reader: EventReader | None = None,
-    own_pids: Callable[[], set[int]] = set,
-) -> None:
-    """Until `stop`, call `on_event(reference)` for every event another daemon wrote;
-    reconnects by itself when the server comes back, and survives anything a
-    notification carries (its payload is never read). A notification sent by one of
-    `own_pids()` (the server processes of this daemon's own connections, as the server
-    reports the sender, not as the payload says) wakes nothing: this daemon's own
-    events need no reading, and its rows are passed over at the next read."""
-    reader = reader or EventReader(origin)
-    while not stop.is_set():
-        try:
-            with connect(dsn, password, autocommit=True) as conn:
-                conn.execute(LISTENER_SETTINGS)
-                conn.execute(f"LISTEN {CHANNEL}")
-                reader.start(conn)
-                reader.read(conn, on_event)  # what came while this was not listening
-                reader.listening.set()
-                while not stop.is_set():
-                    got = list(conn.notifies(timeout=0.5, stop_after=1))
-                    if got:
-                        # every wake-up queued meanwhile is answered by the same read
-                        got += conn.notifies(timeout=0.001, stop_after=DRAIN)
-                    mine = own_pids() if got else set()
-                    woke = any(n.pid not in mine for n in got)
-                    if woke or reader.waiting:
-                        reader.read(conn, on_event)
-                    reader.prune(conn)
-        except psycopg.Error:
-            reader.listening.clear()
-            stop.wait(1.0)  # the server is away: try again shortly
-        except Exception:
-            # nothing may end this thread: a bug here would deafen the daemon until restart
-            reader.listening.clear()
-            log.exception("the events listener failed; listening again")
-            stop.wait(1.0)
+def start_relay(engine: Any, loop: Any, hub: Any = None) -> asyncio.Task[None]:
+    """Listen for other daemons' events; each is relayed on `loop`. With `hub` (the
+    daemon's EventHub), only the events of the sessions its clients watch are read,
+    following its subscriptions as they change. The listening thread is watched from
+    `loop` and started again if it ever ends (the task returned)."""
+    watched: Callable[[str], bool] | None = None
+    if hub is not None:
+        store = engine.store
+        watched = hub.watched
 
+        def follow(session_id: str | None) -> None:
+            if session_id is None:
+                store.watch(None, hub.watches_everything())
+            else:
+                store.watch(session_id, hub.watched(session_id))
 
-def start_relay(
-    engine: Any, loop: Any, watched: Callable[[str], bool] | None = None
-) -> asyncio.Task[None]:
-    """Listen for other daemons' events; each is relayed on `loop`, read only when
-    `watched(session_id)` (None: always). The listening thread is watched from `loop`
-    and started again if it ever ends (the task returned)."""
+        store.watch(None, hub.watches_everything())
+        for session_id in hub.watched_sessions():
+            store.watch(session_id, True)
+        hub.add_watch_hook(follow)
     engine.store.listen(lambda ref: loop.call_soon_threadsafe(relay, engine, ref, watched))
     return loop.create_task(watch_listener(engine.store))
 

@@ -303,7 +303,7 @@ class PostgresStore(ReadsAhead):
         self._stop = threading.Event()
         self._listener: threading.Thread | None = None
         self._on_event: Callable[[dict[str, Any]], None] | None = None
-        self._event_reader = events.EventReader(self.origin)
+        self._event_reader = events.EventReader(self.origin, events.parse_reference)
         # session -> the compactions other daemons told of beginning and not of ending
         # (their progress tokens): only while there are any does a status ask the
         # server whether one of them holds the session's compaction lock
@@ -430,9 +430,13 @@ class PostgresStore(ReadsAhead):
 
     def _listen(self, on_event: Callable[[dict[str, Any]], None]) -> None:
         events.listen_forever(
-            self.dsn, self.password, self.origin, self._stop, on_event, self._event_reader,
-            self._own_pids,
+            self.dsn, self.password, self._stop, on_event, self._event_reader, self._own_pids,
         )
+
+    def watch(self, session_id: str | None, watched: bool) -> None:
+        """Read other daemons' events of the session (None: of every session), or stop:
+        told by the event hub as this daemon's clients subscribe and leave."""
+        self._event_reader.watch(session_id, watched)
 
     def _own_pids(self) -> set[int]:
         """The server processes of the connections this daemon sends events on."""
@@ -466,6 +470,8 @@ class PostgresStore(ReadsAhead):
         self._stop.set()
         if self._listener is not None:
             self._listener.join(5)
+        if self._listener is None or not self._listener.is_alive():
+            self._event_reader.close()
         for pool in (self._pool, self._waiters, *(self._lanes or ())):
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
