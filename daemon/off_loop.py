@@ -12,7 +12,8 @@ session's calls one after another, so
   next request waits until this one is done (`Turns`, the dispatcher's `_in_turn`);
 - events the engine emits on a worker thread reach subscribers through the loop, in the
   order emitted (`Engine.serve_off_loop`); what follows on the loop (the scheduler's
-  auto-compaction) runs there once the call is back.
+  auto-compaction) runs there once the call is back, and makes its own reads and its
+  commit on the session's worker thread (`Compactor.beside_loop`).
 Runs and approvals (`run/start`, `run/finish`, `approval/request`, `approval/resolve`)
 go the same way, in their session's order: what the dispatcher does with their result
 (the connection's open runs, the scheduler) runs on the loop once the call is back.
