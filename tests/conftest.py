@@ -14,6 +14,7 @@ from helpers import DaemonProcess, make_config
 from pg import PASSWORD, PgCluster, PostgresMissing
 
 from ctxd.daemon.engine import Engine
+from ctxd.daemon.stores.postgres.store import PostgresStore
 
 
 @pytest.fixture
@@ -63,3 +64,12 @@ def pg_daemons(tmp_path: Path, pg_cluster: PgCluster, pg_dsn: str) -> Iterator[l
     yield procs
     for d in procs:
         d.stop()
+
+
+@pytest.fixture
+def two_engines(tmp_path: Path, pg_dsn: str) -> Iterator[tuple[Engine, Engine]]:
+    """Two engines (as of two daemons) on one database."""
+    out = [Engine(make_config(tmp_path / name), store=PostgresStore(pg_dsn)) for name in "ab"]
+    yield out[0], out[1]
+    for e in out:
+        e.close()

@@ -115,17 +115,24 @@ class DaemonProcess:
         """Nothing to close: the output went to `log_path`."""
 
 
-def wait_for(stream: Any, method: str, timeout: float = 10.0,
-             where: Any = lambda p: True) -> dict[str, Any]:
-    """The params of the first notification `method` on a client's stream matching `where`."""
+def notifications_until(stream: Any, method: str, where: Any = lambda p: True,
+                        timeout: float = 20.0) -> list[tuple[str, dict[str, Any]]]:
+    """Every notification of a client's stream up to and including the first `method`
+    matching `where` (progress and all)."""
     deadline = time.monotonic() + timeout
-    seen = []
+    seen: list[tuple[str, dict[str, Any]]] = []
     while time.monotonic() < deadline:
         try:
             m, params = next(stream)
         except StopIteration:
             continue
-        seen.append(m)
+        seen.append((m, params))
         if m == method and where(params):
-            return params
-    raise AssertionError(f"no {method} within {timeout}s; saw {seen}")
+            return seen
+    raise AssertionError(f"no {method} within {timeout}s; saw {[m for m, _ in seen]}")
+
+
+def wait_for(stream: Any, method: str, timeout: float = 10.0,
+             where: Any = lambda p: True) -> dict[str, Any]:
+    """The params of the first notification `method` on a client's stream matching `where`."""
+    return notifications_until(stream, method, where, timeout)[-1][1]

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 from fake_llm import FakeLLM
-from helpers import DaemonProcess, agent_turn, wait_for
+from helpers import DaemonProcess, agent_turn, notifications_until, wait_for
 from pg import PASSWORD, PgCluster
 
 from ctxd.protocol.errors import CompactionInProgress, CtxdError
@@ -275,22 +275,6 @@ def test_run_of_a_dead_daemon_is_interrupted_after_a_lease(
         _stop_running(procs)
 
 
-def _until(stream, method: str, where=lambda p: True, timeout: float = 20.0) -> list[tuple]:
-    """The notifications of a stream up to and including the first `method` matching
-    `where` (progress and all)."""
-    out: list[tuple] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            m, params = next(stream)
-        except StopIteration:
-            continue
-        out.append((m, params))
-        if m == method and where(params):
-            return out
-    raise AssertionError(f"no {method} within {timeout}s; saw {[m for m, _ in out]}")
-
-
 def test_every_event_crosses_daemons_with_the_same_params(
     tmp_path: Path, pg_cluster: PgCluster, pg_dsn: str,
 ) -> None:
@@ -309,8 +293,8 @@ def test_every_event_crosses_daemons_with_the_same_params(
                     """What B's subscriber got for the last change made through B, A's
                     got too, with the same params (the status as well, unless the
                     session `moved` on before A relayed the event: A reads it then)."""
-                    local = _until(on_b, method, where)
-                    relayed = _until(on_a, method, where)
+                    local = notifications_until(on_b, method, where)
+                    relayed = notifications_until(on_a, method, where)
                     if moved:
                         local, relayed = ([(m, {k: v for k, v in p.items() if k != "status"})
                                            for m, p in events] for events in (local, relayed))

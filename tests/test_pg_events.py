@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 import zmq
-from helpers import DaemonProcess, make_config, wait_for
+from helpers import DaemonProcess, make_config, notifications_until, wait_for
 from pg import PASSWORD, PgCluster
 
 from ctxd.daemon.engine import Engine
@@ -92,22 +92,6 @@ def reset_counts(cluster: PgCluster) -> None:
         conn.execute("SELECT pg_stat_statements_reset()")
 
 
-def until(stream: Iterator[Any], method: str, where: Any, timeout: float = 10.0
-          ) -> list[tuple[str, dict[str, Any]]]:
-    """Every notification up to and including the first `method` matching `where`."""
-    seen: list[tuple[str, dict[str, Any]]] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            m, params = next(stream)
-        except StopIteration:
-            continue
-        seen.append((m, params))
-        if m == method and where(params):
-            return seen
-    raise AssertionError(f"no {method} matching within {timeout}s; got {seen}")
-
-
 def test_a_daemon_receives_no_event_row_of_a_session_its_clients_do_not_watch(
     two_daemons: tuple[DaemonProcess, DaemonProcess, str], counted_cluster: PgCluster,
 ) -> None:
@@ -128,7 +112,7 @@ def test_a_daemon_receives_no_event_row_of_a_session_its_clients_do_not_watch(
         for i in range(5):
             cb.append(quiet, [{"role": "user", "content": f"q{i}"}])
         ids = cb.append(marker, [{"role": "user", "content": "mark"}])["messageIds"]
-        seen = until(events, "session/didAppend", lambda p: p["messageIds"] == ids)
+        seen = notifications_until(events, "session/didAppend", lambda p: p["messageIds"] == ids)
         assert all(p["sessionId"] == marker for _, p in seen)
         # B's rows are B's own (its reader passes them over on the server), and of A's
         # sessions only the marker's one append was sent to A
@@ -170,7 +154,7 @@ def test_subscribing_after_events_unsubscribing_and_subscribing_again(
         c1.unsubscribe(sid)  # nobody on A watches it now
         gone = cb.append(sid, [{"role": "user", "content": "unwatched"}])["messageIds"]
         mark = cb.append(marker, [{"role": "user", "content": "mark"}])["messageIds"]
-        seen = until(one, "session/didAppend", lambda p: p["messageIds"] == mark)
+        seen = notifications_until(one, "session/didAppend", lambda p: p["messageIds"] == mark)
         assert not [p for m, p in seen if p.get("sessionId") == sid]
         assert gone  # written all the same
 
@@ -237,15 +221,6 @@ def test_a_zeromq_subscription_to_every_session_gets_every_sessions_events(
     finally:
         sub.close(0)
         ctx.term()
-
-
-@pytest.fixture
-def two_engines(tmp_path: Path, pg_dsn: str) -> Iterator[tuple[Engine, Engine]]:
-    """Two engines (as of two daemons) on one database."""
-    out = [Engine(make_config(tmp_path / name), store=PostgresStore(pg_dsn)) for name in "ab"]
-    yield out[0], out[1]
-    for e in out:
-        e.close()
 
 
 def _record(conn: psycopg.Connection, session_id: str, body: dict[str, Any]) -> None:

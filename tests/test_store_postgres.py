@@ -60,15 +60,6 @@ def engine(tmp_path: Path, pg_dsn: str) -> Iterator[Engine]:
     e.close()
 
 
-@pytest.fixture
-def two_engines(tmp_path: Path, pg_dsn: str) -> Iterator[tuple[Engine, Engine]]:
-    """Two engines (as of two daemons) on one database."""
-    out = [Engine(make_config(tmp_path / name), store=PostgresStore(pg_dsn)) for name in "ab"]
-    yield out[0], out[1]
-    for e in out:
-        e.close()
-
-
 def _while_waiting(a: Engine, a_edit, b: Engine, sid: str, pg_dsn: str, write) -> object:
     """Run `a_edit()` in a thread while B writes the session (holds its row lock): A's
     edit is refused at once (SessionBusy) and waits for the lock as the daemon does
