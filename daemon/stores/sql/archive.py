@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ctxd.daemon.stores.records import SessionRecord
+from ctxd.daemon.stores.sql import SqlConnection
 from ctxd.daemon.stores.sql.search import SqlSearch
 from ctxd.protocol.errors import InvalidParams
 
@@ -84,7 +85,7 @@ class SqlArchive(SqlSearch):
     """The archive on one connection: an APSW connection, or a `PgConnection`, which
     takes the same `?` parameters."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: SqlConnection) -> None:
         self.conn = conn
 
     # sessions

@@ -18,9 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import apsw
-
 from ctxd.daemon.stores.records import PinRecord
+from ctxd.daemon.stores.sql import SqlConnection
 from ctxd.daemon.summary import Summary
 
 
@@ -97,7 +96,7 @@ def decode_summary(text: str | None) -> Summary:
 
 
 def load_context(
-    conn: apsw.Connection, session_id: str,
+    conn: SqlConnection, session_id: str,
     summary_of: Callable[[str, str | None], Summary] | None = None,
 ) -> ContextState | None:
     """`summary_of(session_id, stored text)`: the summary decoded (by default, anew)."""
@@ -156,7 +155,7 @@ def context_row(st: ContextState) -> tuple[Any, ...]:
     )
 
 
-def bump_counts(conn: apsw.Connection, st: ContextState) -> None:
+def bump_counts(conn: SqlConnection, st: ContextState) -> None:
     """The cheap write an append makes: counters and the tail start, not the summary."""
     conn.execute(
         "UPDATE conversation_context SET system_ids = ?, tail_start_id = ?, "
@@ -172,7 +171,7 @@ def bump_counts(conn: apsw.Connection, st: ContextState) -> None:
     )
 
 
-def set_summary_tokens(conn: apsw.Connection, session_id: str, tokens: int) -> None:
+def set_summary_tokens(conn: SqlConnection, session_id: str, tokens: int) -> None:
     conn.execute(
         "UPDATE conversation_context SET summary_tokens = ? WHERE session_id = ?",
         (tokens, session_id),
@@ -182,7 +181,7 @@ def set_summary_tokens(conn: apsw.Connection, session_id: str, tokens: int) -> N
 # pins
 
 
-def list_pins(conn: apsw.Connection, session_id: str) -> list[PinRecord]:
+def list_pins(conn: SqlConnection, session_id: str) -> list[PinRecord]:
     return [
         PinRecord(pid, session_id, text, created)
         for pid, text, created in conn.execute(
@@ -192,7 +191,7 @@ def list_pins(conn: apsw.Connection, session_id: str) -> list[PinRecord]:
     ]
 
 
-def add_pin(conn: apsw.Connection, pin_id: str, session_id: str, text: str) -> PinRecord:
+def add_pin(conn: SqlConnection, pin_id: str, session_id: str, text: str) -> PinRecord:
     now = time.time()
     conn.execute(
         "INSERT INTO pins(id, session_id, text, created_at) VALUES (?,?,?,?)",
@@ -201,7 +200,7 @@ def add_pin(conn: apsw.Connection, pin_id: str, session_id: str, text: str) -> P
     return PinRecord(pin_id, session_id, text, now)
 
 
-def remove_pin(conn: apsw.Connection, session_id: str, pin_id: str) -> PinRecord | None:
+def remove_pin(conn: SqlConnection, session_id: str, pin_id: str) -> PinRecord | None:
     """Delete a pin; returns it as it was, or None when there is no such pin."""
     row = conn.execute(
         "SELECT id, text, created_at FROM pins WHERE id = ? AND session_id = ?",

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from ctxd.daemon.stores.records import ApprovalRecord, RunRecord
+from ctxd.daemon.stores.sql import SqlConnection
 from ctxd.daemon.stores.sql.archive import strict_json
 
 RUN_OUTCOMES = ("completed", "failed", "cancelled")
@@ -42,7 +43,7 @@ _APPROVAL_COLS = (
 
 
 class SqlRuns:
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: SqlConnection) -> None:
         self.conn = conn
 
     def start(self, run_id: str, session_id: str) -> RunRecord:
