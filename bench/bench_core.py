@@ -47,6 +47,7 @@ from bench.workload import (  # noqa: E402
 from ctxd.daemon.config import CompactionPolicy, Config  # noqa: E402
 from ctxd.daemon.engine import Engine  # noqa: E402
 from ctxd.daemon.messages import message_text, normalize_message  # noqa: E402
+from ctxd.daemon.stores.sql import search_text
 from ctxd.daemon.stores.sqlite import fts
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -354,7 +355,7 @@ def bench_index(sizes: Sizes, scratch: Scratch, report: Report) -> None:
     by_100 = [min(100, len(texts) - i) for i in range(0, len(texts), 100)]
     uw_n = min(len(texts), sizes.unicodewords_messages)
     plain = FtsVariant("plain unicode61, raw text", None)
-    engine = FtsVariant("engine: CJK split + unicode61", fts.index_text)
+    engine = FtsVariant("engine: CJK split + unicode61", search_text.index_text)
     unicodewords = FtsVariant(
         f"apsw `unicodewords` (Python), first {uw_n:,} texts (ratio over those)",
         None,
@@ -384,7 +385,7 @@ def bench_index(sizes: Sizes, scratch: Scratch, report: Report) -> None:
                 uw_ratio.append(sum(secs[0][: len(secs[2])]) / sum(secs[2]))
         t0 = time.perf_counter()
         for x in texts:
-            fts.index_text(x)
+            search_text.index_text(x)
         prep_only.append(len(texts) / (time.perf_counter() - t0))
 
     rows = []
@@ -414,7 +415,7 @@ def bench_index(sizes: Sizes, scratch: Scratch, report: Report) -> None:
         "inserted into fresh FTS5 tables, one file per variant, same pragmas as the archive "
         "(WAL, synchronous=normal). The variants' transactions are interleaved (paired "
         'measurement), so machine load hits them alike. "vs plain" is the median of the '
-        f"per-run time ratios over {runs} runs. The CJK split alone (`fts.index_text`, no "
+        f"per-run time ratios over {runs} runs. The CJK split alone (`search_text.index_text`, no "
         f"insert) runs at {fmt(median(prep_only))} texts/s.",
         table(["Transaction", "Table", "Rows/s", "vs plain"], rows),
     )

@@ -41,6 +41,7 @@ from bench.workload import Message
 from ctxd.daemon.config import Config
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.messages import message_text
+from ctxd.daemon.stores.sql import search_text
 from ctxd.daemon.stores.sqlite import fts
 
 # the number of most recent items a "last N" reader takes (the SDK docs' limit example
@@ -333,7 +334,7 @@ class RawApsw(Store):
             )
             self.conn.executemany(
                 "INSERT INTO messages_fts(rowid, body) VALUES (?, ?)",
-                [(first + i, fts.index_text(message_text(m))) for i, m in enumerate(turn)],
+                [(first + i, search_text.index_text(message_text(m))) for i, m in enumerate(turn)],
             )
 
     def read(self, n: int = LAST_N) -> int:
