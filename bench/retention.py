@@ -185,7 +185,7 @@ def context_text(engine: Engine, sid: str) -> str:
 def found(engine: Engine, sid: str, query: str, message_id: int | None) -> bool:
     """Whether `search_past_messages` lists the message among its top 5 for `query`."""
     hits = call_tool(engine, sid, "search_past_messages", {"query": query, "limit": 5})
-    return any(h["messageId"] == message_id for h in hits.data["hits"])
+    return any(h.message_id == message_id for h in hits.data["hits"])
 
 
 async def run_session(

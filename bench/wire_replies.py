@@ -129,6 +129,20 @@ def script(call: Any) -> None:
     call("tools/call", {"sessionId": sid, "name": "search_past_messages",
                         "arguments": {"query": "hi"}})
     call("heartbeat", {})
+    # a correction: once compacted, the search hit of the older statement says which
+    # statement superseded it (`supersededBy`), and the newer one ranks above it
+    fix = call("session/create", {"sessionId": "ses_correction"})["sessionId"]
+    call("messages/append", {"sessionId": fix, "messages": [
+        {"role": "user", "content": "Use port 8080 for the dev server."},
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": "No, actually use port 9090 for the dev server."},
+        {"role": "assistant", "content": "Done."},
+        *({"role": "user" if i % 2 == 0 else "assistant", "content": f"filler {i} " * 20}
+          for i in range(6))]})
+    call("context/compact", {"sessionId": fix, "force": True})
+    call("archive/search", {"query": "port", "sessionId": fix})
+    call("tools/call", {"sessionId": fix, "name": "search_past_messages",
+                        "arguments": {"query": "port"}})
     call("context/pop", {"sessionId": sid})
     call("context/clear", {"sessionId": sid})
     call("session/unsubscribe", {"sessionId": sid})

@@ -27,7 +27,7 @@ from typing import Any
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.stores.base import ArchiveStore
 from ctxd.protocol.errors import PayloadTooLarge
-from ctxd.protocol.types import ContextGetResult, Status
+from ctxd.protocol.types import ContextGetResult, SearchHit, Status
 
 # a context whose kept tail is smaller than this share of the limit is built at once
 # (6 bytes per character: the most a character costs in JSON, as a \\u escape)
@@ -82,7 +82,7 @@ class ContextReplies:
         budget_tokens: int | None = None,
         query: str | None = None,
         include_metadata: bool = False,
-        recall_hits: list[dict[str, Any]] | None = None,
+        recall_hits: list[SearchHit] | None = None,
         status: Status | None = None,
         appended: Any = None,
     ) -> ContextGetResult:
@@ -112,7 +112,7 @@ class ContextReplies:
         budget_tokens: int | None = None,
         query: str | None = None,
         include_metadata: bool = False,
-        recall_hits: list[dict[str, Any]] | None = None,
+        recall_hits: list[SearchHit] | None = None,
         status: Status | None = None,
         appended: Any = None,
     ) -> ContextGetResult:

@@ -1,15 +1,18 @@
 """Search that knows about corrections.
 
 The summary remembers which statement superseded which (`Summary.supersessions`, kept
-by every compaction). A search hit whose message was superseded says so
-(`supersededBy`: the archive id of the statement now current), and the newer statement
-ranks directly above it when both are among the hits.
+by every compaction). A search hit whose message was superseded says so (`superseded_by`,
+`supersededBy` on the wire: the archive id of the statement now current), and the newer
+statement ranks directly above it when both are among the hits.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+
+import msgspec
+
+from ctxd.protocol.types import SearchHit
 
 # a correction of a correction of ...: how far a chain is followed
 _CHAIN = 32
@@ -26,27 +29,30 @@ def latest(supersessions: dict[int, int], message_id: int) -> int | None:
 
 
 def mark_superseded(
-    supersessions: Callable[[str], dict[int, int]], hits: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """`supersessions(session_id)`: that session's map, older statement -> newer one."""
+    supersessions: Callable[[str], dict[int, int]], hits: list[SearchHit]
+) -> list[SearchHit]:
+    """`supersessions(session_id)`: that session's map, older statement -> newer one.
+    Sets `superseded_by` on the hits it finds superseded."""
     maps: dict[str, dict[int, int]] = {}
+    superseded = False
     for hit in hits:
-        sid = hit["sessionId"]
+        sid = hit.session_id
         if sid not in maps:
             maps[sid] = supersessions(sid)
-        newer = latest(maps[sid], hit["messageId"]) if maps[sid] else None
+        newer = latest(maps[sid], hit.message_id) if maps[sid] else None
         if newer is not None:
-            hit["supersededBy"] = newer
-    if not any("supersededBy" in h for h in hits):
+            hit.superseded_by = newer
+            superseded = True
+    if not superseded:
         return hits
     # the current statement goes right above the first hit it supersedes
     out = list(hits)
     for hit in hits:
-        newer = hit.get("supersededBy")
-        if newer is None:
+        newer = hit.superseded_by
+        if newer is msgspec.UNSET:
             continue
         at = out.index(hit)
-        moved = next((i for i, h in enumerate(out) if h["messageId"] == newer), None)
+        moved = next((i for i, h in enumerate(out) if h.message_id == newer), None)
         if moved is not None and moved > at:
             out.insert(at, out.pop(moved))
     return out

@@ -20,7 +20,7 @@ from ctxd.daemon.stores.sql.search_text import cap_terms
 from ctxd.daemon.summary import Summary
 from ctxd.daemon.tokens import TokenCounter
 from ctxd.protocol.errors import SearchTooBroad
-from ctxd.protocol.types import Truncated
+from ctxd.protocol.types import SearchHit, Truncated
 
 
 class MessageLookup(Protocol):
@@ -44,7 +44,7 @@ class ContextReader(Protocol):
 
     def search(
         self, query: str, *, session_id: str | None = None, **kw: Any
-    ) -> list[dict[str, Any]]: ...
+    ) -> list[SearchHit]: ...
 
 RECALL_HEADER = (
     "Recalled from the archive for this step (these messages are no longer in the "
@@ -76,7 +76,7 @@ def project(
     session_id: str,
     budget_tokens: int | None,
     query: str | None,
-    recall_hits: list[dict[str, Any]] | None = None,
+    recall_hits: list[SearchHit] | None = None,
 ) -> Projection:
     st = engine.context_state(session_id)
     count = engine.tokens.count_message
@@ -197,7 +197,7 @@ def recall_query(query: str) -> str:
     return cap_terms(query)
 
 
-def recall_search(engine: ContextReader, session_id: str, query: str) -> list[dict[str, Any]]:
+def recall_search(engine: ContextReader, session_id: str, query: str) -> list[SearchHit]:
     try:
         return engine.search(recall_query(query), session_id=session_id, limit=RECALL_HITS * 3)
     except SearchTooBroad:
@@ -205,16 +205,16 @@ def recall_search(engine: ContextReader, session_id: str, query: str) -> list[di
 
 
 def _recall(
-    engine: ContextReader, hits: list[dict[str, Any]], allowance: int
+    engine: ContextReader, hits: list[SearchHit], allowance: int
 ) -> tuple[dict[str, Any] | None, list[int]]:
-    hits = [h for h in hits if not h["inActiveContext"]][:RECALL_HITS]
+    hits = [h for h in hits if not h.in_active_context][:RECALL_HITS]
     if not hits:
         return None, []
-    found = engine.archive.get_many([h["messageId"] for h in hits])
+    found = engine.archive.get_many([h.message_id for h in hits])
     lines = [RECALL_HEADER]
     ids: list[int] = []
     for h in hits:
-        m = found.get(h["messageId"])
+        m = found.get(h.message_id)
         if m is None:
             continue
         text = " ".join(message_text(m).split())

@@ -8,6 +8,8 @@ import json
 import time
 from typing import Any
 
+import msgspec
+
 from ctxd.daemon.engine import Engine
 from ctxd.daemon.messages import content_text
 from ctxd.daemon.stores.sql.search_text import MAX_QUERY_TERMS, check_terms
@@ -126,7 +128,7 @@ async def call_tool_async(
 def _tool_result(found: ArchiveSearchResult, query: str, session_id: str) -> ToolsCallResult:
     hits = found.hits
     # What already left the context is what the agent cannot see: list it first.
-    hits.sort(key=lambda h: h["inActiveContext"])
+    hits.sort(key=lambda h: h.in_active_context)
     if not hits:
         text = f'No earlier messages match "{query}".'
     elif found.matched == "any":
@@ -138,16 +140,16 @@ def _tool_result(found: ArchiveSearchResult, query: str, session_id: str) -> Too
         lines = [f'{len(hits)} message(s) match "{query}":']
     if hits:
         for h in hits:
-            when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(h["createdAt"]))
-            where = "" if h["sessionId"] == session_id else f" · session {h['sessionId']}"
-            seen = " · still in context" if h["inActiveContext"] else ""
-            if h.get("supersededBy") is not None:
-                seen += f" · superseded by msg {h['supersededBy']}"
-            snippet = " ".join(h["snippet"].split())[:_SNIPPET_CHARS]
+            when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(h.created_at))
+            where = "" if h.session_id == session_id else f" · session {h.session_id}"
+            seen = " · still in context" if h.in_active_context else ""
+            if h.superseded_by is not msgspec.UNSET:
+                seen += f" · superseded by msg {h.superseded_by}"
+            snippet = " ".join(h.snippet.split())[:_SNIPPET_CHARS]
             # "#N": the message's place in its session, as the summary cites it
-            n = f"#{h['ordinal']} · " if h.get("ordinal") is not None else ""
+            n = f"#{h.ordinal} · " if h.ordinal is not None else ""
             lines.append(
-                f"[msg {h['messageId']} · {h['role']} · {n}{when}{where}{seen}] {snippet}"
+                f"[msg {h.message_id} · {h.role} · {n}{when}{where}{seen}] {snippet}"
             )
         text = "\n".join(lines)
     return ToolsCallResult(content=text, data={"hits": hits, "matched": found.matched})

@@ -1,15 +1,22 @@
 """The protocol's Structs made of a store's records: one function per kind.
 
-Replies and events that carry a session, a run, an approval or a pin build it here, so
-the wire's shape of each is written once (its camelCase names are protocol/types.py's).
+Replies and events that carry a session, a run, an approval, a pin or a search hit build
+it here, so the wire's shape of each is written once (its camelCase names are
+protocol/types.py's).
 Beside the engine rather than in it: the PostgreSQL relay of other daemons' events
 (stores/postgres/events.py) rebuilds the same events from the same records.
 """
 
 from __future__ import annotations
 
-from ctxd.daemon.stores.records import ApprovalRecord, PinRecord, RunRecord, SessionRecord
-from ctxd.protocol.types import Approval, ListedSession, Pin, Run, Session, Status
+from ctxd.daemon.stores.records import (
+    ApprovalRecord,
+    PinRecord,
+    RunRecord,
+    SearchHitRecord,
+    SessionRecord,
+)
+from ctxd.protocol.types import Approval, ListedSession, Pin, Run, SearchHit, Session, Status
 
 
 def session_struct(session: SessionRecord) -> Session:
@@ -61,3 +68,18 @@ def approval_struct(approval: ApprovalRecord) -> Approval:
 
 def pin_struct(pin: PinRecord) -> Pin:
     return Pin(pin_id=pin.id, text=pin.text, created_at=pin.created_at)
+
+
+def search_hit_struct(hit: SearchHitRecord, in_active_context: bool, ordinal: int) -> SearchHit:
+    """`superseded_by` is set afterwards, by daemon/corrections.py, on the hits it finds
+    superseded."""
+    return SearchHit(
+        message_id=hit.message_id,
+        session_id=hit.session_id,
+        role=hit.role,
+        snippet=hit.snippet,
+        created_at=hit.created_at,
+        score=hit.score,
+        in_active_context=in_active_context,
+        ordinal=ordinal,
+    )

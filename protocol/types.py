@@ -137,6 +137,9 @@ class SearchHit(_Wire):
     in_active_context: bool
     # the message's position in its session: the `#N` summaries and listings show
     ordinal: int | None = None
+    # the archive id of the statement now current, when a later statement of the same
+    # subject superseded this one; absent otherwise
+    superseded_by: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class Truncated(_Wire):

@@ -30,7 +30,7 @@ def test_pop_takes_newest_and_keeps_the_archive(engine: Engine) -> None:
     assert out.status.version == before.version + 1
     assert engine.archive_count(sid) == 5  # nothing deleted
     hits = engine.search("done with step", session_id=sid)
-    assert hits and not hits[0]["inActiveContext"]
+    assert hits and not hits[0].in_active_context
 
 
 def test_pop_of_a_tool_result_takes_its_call_too(engine: Engine) -> None:

@@ -131,9 +131,9 @@ def test_plain_search_never_raises(bench: Bench, query: str, limit: int, offset:
                                limit=limit, offset=offset, newest_first=newest_first)
     assert isinstance(hits, list) and len(hits) <= limit
     for h in hits:
-        assert isinstance(h["messageId"], int) and isinstance(h["snippet"], str)
+        assert isinstance(h.message_id, int) and isinstance(h.snippet, str)
         if scoped:
-            assert h["sessionId"] == bench.corpus_session
+            assert h.session_id == bench.corpus_session
     note("hits" if hits else "no hits")
 
 
@@ -172,14 +172,14 @@ def test_advanced_search_fails_only_with_invalid_params(bench: Bench, query: str
 @given(query=VALID_FTS)
 def test_advanced_search_runs_every_well_formed_query(bench: Bench, query: str) -> None:
     hits = bench.engine.search(query, advanced=True, limit=50)
-    assert all(h["sessionId"] == bench.corpus_session for h in hits)
+    assert all(h.session_id == bench.corpus_session for h in hits)
     note("hits" if hits else "no hits")
 
 
 def test_plain_search_of_syntax_matches_the_words_literally(bench: Bench) -> None:
     # the operators are words here: this text is in the corpus as written
     hits = bench.engine.search('he said "AND" OR NOT', session_id=bench.corpus_session)
-    texts = [bench.engine.archive.get_many([h["messageId"]])[h["messageId"]]["content"]
+    texts = [bench.engine.archive.get_many([h.message_id])[h.message_id]["content"]
              for h in hits]
     assert texts == ['he said "AND" OR NOT']
     # whereas advanced mode reads them as syntax

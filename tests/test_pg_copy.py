@@ -72,7 +72,7 @@ def _snapshot(e: Engine, sid: str) -> dict:
         "pins": e.pins(sid),
         "approvals": e.list_approvals(sid),
         "compactions": e.compaction_log(sid),
-        "search": [h["messageId"] for h in e.search("压缩", session_id=sid)],
+        "search": [h.message_id for h in e.search("压缩", session_id=sid)],
         "sessions": e.list_sessions().sessions,
     }
 

@@ -53,7 +53,7 @@ def test_budget_projection_keeps_pairs_and_says_what_it_left_out(engine: Engine)
 def test_query_recalls_what_left_the_context(engine: Engine) -> None:
     sid = _session(engine, 25)
     asyncio.run(engine.compact(sid))
-    assert not engine.search("walrus", session_id=sid)[0]["inActiveContext"]
+    assert not engine.search("walrus", session_id=sid)[0].in_active_context
     out = engine.get_context(sid, budget_tokens=4000, query="walrus")
     recall = [m for m in out.messages if m["content"] and RECALL_HEADER in m["content"]]
     assert len(recall) == 1 and "remember the walrus" in recall[0]["content"]

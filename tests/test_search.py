@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from ctxd.daemon import recall
 from ctxd.daemon.engine import Engine
 from ctxd.protocol.errors import CtxdError, InvalidParams, NotFound
+from ctxd.protocol.types import SearchHit
 
 
 @pytest.fixture
@@ -28,14 +29,14 @@ def sid(engine: Engine) -> str:
     return s
 
 
-def _ids(hits: list[dict]) -> list[int]:
-    return [h["messageId"] for h in hits]
+def _ids(hits: list[SearchHit]) -> list[int]:
+    return [h.message_id for h in hits]
 
 
 def test_two_character_chinese_word_inside_a_longer_run(engine: Engine, sid: str) -> None:
     hits = engine.search("压缩", session_id=sid)
     assert _ids(hits) == [1]
-    assert "**压缩**" in hits[0]["snippet"] and "\u200b" not in hits[0]["snippet"]
+    assert "**压缩**" in hits[0].snippet and "\u200b" not in hits[0].snippet
     assert _ids(engine.search("压缩策略", session_id=sid)) == [1]  # a phrase
     assert _ids(engine.search("数据库迁移", session_id=sid)) == [1]
     assert engine.search("压策", session_id=sid) == []  # not adjacent: no match
@@ -82,7 +83,7 @@ def test_filters_paging_and_newest_first(engine: Engine) -> None:
         engine.append(a, [{"role": "user", "content": f"deploy number {i}"}])
     engine.append(b, [{"role": "user", "content": "deploy elsewhere"}])
     everywhere = engine.search("deploy", limit=50)
-    assert len(everywhere) == 7 and {h["sessionId"] for h in everywhere} == {a, b}
+    assert len(everywhere) == 7 and {h.session_id for h in everywhere} == {a, b}
     page1 = engine.search("deploy", session_id=a, limit=4, newest_first=True)
     page2 = engine.search("deploy", session_id=a, limit=4, offset=4, newest_first=True)
     ids = _ids(page1) + _ids(page2)
@@ -97,9 +98,9 @@ def test_hits_say_whether_they_are_still_in_context(engine: Engine) -> None:
     engine.append(s, [{"role": "user", "content": "remember the zebra protocol"}])
     for i in range(25):
         engine.append(s, agent_turn(i))
-    assert engine.search("zebra", session_id=s)[0]["inActiveContext"] is True
+    assert engine.search("zebra", session_id=s)[0].in_active_context is True
     assert asyncio.run(engine.compact(s)).effective
-    assert engine.search("zebra", session_id=s)[0]["inActiveContext"] is False
+    assert engine.search("zebra", session_id=s)[0].in_active_context is False
 
 
 def test_search_tool_schema_and_executor(engine: Engine, sid: str) -> None:

@@ -1,4 +1,4 @@
-"""What a store returns for sessions, runs, approvals and pins: the records of
+"""What a store returns for sessions, runs, approvals, pins and search hits: the records of
 stores/records.py, and the protocol Structs daemon/views.py makes of them for replies and
 events. tests/test_store_postgres.py runs these on PostgreSQL too."""
 
@@ -12,10 +12,23 @@ import msgspec
 import pytest
 
 from ctxd.daemon.approval_events import EVENT_ARGUMENTS_CHARS
+from ctxd.daemon.corrections import mark_superseded
 from ctxd.daemon.engine import Engine
-from ctxd.daemon.stores.records import ApprovalRecord, PinRecord, RunRecord, SessionRecord
-from ctxd.daemon.views import approval_struct, pin_struct, run_struct, session_struct
-from ctxd.protocol.types import Approval, ApprovalEvent, RunDidFinish, RunDidStart
+from ctxd.daemon.stores.records import (
+    ApprovalRecord,
+    PinRecord,
+    RunRecord,
+    SearchHitRecord,
+    SessionRecord,
+)
+from ctxd.daemon.views import (
+    approval_struct,
+    pin_struct,
+    run_struct,
+    search_hit_struct,
+    session_struct,
+)
+from ctxd.protocol.types import Approval, ApprovalEvent, RunDidFinish, RunDidStart, SearchHit
 
 
 def _call(cid: str) -> dict[str, Any]:
@@ -124,3 +137,35 @@ def test_pins_come_back_as_records(engine: Engine) -> None:
     assert pins.list(sid) == [PinRecord(second.pin_id, sid, second.text, second.created_at)]
     with engine.store.transaction(sid):
         assert pins.remove(sid, first.pin_id) is None
+
+
+def test_search_hits_come_back_as_records_and_the_engine_adds_what_it_knows(
+    engine: Engine,
+) -> None:
+    sid = engine.create_session().session_id
+    old, new = engine.append(sid, [
+        {"role": "user", "content": "Use port 8080 for the dev server."},
+        {"role": "user", "content": "No, use port 9090 for the dev server."},
+    ]).message_ids
+    records, matched = engine.store.archive.search("port", session_id=sid)
+    assert matched == "all"
+    assert sorted(r.message_id for r in records) == [old, new]
+    for r in records:
+        assert isinstance(r, SearchHitRecord) and r.session_id == sid and r.role == "user"
+        assert "**port**" in r.snippet and isinstance(r.score, float)
+    with pytest.raises(AttributeError):  # records are immutable
+        records[0].snippet = "changed"  # type: ignore[misc]
+    ordinal = {old: 1, new: 2}
+    hits = engine.search("port", session_id=sid)
+    assert hits == [search_hit_struct(r, True, ordinal[r.message_id]) for r in records]
+    assert all(isinstance(h, SearchHit) and h.superseded_by is msgspec.UNSET for h in hits)
+    wire = ["messageId", "sessionId", "role", "snippet", "createdAt", "score",
+            "inActiveContext", "ordinal"]
+    # no supersession: the member is absent, not null
+    assert [list(msgspec.json.decode(msgspec.json.encode(h))) for h in hits] == [wire, wire]
+    # a supersession marks the older hit, last on the wire, and puts the newer above it
+    older_first = sorted(hits, key=lambda h: h.message_id)
+    marked = mark_superseded(lambda s: {old: new} if s == sid else {}, older_first)
+    assert [(h.message_id, h.superseded_by) for h in marked] == [
+        (new, msgspec.UNSET), (old, new)]
+    assert list(msgspec.json.decode(msgspec.json.encode(marked[1]))) == [*wire, "supersededBy"]

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from helpers import make_config
 from summary_builders import assistant, user
@@ -352,9 +353,9 @@ def test_the_latest_value_wins_compactions_later(
         assert any(new_value in ln for ln in current)
         assert engine.context_state(sid).summary.supersessions[ids[0]] == ids[3]
         hits = engine.search(new_value if zh else new, session_id=sid)
-        assert hits and hits[0]["messageId"] == ids[3] and "supersededBy" not in hits[0]
-        old_hits = [h for h in engine.search(old, session_id=sid) if h["messageId"] == ids[0]]
-        assert [h.get("supersededBy") for h in old_hits] == [ids[3]]
+        assert hits and hits[0].message_id == ids[3] and hits[0].superseded_by is msgspec.UNSET
+        old_hits = [h for h in engine.search(old, session_id=sid) if h.message_id == ids[0]]
+        assert [h.superseded_by for h in old_hits] == [ids[3]]
     finally:
         engine.close()
 
@@ -374,7 +375,7 @@ def test_a_numbered_series_and_a_repeat_are_not_marked_in_search(tmp_path: Path)
         for query in ("queue handler worker number", "importer batch size"):
             hits = engine.search(query, session_id=sid)
             assert len(hits) >= 2
-            assert [h for h in hits if "supersededBy" in h] == []
+            assert [h for h in hits if h.superseded_by is not msgspec.UNSET] == []
         [item] = [i for _, i in engine.context_state(sid).summary.items()
                   if i.text == "Set the importer batch size to 500."]
         assert item.sources == [ids[1], ids[3]] and item.status == "current"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import msgspec
 from helpers import make_config
 from summary_builders import assistant, call, result, user
 from summary_builders import summarize as run
@@ -345,8 +346,8 @@ def test_search_marks_a_superseded_statement_and_ranks_its_correction_above(
                             {"role": "assistant", "content": "Ok."}])
         asyncio.run(engine.compact(sid))
         hits = engine.search("importer batch size", session_id=sid)
-        assert [h["messageId"] for h in hits] == [new, old]
-        assert hits[1]["supersededBy"] == new and "supersededBy" not in hits[0]
+        assert [h.message_id for h in hits] == [new, old]
+        assert hits[1].superseded_by == new and hits[0].superseded_by is msgspec.UNSET
         out = call_tool(engine, sid, "search_past_messages", {"query": "importer batch size"})
         assert f"superseded by msg {new}" in out.content
 
@@ -361,8 +362,8 @@ def test_search_marks_a_superseded_statement_and_ranks_its_correction_above(
                            {"role": "assistant", "content": "好。"}])
         asyncio.run(engine.compact(zh))
         hits = engine.search("批处理大小", session_id=zh)
-        assert [(h["messageId"], h.get("supersededBy")) for h in hits] == [
-            (new, None), (old, new)
+        assert [(h.message_id, h.superseded_by) for h in hits] == [
+            (new, msgspec.UNSET), (old, new)
         ]
     finally:
         engine.close()

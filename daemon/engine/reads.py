@@ -17,10 +17,11 @@ from ctxd.daemon.ids import new_id
 from ctxd.daemon.ordinals import ordinals_of
 from ctxd.daemon.projection import project
 from ctxd.daemon.stores.base import ArchiveStore, SharedStore, Store
+from ctxd.daemon.stores.records import SearchHitRecord
 from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.daemon.summary import Summary
 from ctxd.daemon.tokens import TokenCounter
-from ctxd.daemon.views import pin_struct
+from ctxd.daemon.views import pin_struct, search_hit_struct
 from ctxd.protocol.errors import InvalidParams, NotFound
 from ctxd.protocol.handlers import serves
 from ctxd.protocol.methods import (
@@ -34,6 +35,7 @@ from ctxd.protocol.types import (
     ArchiveSearchResult,
     ContextGetResult,
     Pin,
+    SearchHit,
     Status,
 )
 
@@ -99,7 +101,7 @@ class ContextReads:
         budget_tokens: int | None = None,
         query: str | None = None,
         include_metadata: bool = False,
-        recall_hits: list[dict[str, Any]] | None = None,
+        recall_hits: list[SearchHit] | None = None,
         status: Status | None = None,
     ) -> ContextGetResult:
         """`recall_hits`: the search for `query`, when the caller already ran it (the
@@ -119,7 +121,7 @@ class ContextReads:
         budget_tokens: int | None,
         query: str | None,
         include_metadata: bool,
-        recall_hits: list[dict[str, Any]] | None,
+        recall_hits: list[SearchHit] | None,
         status: Status | None,
     ) -> ContextGetResult:
         if budget_tokens is None and not query:
@@ -207,7 +209,7 @@ class ContextReads:
 
     def search(
         self, query: str, *, session_id: str | None = None, **kw: Any
-    ) -> list[dict[str, Any]]:
+    ) -> list[SearchHit]:
         """The hits of `search_result`, for library users."""
         return self.search_result(query, session_id=session_id, **kw).hits
 
@@ -234,20 +236,26 @@ class ContextReads:
     def _supersessions(self, session_id: str) -> dict[int, int]:
         return self.context_state(session_id).summary.supersessions
 
-    def _annotate(self, hits: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _annotate(self, hits: list[SearchHitRecord]) -> list[SearchHit]:
+        """The store's hits made SearchHits, with what the engine knows of each: still in
+        the active context or not, its `#N`, the statement that superseded it."""
         by_session: dict[str, list[int]] = {}
         for hit in hits:
-            st = self.context_state(hit["sessionId"])
-            hit["inActiveContext"] = st.in_active_context(hit["messageId"])
-            by_session.setdefault(hit["sessionId"], []).append(hit["messageId"])
+            by_session.setdefault(hit.session_id, []).append(hit.message_id)
         ordinals = {
             (sid, mid): n
             for sid, ids in by_session.items()
             for mid, n in self.ordinals(sid, ids).items()
         }
-        for hit in hits:
-            hit["ordinal"] = ordinals[(hit["sessionId"], hit["messageId"])]
-        return mark_superseded(self._supersessions, hits)
+        structs = [
+            search_hit_struct(
+                hit,
+                self.context_state(hit.session_id).in_active_context(hit.message_id),
+                ordinals[(hit.session_id, hit.message_id)],
+            )
+            for hit in hits
+        ]
+        return mark_superseded(self._supersessions, structs)
 
     # pins
 

@@ -57,7 +57,13 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from ctxd.daemon.stores.records import ApprovalRecord, PinRecord, RunRecord, SessionRecord
+from ctxd.daemon.stores.records import (
+    ApprovalRecord,
+    PinRecord,
+    RunRecord,
+    SearchHitRecord,
+    SessionRecord,
+)
 from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.protocol.types import Compaction
 
@@ -176,8 +182,8 @@ class ArchiveStore(Protocol):
         newest_first: bool = False,
         advanced: bool = False,
         budget_seconds: float | None = None,
-    ) -> tuple[list[dict[str, Any]], str]:
-        """Hits ({messageId, sessionId, role, snippet, createdAt, score}) and how they
+    ) -> tuple[list[SearchHitRecord], str]:
+        """Hits (records, best first) and how they
         matched: "all" words, or "any" when no message has them all."""
 
 
@@ -260,7 +266,7 @@ class Store(Protocol):
 
     async def search_async(
         self, query: str, **kw: Any
-    ) -> tuple[list[dict[str, Any]], str]:
+    ) -> tuple[list[SearchHitRecord], str]:
         """`archive.search` beside the event loop, within the search time budget."""
 
     async def read_async(self, fn: Callable[[ArchiveStore], T]) -> T:

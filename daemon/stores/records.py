@@ -1,5 +1,5 @@
-"""The rows a store returns for sessions, runs, approvals and pins: small records with
-snake_case fields named for their table's columns (`id` is the row's own key).
+"""The rows a store returns for sessions, runs, approvals, pins and search hits: small
+records with snake_case fields named for their table's columns (`id` is the row's own key).
 
 A store knows nothing of the protocol: the engine turns these into the protocol's
 Structs (daemon/views.py), which is where the wire's camelCase names live. Records are
@@ -51,3 +51,18 @@ class PinRecord(NamedTuple):
     session_id: str
     text: str
     created_at: float
+
+
+class SearchHitRecord(NamedTuple):
+    """One search hit as the store knows it; what the engine knows besides (whether the
+    message is still in context, its `#N`, the statement that superseded it) is added
+    when the protocol's SearchHit is made of it (daemon/views.py)."""
+
+    message_id: int
+    session_id: str
+    role: str
+    # the matching text around the query's words, the words in **bold**
+    snippet: str
+    created_at: float
+    # the higher the better, rounded to 4 places (BM25 on SQLite, ts_rank on PostgreSQL)
+    score: float

@@ -47,6 +47,7 @@ from ctxd.daemon.stores.postgres.locks import CompactionLocks
 from ctxd.daemon.stores.postgres.prefetch import READ_TAIL, READ_TAIL_RANGE
 from ctxd.daemon.stores.postgres.runs import PgRuns
 from ctxd.daemon.stores.postgres.store_ahead import ReadsAhead
+from ctxd.daemon.stores.records import SearchHitRecord
 from ctxd.daemon.stores.sql.archive import SqlArchive, message_from_row
 from ctxd.daemon.stores.sql.compaction_log import CompactionLog
 from ctxd.daemon.stores.sql.contexts import SqlPins
@@ -230,7 +231,7 @@ class PgArchive(SqlArchive):
         newest_first: bool,
         advanced: bool,
         deadline: float | None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[SearchHitRecord]:
         where, params = search_where("s.tsv @@ ?::tsquery", match, session_id, role, since, until)
         order = "m.id DESC" if newest_first else "score DESC, m.id"
         sql = (
@@ -249,14 +250,14 @@ class PgArchive(SqlArchive):
             ) from None
         lexemes = tsearch.query_lexemes(match)
         return [
-            {
-                "messageId": mid,
-                "sessionId": sid,
-                "role": r,
-                "snippet": tsearch.snippet(message_text(json.loads(body)), lexemes),
-                "createdAt": created,
-                "score": round(float(score), 4),
-            }
+            SearchHitRecord(
+                message_id=mid,
+                session_id=sid,
+                role=r,
+                snippet=tsearch.snippet(message_text(json.loads(body)), lexemes),
+                created_at=created,
+                score=round(float(score), 4),
+            )
             for mid, sid, r, created, body, score in rows
         ]
 
@@ -452,10 +453,10 @@ class PostgresStore(ReadsAhead):
             archive = self._local.archive = PgArchive(conn)  # type: ignore[arg-type]
         return archive
 
-    def _search(self, query: str, kw: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    def _search(self, query: str, kw: dict[str, Any]) -> tuple[list[SearchHitRecord], str]:
         return self._reader().search(query, budget_seconds=self.search_budget_seconds, **kw)
 
-    async def search_async(self, query: str, **kw: Any) -> tuple[list[dict[str, Any]], str]:
+    async def search_async(self, query: str, **kw: Any) -> tuple[list[SearchHitRecord], str]:
         return await self._run(functools.partial(self._search, query, kw))
 
     async def read_async(self, fn: Callable[[PgArchive], T]) -> T:

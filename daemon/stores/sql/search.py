@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager
 from types import ModuleType
 from typing import Any, ClassVar
 
+from ctxd.daemon.stores.records import SearchHitRecord
 from ctxd.protocol.errors import SearchTooBroad
 
 
@@ -75,7 +76,7 @@ class SqlSearch:
         newest_first: bool = False,
         advanced: bool = False,
         budget_seconds: float | None = None,
-    ) -> tuple[list[dict[str, Any]], str]:
+    ) -> tuple[list[SearchHitRecord], str]:
         """Hits and how they matched: "all" (every word, or the advanced query as
         written) or "any" (no message has every word: ranked hits with some of them).
 
@@ -119,6 +120,6 @@ class SqlSearch:
         newest_first: bool,
         advanced: bool,
         deadline: float | None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[SearchHitRecord]:
         """A page of hits for the match query."""
         raise NotImplementedError

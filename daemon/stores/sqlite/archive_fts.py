@@ -17,6 +17,7 @@ from typing import Any
 import apsw
 
 from ctxd.daemon.messages import message_text
+from ctxd.daemon.stores.records import SearchHitRecord
 from ctxd.daemon.stores.sql.archive import SqlArchive, message_from_row
 from ctxd.daemon.stores.sql.search import search_where, too_broad
 from ctxd.daemon.stores.sql.search_text import clean_snippet, index_text
@@ -207,7 +208,7 @@ class SqliteArchive(SqlArchive):
         newest_first: bool,
         advanced: bool,
         deadline: float | None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[SearchHitRecord]:
         """A page of hits, each with a snippet made by daemon/stores/sqlite/snippets.py (not by
         FTS5's snippet() in this query, whose cost grows with the square of a message's hits and
         which the progress handler cannot stop); past `deadline`, InterruptError."""
@@ -236,14 +237,14 @@ class SqliteArchive(SqlArchive):
             )
             raise InvalidParams(f"search query not understood: {exc}; {hint}") from None
         return [
-            {
-                "messageId": mid,
-                "sessionId": sid,
-                "role": r,
-                "snippet": clean_snippet(self.snippets.make(match, text, deadline)),
-                "createdAt": created,
-                "score": round(-score, 4),
-            }
+            SearchHitRecord(
+                message_id=mid,
+                session_id=sid,
+                role=r,
+                snippet=clean_snippet(self.snippets.make(match, text, deadline)),
+                created_at=created,
+                score=round(-score, 4),
+            )
             for (mid, sid, r, created, score), text in zip(rows, texts, strict=True)
         ]
 

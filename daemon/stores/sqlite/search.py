@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import apsw
 
+from ctxd.daemon.stores.records import SearchHitRecord
 from ctxd.daemon.stores.sqlite.archive_fts import SqliteArchive
 
 T = TypeVar("T")
@@ -46,10 +47,10 @@ class Searcher:
             store = self._local.store = SqliteArchive(conn)
         return store
 
-    def _search(self, query: str, kw: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    def _search(self, query: str, kw: dict[str, Any]) -> tuple[list[SearchHitRecord], str]:
         return self._store().search(query, budget_seconds=self.budget_seconds, **kw)
 
-    async def search(self, query: str, **kw: Any) -> tuple[list[dict[str, Any]], str]:
+    async def search(self, query: str, **kw: Any) -> tuple[list[SearchHitRecord], str]:
         return await self._run(functools.partial(self._search, query, kw))
 
     async def read(self, fn: Callable[[SqliteArchive], T]) -> T:

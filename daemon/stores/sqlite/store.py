@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import apsw
 
+from ctxd.daemon.stores.records import SearchHitRecord
 from ctxd.daemon.stores.sql.compaction_log import CompactionLog
 from ctxd.daemon.stores.sql.runs import SqlRuns
 from ctxd.daemon.stores.sqlite.archive_fts import SqliteArchive
@@ -47,7 +48,7 @@ class SqliteStore:
         # one writer: every write is serialized, whichever session it is about
         return transaction(self.conn)
 
-    async def search_async(self, query: str, **kw: Any) -> tuple[list[dict[str, Any]], str]:
+    async def search_async(self, query: str, **kw: Any) -> tuple[list[SearchHitRecord], str]:
         return await self.searcher.search(query, **kw)
 
     async def read_async(self, fn: Callable[[SqliteArchive], T]) -> T:
