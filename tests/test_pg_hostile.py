@@ -13,10 +13,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from helpers import DaemonProcess, agent_turn, wait_for
+from helpers import DaemonProcess, agent_turn, notifications_until, wait_for
 from pg import PgCluster
 from psycopg import errors as pgerr
-from test_pg_daemons import _pg_env, _stop_running, _until
+from test_pg_daemons import _pg_env, _stop_running
 
 from ctxd.protocol.errors import StorageError
 
@@ -126,7 +126,7 @@ def test_notifications_of_a_role_that_may_only_connect_are_never_relayed(
                 """An append through B, seen by A's subscriber: every notification sent
                 before it has been handled by A's listener (all kept in `got`)."""
                 ids = cb.append(sid, [{"role": "user", "content": "mark"}])["messageIds"]
-                got.extend(_until(events, "session/didAppend",
+                got.extend(notifications_until(events, "session/didAppend",
                                   lambda p: p["messageIds"] == ids, PROMPT))
                 return ids
 
