@@ -51,7 +51,7 @@ from ctxd.daemon.stores.records import SearchHitRecord
 from ctxd.daemon.stores.sql.archive import SqlArchive, message_from_row
 from ctxd.daemon.stores.sql.compaction_log import CompactionLog
 from ctxd.daemon.stores.sql.contexts import SqlPins
-from ctxd.daemon.stores.sql.search import search_where, too_broad
+from ctxd.daemon.stores.sql.search import SearchPage, search_where, too_broad
 from ctxd.protocol.errors import InvalidParams, StorageError
 
 log = logging.getLogger("ctxd.pg.store")
@@ -219,28 +219,16 @@ class PgArchive(SqlArchive):
             finally:
                 self.conn.in_search_budget = False
 
-    def _search(
-        self,
-        match: str,
-        session_id: str | None,
-        role: str | None,
-        since: float | None,
-        until: float | None,
-        limit: int,
-        offset: int,
-        newest_first: bool,
-        advanced: bool,
-        deadline: float | None,
-    ) -> list[SearchHitRecord]:
-        where, params = search_where("s.tsv @@ ?::tsquery", match, session_id, role, since, until)
-        order = "m.id DESC" if newest_first else "score DESC, m.id"
+    def _search(self, match: str, page: SearchPage) -> list[SearchHitRecord]:
+        where, params = search_where("s.tsv @@ ?::tsquery", match, page)
+        order = "m.id DESC" if page.newest_first else "score DESC, m.id"
         sql = (
             "SELECT m.id, m.session_id, m.role, m.created_at, m.body, "
             "max(ts_rank(s.tsv, ?::tsquery)) AS score "
             "FROM messages_search s JOIN messages m ON m.id = s.message_id "
             f"WHERE {where} GROUP BY m.id ORDER BY {order} LIMIT ? OFFSET ?"
         )
-        params = [match, *params, limit, offset]  # the first for ts_rank
+        params = [match, *params, page.limit, page.offset]  # the first for ts_rank
         try:
             rows = list(self.conn.execute(sql, params))
         except pgerr.SyntaxError as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from types import ModuleType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from ctxd.daemon.stores.records import SearchHitRecord
 from ctxd.protocol.errors import SearchTooBroad
@@ -27,31 +27,32 @@ def too_broad(seconds: float) -> SearchTooBroad:
     )
 
 
-def search_where(
-    match_clause: str,
-    match: str,
-    session_id: str | None,
-    role: str | None,
-    since: float | None,
-    until: float | None,
-) -> tuple[str, list[Any]]:
+class SearchPage(NamedTuple):
+    """What a store's statement of one page (`_search`) asks beside its match query."""
+
+    session_id: str | None
+    role: str | None
+    since: float | None
+    until: float | None
+    limit: int
+    offset: int
+    newest_first: bool
+    advanced: bool
+    # time.monotonic past which the work done outside the statement (snippets) stops
+    deadline: float | None
+
+
+def search_where(match_clause: str, match: str, page: SearchPage) -> tuple[str, list[Any]]:
     """The WHERE of a search (without the keyword) and its parameters: the match clause,
     then the filters that are set. Only fixed clauses are spliced in; every user value is
     a bound parameter."""
     where = [match_clause]
     params: list[Any] = [match]
-    if session_id is not None:
-        where.append("m.session_id = ?")
-        params.append(session_id)
-    if role is not None:
-        where.append("m.role = ?")
-        params.append(role)
-    if since is not None:
-        where.append("m.created_at >= ?")
-        params.append(since)
-    if until is not None:
-        where.append("m.created_at <= ?")
-        params.append(until)
+    for clause, value in (("m.session_id = ?", page.session_id), ("m.role = ?", page.role),
+                          ("m.created_at >= ?", page.since), ("m.created_at <= ?", page.until)):
+        if value is not None:
+            where.append(clause)
+            params.append(value)
     return " AND ".join(where), params
 
 
@@ -89,37 +90,25 @@ class SqlSearch:
             if match is None:
                 return [], "all"
         with self._budget(budget_seconds) as deadline:
-            args = (session_id, role, since, until, limit, offset, newest_first, advanced,
-                    deadline)
-            hits = self._search(match, *args)
+            page = SearchPage(session_id, role, since, until, limit, offset, newest_first,
+                              advanced, deadline)
+            hits = self._search(match, page)
             if hits or advanced or len(query.split()) < 2:
                 return hits, "all"
             # the fallback pages on its own: page 2 of "any" must not come back empty
             # because page 2 of "all" is
-            if offset and self._search(match, *args[:4], 1, 0, newest_first, advanced, deadline):
+            if offset and self._search(match, page._replace(limit=1, offset=0)):
                 return hits, "all"
             loose = self.queries.any_terms_query(query)
             if not loose:
                 return hits, "all"
-            return self._search(loose, *args), "any"
+            return self._search(loose, page), "any"
 
     def _budget(self, seconds: float | None) -> AbstractContextManager[float | None]:
         """Stops the statements run inside once `seconds` have passed (`too_broad`);
         yields a deadline (time.monotonic) for work done outside them, or None."""
         raise NotImplementedError
 
-    def _search(
-        self,
-        match: str,
-        session_id: str | None,
-        role: str | None,
-        since: float | None,
-        until: float | None,
-        limit: int,
-        offset: int,
-        newest_first: bool,
-        advanced: bool,
-        deadline: float | None,
-    ) -> list[SearchHitRecord]:
+    def _search(self, match: str, page: SearchPage) -> list[SearchHitRecord]:
         """A page of hits for the match query."""
         raise NotImplementedError

@@ -19,7 +19,7 @@ import apsw
 from ctxd.daemon.messages import message_text
 from ctxd.daemon.stores.records import SearchHitRecord
 from ctxd.daemon.stores.sql.archive import SqlArchive, message_from_row
-from ctxd.daemon.stores.sql.search import search_where, too_broad
+from ctxd.daemon.stores.sql.search import SearchPage, search_where, too_broad
 from ctxd.daemon.stores.sql.search_text import clean_snippet, index_text
 from ctxd.daemon.stores.sqlite import fts
 from ctxd.daemon.stores.sqlite.snippets import Snippets
@@ -196,32 +196,18 @@ class SqliteArchive(SqlArchive):
         with _budget(self.conn, seconds) as deadline:
             yield deadline
 
-    def _search(
-        self,
-        match: str,
-        session_id: str | None,
-        role: str | None,
-        since: float | None,
-        until: float | None,
-        limit: int,
-        offset: int,
-        newest_first: bool,
-        advanced: bool,
-        deadline: float | None,
-    ) -> list[SearchHitRecord]:
+    def _search(self, match: str, page: SearchPage) -> list[SearchHitRecord]:
         """A page of hits, each with a snippet made by daemon/stores/sqlite/snippets.py (not by
         FTS5's snippet() in this query, whose cost grows with the square of a message's hits and
-        which the progress handler cannot stop); past `deadline`, InterruptError."""
-        where, params = search_where(
-            "messages_fts MATCH ?", match, session_id, role, since, until
-        )
-        order = "messages_fts.rowid DESC" if newest_first else "rank"
+        which the progress handler cannot stop); past `page.deadline`, InterruptError."""
+        where, params = search_where("messages_fts MATCH ?", match, page)
+        order = "messages_fts.rowid DESC" if page.newest_first else "rank"
         sql = (
             "SELECT m.id, m.session_id, m.role, m.created_at, bm25(messages_fts) "
             "FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid "
             f"WHERE {where} ORDER BY {order} LIMIT ? OFFSET ?"
         )
-        params += [limit, offset]
+        params += [page.limit, page.offset]
         try:
             rows = list(self.conn.execute(sql, params))
             texts = [self._indexed_text(row[0]) for row in rows]
@@ -232,7 +218,7 @@ class SqliteArchive(SqlArchive):
         except apsw.SQLError as exc:
             hint = (
                 "check the FTS5 query syntax, or search without advanced mode"
-                if advanced
+                if page.advanced
                 else "report this query as a bug"
             )
             raise InvalidParams(f"search query not understood: {exc}; {hint}") from None
@@ -241,7 +227,7 @@ class SqliteArchive(SqlArchive):
                 message_id=mid,
                 session_id=sid,
                 role=r,
-                snippet=clean_snippet(self.snippets.make(match, text, deadline)),
+                snippet=clean_snippet(self.snippets.make(match, text, page.deadline)),
                 created_at=created,
                 score=round(-score, 4),
             )
