@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ctxd.daemon.stores.sql.archive import INSERT_BATCH, tool_links
+
 MESSAGES = (
     "INSERT INTO messages(id, session_id, batch_id, role, body, tokens, created_at) "
     "SELECT m.id, ?, ?, m.role, m.body, m.tokens, m.created_at FROM unnest("
@@ -34,10 +36,7 @@ TOOL_RESULTS = (
     "SELECT ?, t.call, t.mid FROM unnest(?::text[], ?::bigint[]) AS t(call, mid)"
 )
 
-BATCH = (
-    "INSERT INTO batches(id, session_id, client_batch_id, run_id, digest, "
-    "first_message_id, last_message_id, created_at) VALUES (?,?,?,?,?,?,?,?)"
-)
+BATCH = INSERT_BATCH
 
 
 def _writes(tool_calls: bool, tool_results: bool) -> str:
@@ -104,10 +103,7 @@ def tool_rows(
     session_id: str, messages: Sequence[tuple[dict[str, Any], str, int]], ids: Sequence[int],
 ) -> list[tuple[str, list[Any]]]:
     """The `tool_calls` and `tool_results` rows of a batch (none: no statement)."""
-    calls = [(c["id"], i) for i, (m, _, _) in zip(ids, messages, strict=True)
-             for c in m.get("tool_calls") or ()]
-    results = [(m["tool_call_id"], i) for i, (m, _, _) in zip(ids, messages, strict=True)
-               if m["role"] == "tool"]
+    calls, results = tool_links(messages, ids)
     out = []
     for sql, rows in ((TOOL_CALLS, calls), (TOOL_RESULTS, results)):
         if rows:

@@ -33,6 +33,25 @@ def strict_json(value: Any, what: str) -> str:
 
 # ids per `IN (...)` lookup: well under SQLite's bound-parameter limit
 _CHUNK = 500
+# a batch's own row, as both engines write it
+INSERT_BATCH = (
+    "INSERT INTO batches(id, session_id, client_batch_id, run_id, digest, "
+    "first_message_id, last_message_id, created_at) VALUES (?,?,?,?,?,?,?,?)"
+)
+
+
+def tool_links(
+    messages: Sequence[tuple[dict[str, Any], str, int]], ids: Sequence[int],
+) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """A batch's rows of `tool_calls` (each call's id and the id of the message making
+    it) and of `tool_results` (the call's id and the id of the message answering it)."""
+    calls = [(c["id"], i) for i, (m, _, _) in zip(ids, messages, strict=True)
+             for c in m.get("tool_calls") or ()]
+    results = [(m["tool_call_id"], i) for i, (m, _, _) in zip(ids, messages, strict=True)
+               if m["role"] == "tool"]
+    return calls, results
+
+
 _CALL_IDS = (
     "SELECT tool_call_id, call_message_id FROM tool_calls "
     "WHERE session_id = ? AND tool_call_id IN ({})"

@@ -18,7 +18,7 @@ import apsw
 
 from ctxd.daemon.messages import message_text
 from ctxd.daemon.stores.records import SearchHitRecord
-from ctxd.daemon.stores.sql.archive import SqlArchive, message_from_row
+from ctxd.daemon.stores.sql.archive import INSERT_BATCH, SqlArchive, message_from_row, tool_links
 from ctxd.daemon.stores.sql.search import SearchPage, search_where, too_broad
 from ctxd.daemon.stores.sql.search_text import clean_snippet, index_text
 from ctxd.daemon.stores.sqlite import fts
@@ -115,8 +115,7 @@ class SqliteArchive(SqlArchive):
         """The `batches` row and the `messages` rows of an append (PostgreSQL writes
         them as arrays: stores/postgres/batch_rows.py)."""
         self.conn.execute(
-            "INSERT INTO batches(id, session_id, client_batch_id, run_id, digest, "
-            "first_message_id, last_message_id, created_at) VALUES (?,?,?,?,?,?,?,?)",
+            INSERT_BATCH,
             (batch_id, session_id, client_batch_id, run_id, digest, ids[0], ids[-1], now),
         )
         self.conn.executemany(
@@ -136,26 +135,17 @@ class SqliteArchive(SqlArchive):
         ids: Sequence[int],
     ) -> None:
         """The rows of `tool_calls` and `tool_results` for an appended batch."""
-        calls = [
-            (session_id, c["id"], i)
-            for i, (m, _, _) in zip(ids, messages, strict=True)
-            for c in m.get("tool_calls") or ()
-        ]
+        calls, results = tool_links(messages, ids)
         if calls:
             self.conn.executemany(
                 "INSERT INTO tool_calls(session_id, tool_call_id, call_message_id) VALUES (?,?,?)",
-                calls,
+                [(session_id, call, mid) for call, mid in calls],
             )
-        results = [
-            (session_id, m["tool_call_id"], i)
-            for i, (m, _, _) in zip(ids, messages, strict=True)
-            if m["role"] == "tool"
-        ]
         if results:
             self.conn.executemany(
                 "INSERT INTO tool_results(session_id, tool_call_id, result_message_id) "
                 "VALUES (?,?,?)",
-                results,
+                [(session_id, call, mid) for call, mid in results],
             )
 
     def read_from(
