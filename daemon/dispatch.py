@@ -225,10 +225,18 @@ class Dispatcher(RequestFlow):
         return types.Empty()
 
     @serves(SESSION_SUBSCRIBE, connection=True)
-    def subscribe(self, conn: Connection, p: SessionSubscribeParams) -> types.Empty:
-        self.engine.get_session(p.session_id)  # raises for an unknown session
-        self.hub.subscribe(conn, p.session_id)
-        return types.Empty()
+    def subscribe(self, conn: Connection, p: SessionSubscribeParams) -> Any:
+        sid = p.session_id
+
+        def subscribed(_: None) -> types.Empty:
+            self.hub.subscribe(conn, sid)
+            return types.Empty()
+
+        # raises for an unknown session; a session not kept here is asked for
+        if self.off_loop.wants("session/subscribe"):
+            return self.off_loop.run(conn, sid, lambda: self.engine.check_session(sid),
+                                     subscribed)
+        return subscribed(self.engine.check_session(sid))
 
     @serves(SESSION_UNSUBSCRIBE, connection=True)
     def unsubscribe(self, conn: Connection, p: SessionUnsubscribeParams) -> types.Empty:

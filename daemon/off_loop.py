@@ -17,6 +17,11 @@ session's calls one after another, so
 Runs and approvals (`run/start`, `run/finish`, `approval/request`, `approval/resolve`)
 go the same way, in their session's order: what the dispatcher does with their result
 (the connection's open runs, the scheduler) runs on the loop once the call is back.
+So does every other request that reads or writes the store without waiting on it
+already (sessions, archive pages, pins, context edits, explain, the approvals list,
+the session check of a subscription). What stays on the loop asks no store, or is a
+coroutine whose store calls run beside it (search and the search tool, compactions,
+the compactions list: `Engine.beside_loop_if_shared`).
 The embedded store keeps every call on the loop: SQLite answers in microseconds, and its
 connection is the engine's own.
 """
@@ -39,7 +44,12 @@ T = TypeVar("T")
 # an approval, not a session: they are served here when this daemon knows its session
 # (`session_of`), else on the loop
 OFF_LOOP = frozenset({"messages/append", "context/get", "context/status", "run/start",
-                      "run/finish", "approval/request", "approval/resolve"})
+                      "run/finish", "approval/request", "approval/resolve",
+                      # the rest of what reads or writes the store, less often asked
+                      "session/create", "session/list", "session/get", "archive/read",
+                      "context/clear", "context/pop", "context/explain",
+                      "context/pins/list", "context/pins/add", "context/pins/remove",
+                      "approval/list", "session/subscribe"})
 # runs and approvals whose session is remembered (the oldest forgotten past this)
 KNOWN_MAX = 100_000
 
@@ -64,6 +74,7 @@ class OffLoop:
         self._bound = False
         # run and approval ids -> their session, as runs and approvals went through here
         self._sessions: dict[str, str] = {}
+        self._unnamed = 0
 
     def learn(self, item_id: str, session_id: str) -> None:
         """A run's or an approval's session, for the requests that name only the id."""
@@ -83,13 +94,18 @@ class OffLoop:
     def wants(self, method: str) -> bool:
         return self.enabled and method in OFF_LOOP
 
-    def run(self, conn: Connection, session_id: str, call: Callable[[], T],
+    def run(self, conn: Connection, session_id: str | None, call: Callable[[], T],
             then: Callable[[T], Any] | None = None) -> InTurn:
         """`call()` on a worker thread after the session's earlier calls (run again
         while the session is busy elsewhere, as on the loop), then `then(result)` on the
-        loop; the
-        connection's turn is taken now, before anything else of its is read."""
+        loop; the connection's turn is taken now, before anything else of its is read.
+        A request that names no session (`session/list`, `session/create` without an
+        id) waits for no other: its connection's turn keeps its order."""
         loop = asyncio.get_running_loop()
+        if session_id is None:
+            self._unnamed += 1
+            # a key of its own (a session so named would only share its order)
+            session_id = f"\0request {self._unnamed}"
         if not self._bound:
             self.engine.serve_off_loop(loop)
             self._bound = True

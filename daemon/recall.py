@@ -120,7 +120,7 @@ async def call_tool_async(
     engine: Engine, session_id: str, name: str, arguments: Any
 ) -> ToolsCallResult:
     """The daemon's path: the search runs beside the event loop."""
-    engine.require_session(session_id)
+    await engine.beside_loop_if_shared(lambda: engine.require_session(session_id))
     kw = _tool_search(name, session_id, arguments)
     return _tool_result(await engine.search_async(**kw), kw["query"], session_id)
 

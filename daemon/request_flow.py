@@ -127,12 +127,16 @@ class RequestFlow:
         # the params Struct's fields are the handler's keyword names
         as_kwargs = msgspec.structs.asdict
 
-        off_loop = self.off_loop.wants(method.name) and on_engine
+        # the engine's own handlers and the module functions it is passed to; a
+        # coroutine's store calls already run beside the loop
+        off_loop = (self.off_loop.wants(method.name) and (on_engine or handler.owner is None)
+                    and not inspect.iscoroutinefunction(fn))
 
         def call(conn: Connection, p: Any) -> Any:
             if off_loop:
                 kw = as_kwargs(p)
-                return self.off_loop.run(conn, p.session_id, lambda: fn(**kw), wrap)
+                return self.off_loop.run(conn, getattr(p, "session_id", None),
+                                         lambda: fn(*lead, **kw), wrap)
             result = fn(*lead, **as_kwargs(p))
             if wrap is None:
                 return result

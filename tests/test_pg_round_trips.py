@@ -296,3 +296,101 @@ def test_runs_and_approvals_leave_the_event_loop_free(
     finally:
         d.stop()
         proxy.close()
+
+
+def test_every_request_that_reads_or_writes_the_store_leaves_the_event_loop_free(
+    pg_cluster: PgCluster, pg_dsn: str, tmp_path: Path
+) -> None:
+    """Behind 200 ms round trips, each request that makes one (sessions, archive pages,
+    pins, context edits, explain, the approvals list, search) is answered after a heartbeat
+    another client sends while it is on its way: on the event loop, the heartbeat would
+    wait for it. Three attempts each, as above; most of them must make a round trip, or
+    the test proves nothing."""
+    import threading
+    from functools import partial
+
+    proxy, d = _daemon_behind_slow_server(pg_cluster, pg_dsn, tmp_path)
+    try:
+        with d.client() as a, d.client() as b:
+            sid = a.create_session(title="far")["sessionId"]
+            a.append(sid, [{"role": "user", "content": f"message {i}"} for i in range(4)])
+            b.heartbeat()
+
+            def beside(call: Any) -> tuple[list[str], float, Any]:
+                """`call()` in a thread, a heartbeat sent while it is on its way: the
+                order they came back in, the call's seconds, its result."""
+                done: list[str] = []
+                started = threading.Event()
+                out: list[Any] = []
+                took: list[float] = []
+
+                def run() -> None:
+                    started.set()
+                    t0 = time.perf_counter()
+                    out.append(call())
+                    took.append(time.perf_counter() - t0)
+                    done.append("call")
+
+                t = threading.Thread(target=run)
+                t.start()
+                started.wait()
+                time.sleep(0.05)  # sent: the daemon is in its first round trip
+                b.heartbeat()
+                done.append("heartbeat")
+                t.join(60)
+                assert out, "the call failed"
+                return done, took[0], out[0]
+
+            # one to remove per attempt
+            to_remove = [a.add_pin(sid, f"kept {i}")["pin"]["pinId"] for i in range(3)]
+            removed: list[str] = []
+            added: list[str] = []
+
+            def add_pin() -> Any:
+                pin = a.add_pin(sid, f"invariant {len(added)}")
+                added.append(pin["pin"]["pinId"])
+                return pin
+
+            def remove_pin() -> Any:
+                removed.append(to_remove.pop())
+                return a.remove_pin(sid, removed[-1])
+
+            calls: dict[str, Any] = {
+                "session/create": partial(a.create_session, title="another"),
+                "session/list": a.list_sessions,
+                "session/get": partial(a.get_session, sid),
+                "archive/read": partial(a.read, sid),
+                "context/pins/add": add_pin,
+                "context/pins/list": partial(a.list_pins, sid),
+                "context/pins/remove": remove_pin,
+                "context/explain": partial(a.explain, sid),
+                "approval/list": partial(a.list_approvals, sid),
+                "archive/search": partial(a.search, "message", session_id=sid),
+                "tools/call": partial(a.call_tool, sid, "search_past_messages",
+                                      {"query": "message"}),
+                "session/subscribe": partial(a.subscribe, sid),
+                "context/pop": partial(a.context_pop, sid, 1),
+                "context/clear": partial(a.context_clear, sid),
+            }
+            waited: dict[str, bool] = {}
+            held: dict[str, list[str]] = {}
+            for name, call in calls.items():
+                for _attempt in range(3):
+                    order, took, _ = beside(call)
+                    waited[name] = took >= 0.2  # made at least one round trip
+                    if not waited[name] or order == ["heartbeat", "call"]:
+                        held.pop(name, None)
+                        break
+                    held[name] = order
+            assert not held, held  # each of these held the loop three times out of three
+            assert sum(waited.values()) >= len(calls) - 3, waited
+            # and they did what they were asked, in order
+            pinned = {p["pinId"] for p in a.list_pins(sid)["pins"]}
+            assert set(added) <= pinned and not set(removed) & pinned
+            shown = [m.get("content") for m in a.context_get(sid)["messages"]]
+            assert not [c for c in shown if isinstance(c, str) and c.startswith("message ")]
+            titles = {s["title"] for s in a.list_sessions()["sessions"]}
+            assert {"far", "another"} <= titles
+    finally:
+        d.stop()
+        proxy.close()

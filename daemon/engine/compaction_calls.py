@@ -6,7 +6,8 @@ log of the attempts. The Compactor (daemon/compaction/) does the work. A part of
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ctxd.daemon.compaction.compactor import Activity, Compactor, RunActivity
 from ctxd.daemon.engine.archive_sizes import ArchiveSizes
@@ -15,6 +16,8 @@ from ctxd.daemon.stores.sql.contexts import ContextState
 from ctxd.protocol.handlers import serves
 from ctxd.protocol.methods import CONTEXT_COMPACTIONS
 from ctxd.protocol.types import Compaction, CompactResult
+
+T = TypeVar("T")
 
 
 class CompactionCalls:
@@ -28,6 +31,8 @@ class CompactionCalls:
         def check_session(self, session_id: str) -> None: ...
 
         def context_state(self, session_id: str) -> ContextState: ...
+
+        async def beside_loop_if_shared(self, fn: Callable[[], T]) -> T: ...
 
     def over_limits(self, session_id: str) -> bool:
         return self.compactor.over_limits(self.context_state(session_id))
@@ -83,5 +88,5 @@ class CompactionCalls:
     ) -> list[Compaction]:
         """`compaction_history` with the archive's sizes counted beside the event loop:
         the first call on a session scans its whole archive (200 ms at 100,000 messages)."""
-        self.check_session(session_id)
+        await self.beside_loop_if_shared(lambda: self.check_session(session_id))
         return await self.archive_sizes.rows_async(session_id, limit)

@@ -6,8 +6,9 @@ keeps each session's rendered parts between reads. A part of `Engine`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ctxd.daemon.compaction.rules import render_summary_message
 from ctxd.daemon.config import Config
@@ -38,6 +39,8 @@ from ctxd.protocol.types import (
     SearchHit,
     Status,
 )
+
+T = TypeVar("T")
 
 
 class ContextReads:
@@ -229,9 +232,18 @@ class ContextReads:
     ) -> ArchiveSearchResult:
         """`search_result` run beside the event loop, so other requests go on meanwhile."""
         if session_id is not None:
-            self.check_session(session_id)
+            await self.beside_loop_if_shared(lambda: self.check_session(session_id))
         hits, matched = await self.store.search_async(query, session_id=session_id, **kw)
-        return ArchiveSearchResult(hits=self._annotate(hits), matched=matched)
+        annotated = await self.beside_loop_if_shared(lambda: self._annotate(hits))
+        return ArchiveSearchResult(hits=annotated, matched=matched)
+
+    async def beside_loop_if_shared(self, fn: Callable[[], T]) -> T:
+        """`fn()`, beside the event loop on a shared store, where each store call it
+        makes may be a round trip (a session checked, the hits' `#N` and context marks
+        from sessions this daemon does not keep); on the loop on the embedded store."""
+        if self.shared:
+            return await self.store.read_async(lambda _archive: fn())
+        return fn()
 
     def _supersessions(self, session_id: str) -> dict[int, int]:
         return self.context_state(session_id).summary.supersessions
