@@ -82,7 +82,8 @@ class ActiveContexts(Protocol):
 
     def render(self, session_id: str, st: ContextState) -> list[dict[str, Any]]: ...
 
-    def summary_tokens(self, session_id: str, summary: Summary) -> int: ...
+    def summary_tokens(self, session_id: str, summary: Summary,
+                       pins: list[str] | None = None) -> int: ...
 
     def status(self, session_id: str) -> Status: ...
 
@@ -201,12 +202,13 @@ class Compactor(OneAtATime):
             # a manual compaction or rebuild asked for while another one runs (often an
             # automatic one, here or on another daemon) waits for it, then runs on what
             # it left
-            if session_id in self.running or not self._try_shared(session_id):
+            if not await self._take_if_free(session_id):
                 begun = await self._wait_for_running(session_id, cid, trigger)
             locked = True
         try:
             # read first: the checks below and marking the session running are made with
-            # nothing awaited between them
+            # nothing awaited between them (the shared lock's round trips excepted:
+            # `_take_if_free` looks at the running mark again after them)
             pending = await self.beside_loop(
                 session_id, lambda: self.store.runs.pending_count(session_id))
             if pending:
@@ -221,14 +223,18 @@ class Compactor(OneAtATime):
                 raise CompactionInProgress(
                     "a compaction of this session is running; wait for context/didCompact"
                 )
-            if not locked and not self._try_shared(session_id):
+            if not locked and not await self._take_if_free(session_id):
+                if session_id in self.running:  # started here while the lock was asked for
+                    raise CompactionInProgress(
+                        "a compaction of this session is running; wait for context/didCompact"
+                    )
                 raise CompactionInProgress(
                     "another daemon is compacting this session; wait for context/didCompact "
                     "and try again"
                 )
         except BaseException:
             if locked:
-                self._release_shared(session_id)
+                await self._release_shared(session_id)
             raise
         self.running.add(session_id)
         self._idle.setdefault(session_id, asyncio.Event()).clear()
@@ -236,12 +242,12 @@ class Compactor(OneAtATime):
             under = not self.over_limits(await self.beside_loop(
                 session_id, lambda: self.contexts.context_state(session_id)))
         except BaseException:
-            self._unlock(session_id)
+            await self._unlock(session_id)
             raise
         if under and trigger == "auto":
             # due when it was scheduled, not now: on a shared store another daemon has
             # compacted the session since (compacting it again would only shrink the tail)
-            self._unlock(session_id)
+            await self._unlock(session_id)
             log.info("auto-compaction of %s skipped: compacted meanwhile", session_id)
             return None
         try:
@@ -257,7 +263,7 @@ class Compactor(OneAtATime):
                 self.auto_failures[session_id] = self.auto_failures.get(session_id, 0) + 1
             raise
         finally:
-            self._unlock(session_id)
+            await self._unlock(session_id)
         if not dry_run:
             if result.compaction_id:
                 self.auto_failures.pop(session_id, None)
@@ -327,7 +333,10 @@ class Compactor(OneAtATime):
             summary, leaving, departing = await self._summarize_upto(
                 a, st, region, boundary, rederive, pins, before
             )
-            grows = self.contexts.summary_tokens(session_id, summary) - st.summary_tokens
+            # with the pins as the attempt read them: on a shared store each reading of
+            # them is a round trip, and this runs on the event loop (the commit counts
+            # them again in its transaction)
+            grows = self.contexts.summary_tokens(session_id, summary, pins) - st.summary_tokens
             if grows < departing:
                 break
         # on a shared store the session may be being written through another daemon at
@@ -377,7 +386,7 @@ class Compactor(OneAtATime):
         start = st.tail_start_id or 0
         departing = sum(int(m.get("tokens", 0)) for m in region[:boundary] if m["id"] >= start)
         overhead = inputs.summary_overhead(
-            lambda s: self.contexts.summary_tokens(session_id, s), self.tokens.count_text
+            lambda s: self.contexts.summary_tokens(session_id, s, pins), self.tokens.count_text
         )
         # instruction preambles move into the summary message word for word, outside
         # the summary's own bound (preambles.py)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ctxd.daemon.config import CompactionPolicy
 from ctxd.protocol.errors import CompactionInProgress, CtxdError
@@ -18,6 +18,8 @@ from ctxd.protocol.types import ProgressValue
 # long, doubling up to the most (a short query each time)
 SHARED_POLL_FIRST = 0.05
 SHARED_POLL_MAX = 0.5
+
+T = TypeVar("T")
 
 
 class OneAtATime:
@@ -32,19 +34,41 @@ class OneAtATime:
 
         def _progress(self, session_id: str, token: str, value: ProgressValue) -> None: ...
 
-    def _unlock(self, session_id: str) -> None:
-        self.running.discard(session_id)
-        self._idle[session_id].set()
-        self._release_shared(session_id)
+        async def beside_loop(self, session_id: str, fn: Callable[[], T]) -> T: ...
 
-    def _try_shared(self, session_id: str) -> bool:
+    async def _unlock(self, session_id: str) -> None:
+        # the shared lock let go before the running mark: a compaction of the session
+        # started here next asks for the lock after it is released, never before
+        try:
+            await self._release_shared(session_id)
+        finally:
+            self.running.discard(session_id)
+            self._idle[session_id].set()
+
+    async def _take_if_free(self, session_id: str) -> bool:
         """Take the session's compaction lock shared with other daemons (always granted
-        on a store of one daemon's own)."""
-        return self._shared_lock is None or self._shared_lock(session_id)
+        on a store of one daemon's own) for a session no compaction of this daemon runs.
+        False when one runs here or another daemon holds the lock.
 
-    def _release_shared(self, session_id: str) -> None:
+        On a shared store the lock is asked for on the session's worker thread (round
+        trips to the server), so the running mark is looked at again once it is taken:
+        a lock this daemon holds is granted to it again, so a compaction started here
+        meanwhile must not be run beside. On the embedded store nothing is awaited."""
+        if session_id in self.running:
+            return False
+        if self._shared_lock is not None:
+            take = self._shared_lock
+            if not await self.beside_loop(session_id, lambda: take(session_id)):
+                return False
+        if session_id in self.running:
+            await self._release_shared(session_id)
+            return False
+        return True
+
+    async def _release_shared(self, session_id: str) -> None:
         if self._shared_release is not None:
-            self._shared_release(session_id)
+            release = self._shared_release
+            await self.beside_loop(session_id, lambda: release(session_id))
 
     async def _wait_for_running(self, session_id: str, cid: str, trigger: str) -> bool:
         """Wait, at most `wait_seconds`, until no compaction of the session runs, here or
@@ -76,10 +100,10 @@ class OneAtATime:
                             raise TimeoutError
                         await asyncio.wait_for(self._idle[session_id].wait(), left)
                         continue
-                    # checked with nothing awaited since: a lock this daemon holds is
-                    # granted to it again, so only a free session may ask for it
-                    if self._try_shared(session_id):
+                    if await self._take_if_free(session_id):
                         break
+                    if session_id in self.running:
+                        continue  # one started here meanwhile: wait for it as above
                     if left <= 0:
                         raise TimeoutError
                     # another daemon compacts it: its end is not told here, so look again

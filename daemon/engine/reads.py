@@ -314,8 +314,12 @@ class ContextReads:
             self.view.pins_changed(session_id)
         return pin_struct(pin)
 
-    def summary_tokens(self, session_id: str, summary: Summary) -> int:
-        text = render_summary_message(self.pin_texts(session_id), summary)
+    def summary_tokens(self, session_id: str, summary: Summary,
+                       pins: list[str] | None = None) -> int:
+        """The summary message's tokens, with the session's pins (`pins`: their texts
+        as the caller read them, so that nothing is asked of the store)."""
+        texts = self.pin_texts(session_id) if pins is None else pins
+        text = render_summary_message(texts, summary)
         return self.tokens.count_message({"role": "system", "content": text}) if text else 0
 
     def _refresh_summary_tokens(self, session_id: str) -> None:
