@@ -394,3 +394,48 @@ def test_every_request_that_reads_or_writes_the_store_leaves_the_event_loop_free
     finally:
         d.stop()
         proxy.close()
+
+
+def test_a_compaction_takes_and_lets_go_its_lock_beside_the_event_loop(
+    pg_cluster: PgCluster, pg_dsn: str, tmp_path: Path
+) -> None:
+    """Behind 200 ms round trips, while a compaction asks for its session's lock shared
+    with other daemons (two round trips), reads, commits and lets the lock go, another
+    client's heartbeats, sent all along, each come back in less than one round trip: on
+    the event loop, those round trips would hold them."""
+    import threading
+
+    proxy, d = _daemon_behind_slow_server(pg_cluster, pg_dsn, tmp_path)
+    try:
+        with d.client() as a, d.client() as b:
+            sid = a.create_session(title="far")["sessionId"]
+            for turn in range(3):
+                a.append(sid, tool_turn(turn))
+            b.heartbeat()
+            done = threading.Event()
+            out: list[Any] = []
+
+            def compact() -> None:
+                try:
+                    out.append(a.compact(sid, force=True))
+                finally:
+                    done.set()
+
+            t = threading.Thread(target=compact)
+            t0 = time.perf_counter()
+            t.start()
+            waits = []
+            while not done.is_set():
+                h0 = time.perf_counter()
+                b.heartbeat()
+                waits.append(time.perf_counter() - h0)
+                time.sleep(0.01)
+            took = time.perf_counter() - t0
+            t.join(60)
+            assert out and out[0]["compactionId"], out
+            assert took >= 0.8  # four round trips at least: the test shows something
+            assert len(waits) >= 20
+            assert max(waits) < 0.19, sorted(waits)[-5:]
+    finally:
+        d.stop()
+        proxy.close()

@@ -116,6 +116,9 @@ class Engine(ContextReads, RunsAndApprovals, CompactionCalls):
         self._share_event: EventListener | None = (
             self.shared_store.share_event if self.shared_store else None
         )
+        # events emitted on the loop, being told to the other daemons (held: a task
+        # nobody refers to may be collected before it has run)
+        self._telling: set[asyncio.Future[None]] = set()
         self.compactor = Compactor(
             self,
             store,
@@ -157,9 +160,27 @@ class Engine(ContextReads, RunsAndApprovals, CompactionCalls):
 
     def emit(self, session_id: str, method: str, params: msgspec.Struct) -> None:
         self.emit_local(session_id, method, params)
-        if self._share_event is not None:
-            # other daemons are told in the wire form (stores/postgres/events.py)
-            self._share_event(session_id, method, msgspec.to_builtins(params))
+        share = self._share_event
+        if share is None:
+            return
+        # other daemons are told in the wire form (stores/postgres/events.py)
+        wire = msgspec.to_builtins(params)
+        if self._loop is not None and threading.get_ident() == self._loop_thread:
+            # a statement is a round trip: from the event loop (a compaction's progress
+            # and its end, a run its client left), on the session's worker thread, in
+            # the session's order, while the loop serves on
+            assert self.shared_store is not None
+            told = self.shared_store.in_lane(session_id,
+                                             lambda: share(session_id, method, wire))
+            self._telling.add(told)
+            told.add_done_callback(self._told)
+            return
+        share(session_id, method, wire)
+
+    def _told(self, told: asyncio.Future[None]) -> None:
+        self._telling.discard(told)
+        if not told.cancelled() and told.exception() is not None:
+            log.error("telling other daemons of an event failed", exc_info=told.exception())
 
     @contextmanager
     def as_committed(self, session_id: str) -> Iterator[None]:

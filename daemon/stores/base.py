@@ -53,6 +53,7 @@ only stores and finds.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -315,8 +316,9 @@ class SharedStore(Store, Protocol):
     def keep_view(self, view: Any) -> None:
         """Let the reads ahead ask the engine's kept contexts what they hold."""
 
-    async def in_lane(self, session_id: str, fn: Callable[[], T]) -> T:
-        """`fn()` on a worker thread, after the session's earlier calls."""
+    def in_lane(self, session_id: str, fn: Callable[[], T]) -> asyncio.Future[T]:
+        """`fn()` on a worker thread, after the session's earlier calls (its place in
+        their order taken when called)."""
 
     async def wait_session(self, session_id: str, timeout: float) -> None:
         """Wait beside the event loop until no connection holds the session's lock."""

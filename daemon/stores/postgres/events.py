@@ -220,7 +220,9 @@ async def watch_orphaned_runs(engine: Any, lease_runs: Any, interval: float) -> 
     while True:
         await asyncio.sleep(interval)
         try:
-            orphans = engine.store.runs.adopt_orphans()
+            # round trips (and a connection made when the daemon's own was lost): beside
+            # the event loop
+            orphans = await asyncio.to_thread(engine.store.runs.adopt_orphans)
         except Exception:  # the server is away: look again next time
             log.debug("could not look for orphaned runs", exc_info=True)
             continue

@@ -13,6 +13,7 @@ another daemon adopts its runs.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
@@ -68,6 +69,9 @@ class DaemonPresence:
         self._ever_held = False
         # when the row was last taken back after the holding connection ended
         self.retaken_at = -RETAKE_GRACE
+        # runs start on the sessions' worker threads and orphans are looked for on
+        # another: one of them at a time makes or checks the holding connection
+        self._lock = threading.Lock()
 
     def _connect(self) -> psycopg.Connection:
         return self.main.lock_holder()
@@ -77,6 +81,13 @@ class DaemonPresence:
         still lives (else the connection's own state is trusted). Says whether the row
         was "held" already, "taken" for the first time, or "retaken" after the holding
         connection ended (runs adopted by others meanwhile are theirs)."""
+        c = self._holder
+        if c is not None and not c.closed and not c.broken and not check:
+            return "held"  # the common case, without waiting for the lock
+        with self._lock:
+            return self._hold(check)
+
+    def _hold(self, check: bool) -> str:
         c = self._holder
         if c is not None and not c.closed and not c.broken:
             if not check:

@@ -131,24 +131,33 @@ class ReadsAhead:
             with self.conn.prefetch(more):
                 yield
 
-    async def in_lane(self, session_id: str, fn: Callable[[], T]) -> T:
+    def in_lane(self, session_id: str, fn: Callable[[], T]) -> asyncio.Future[T]:
         """`fn()` on a worker thread (each with a connection of its own), after every
         call given before it about the same session: one session's calls run one after
         another, in the order given; other sessions' run beside them on the other
-        threads, and the event loop waits on none."""
+        threads, and the event loop waits on none. The call's place in its session's
+        order is taken here, when it is given, not when its result is awaited: a call
+        nobody waits for (an event told to the other daemons) keeps its place too."""
         loop = asyncio.get_running_loop()
         lanes = self._lane_pool()
         before = self._session_tails.get(session_id)
         mine: asyncio.Future[None] = loop.create_future()
         self._session_tails[session_id] = mine
-        try:
+
+        async def after_before() -> T:
             if before is not None:
                 await asyncio.wait([before])  # its outcome is its own caller's
             return await loop.run_in_executor(lanes, fn)
-        finally:
+
+        def done(_: object) -> None:
+            # also for a task cancelled before it began: the session's next call runs
             mine.set_result(None)
             if self._session_tails.get(session_id) is mine:
                 del self._session_tails[session_id]
+
+        task = loop.create_task(after_before())
+        task.add_done_callback(done)
+        return task
 
     def _lane_pool(self) -> ThreadPoolExecutor:
         if self._lanes is None:
