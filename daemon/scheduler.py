@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from ctxd.daemon.busy import when_free_off_loop
 from ctxd.daemon.engine import Engine
 from ctxd.protocol.errors import CompactionInProgress, CtxdError, RunActive
 from ctxd.protocol.types import Approval, Run, RunFinishResult, Status
@@ -35,6 +36,9 @@ class AutoCompactor:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        # runs being marked interrupted beside the loop (a shared store): a shutdown
+        # lets them finish too
+        self._interrupting: set[asyncio.Task[None]] = set()
 
     def maybe_schedule(
         self, session_id: str, *, due: bool | None = None, status: Status | None = None
@@ -79,7 +83,7 @@ class AutoCompactor:
     async def drain(self, timeout: float) -> None:
         """Let running compactions finish (at shutdown); cancel what is left: a cancelled
         compaction has committed nothing."""
-        tasks = self.running()
+        tasks = [*self.running(), *self._interrupting]
         if not tasks:
             return
         _, pending = await asyncio.wait(tasks, timeout=timeout)
@@ -139,7 +143,29 @@ class Scheduler(AutoCompactor):
 
     def client_gone(self, run_ids: set[str]) -> None:
         """Runs whose client went away without run/finish."""
-        self.engine.interrupt_runs(run_ids)
+        self._interrupt(run_ids)
+
+    def _interrupt(self, run_ids: set[str]) -> None:
+        if not self.engine.shared:
+            self.engine.interrupt_runs(run_ids)
+            return
+        # on a shared store each run is read, then finished in a transaction of its own:
+        # round trips, made beside the loop, each in its session's order
+        task = asyncio.get_running_loop().create_task(self._interrupt_beside_loop(run_ids))
+        self._interrupting.add(task)
+        task.add_done_callback(self._interrupting.discard)
+
+    async def _interrupt_beside_loop(self, run_ids: set[str]) -> None:
+        store = self.engine.store
+        for rid in sorted(run_ids):
+            try:
+                run = await store.read_async(lambda _archive, rid=rid: self.engine.runs.get(rid))
+                if run is None or run.status != "open":
+                    continue
+                await when_free_off_loop(store, run.session_id,
+                                         lambda rid=rid: self.engine.interrupt_runs({rid}))
+            except Exception:
+                log.exception("marking run %s interrupted failed", rid)
 
     def lease_stale_runs(self, run_ids: set[str]) -> None:
         """Runs left open by a daemon that died. A client that comes back claims its run
@@ -162,4 +188,4 @@ class Scheduler(AutoCompactor):
         if stale:
             log.info("runs left open by a previous daemon and not claimed: interrupted %s",
                      sorted(stale))
-            self.engine.interrupt_runs(stale)
+            self._interrupt(stale)

@@ -439,3 +439,37 @@ def test_a_compaction_takes_and_lets_go_its_lock_beside_the_event_loop(
     finally:
         d.stop()
         proxy.close()
+
+
+def test_runs_a_departing_client_leaves_open_are_interrupted_beside_the_event_loop(
+    pg_cluster: PgCluster, pg_dsn: str, tmp_path: Path
+) -> None:
+    """Behind 200 ms round trips, a JSON-RPC client that goes away with two runs open
+    has them marked interrupted (each read, then finished in a transaction: several
+    round trips), while another client's heartbeats, sent all along, each come back in
+    less than one round trip."""
+    proxy, d = _daemon_behind_slow_server(pg_cluster, pg_dsn, tmp_path)
+    try:
+        with d.client() as b:
+            sids = [b.create_session(title=f"s{i}")["sessionId"] for i in range(2)]
+            with d.client(wire="jsonrpc") as a:
+                runs = [a.start_run(sid)["runId"] for sid in sids]
+                assert all(b.context_status(sid)["activeRunId"] for sid in sids)
+            t0 = time.perf_counter()
+            waits = []
+            while time.perf_counter() - t0 < 30:
+                h0 = time.perf_counter()
+                b.heartbeat()
+                waits.append(time.perf_counter() - h0)
+                if len(waits) % 10 == 0 and not any(
+                        b.context_status(sid)["activeRunId"] for sid in sids):
+                    break
+                time.sleep(0.01)
+            assert not any(b.context_status(sid)["activeRunId"] for sid in sids)
+            assert len(waits) >= 10
+            assert max(waits) < 0.19, sorted(waits)[-5:]
+            # the sessions are free: a new run starts in each
+            assert all(b.start_run(sid)["runId"] not in runs for sid in sids)
+    finally:
+        d.stop()
+        proxy.close()
