@@ -109,21 +109,59 @@ def _cut(value: Any) -> Any:
 def relay(
     engine: Any, ref: dict[str, Any], watched: Callable[[str], bool] | None = None
 ) -> None:
-    """Emit, to this daemon's subscribers, the event another daemon sent (on the event
-    loop); nothing is read for a session `watched` says nobody here watches."""
+    """Emit, to this daemon's subscribers, the event another daemon sent, reading what
+    it names here; nothing is read for a session `watched` says nobody here watches."""
     method = ref.get("m", "session/didAppend")
     session_id = ref["s"]
     try:
-        engine.store.note_event(ref)
-        if watched is not None and not watched(session_id):
-            log.debug("%s of %s not relayed: no subscriber here (%d so far)",
-                      method, session_id, next(_unwatched))
+        if not _to_relay(engine, ref, watched):
             return
         params = _params(engine, method, session_id, ref)
         if params is not None:
             engine.emit_local(session_id, method, params)
     except Exception:  # a storage error: the event is lost, clients can re-read
         log.warning("could not relay %s of %s", method, session_id, exc_info=True)
+
+
+def relay_beside_loop(
+    engine: Any, ref: dict[str, Any], watched: Callable[[str], bool] | None = None
+) -> None:
+    """`relay` from the event loop: what the event names is read on its session's
+    worker thread, in the session's order (a round trip or two), and the event emitted
+    on the loop once read; the events of one session keep their order."""
+    method = ref.get("m", "session/didAppend")
+    session_id = ref["s"]
+    try:
+        if not _to_relay(engine, ref, watched):
+            return
+        read = engine.store.in_lane(session_id, lambda: _params(engine, method, session_id, ref))
+    except Exception:
+        log.warning("could not relay %s of %s", method, session_id, exc_info=True)
+        return
+
+    def emit(done: asyncio.Future[Any]) -> None:
+        if done.cancelled():
+            return
+        if done.exception() is not None:  # a storage error: as in `relay`
+            log.warning("could not relay %s of %s", method, session_id,
+                        exc_info=done.exception())
+            return
+        params = done.result()
+        if params is not None:
+            engine.emit_local(session_id, method, params)
+
+    read.add_done_callback(emit)
+
+
+def _to_relay(engine: Any, ref: dict[str, Any], watched: Callable[[str], bool] | None) -> bool:
+    """Noted (compactions elsewhere); whether anyone here watches its session."""
+    engine.store.note_event(ref)
+    session_id = ref["s"]
+    if watched is not None and not watched(session_id):
+        log.debug("%s of %s not relayed: no subscriber here (%d so far)",
+                  ref.get("m", "session/didAppend"), session_id, next(_unwatched))
+        return False
+    return True
 
 
 def _params(
@@ -200,7 +238,8 @@ def start_relay(engine: Any, loop: Any, hub: Any = None) -> asyncio.Task[None]:
         for session_id in hub.watched_sessions():
             store.watch(session_id, True)
         hub.add_watch_hook(follow)
-    engine.store.listen(lambda ref: loop.call_soon_threadsafe(relay, engine, ref, watched))
+    engine.store.listen(
+        lambda ref: loop.call_soon_threadsafe(relay_beside_loop, engine, ref, watched))
     return loop.create_task(watch_listener(engine.store))
 
 
