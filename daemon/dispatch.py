@@ -388,11 +388,29 @@ class Dispatcher(RequestFlow):
                 p.run_id, p.outcome, messages=p.messages, client_batch_id=p.client_batch_id
             )
 
-        sid = None if p.return_context else self.off_loop.session_of("run/finish", p.run_id)
-        if sid is not None:
-            return self.off_loop.run(conn, sid, finish,
-                                     lambda result: self._run_finished(conn, p, result))
-        return self._run_finished(conn, p, finish())
+        if not self.off_loop.wants("run/finish"):
+            return self._run_finished(conn, p, finish())
+
+        def finish_with_context() -> types.RunFinishResult:
+            result = finish()
+            if p.return_context:  # read on the same worker thread, as an append's
+                appended = (result.append if isinstance(result.append, types.AppendResult)
+                            else None)
+                _set_context(result, self.replies.get_now(
+                    result.run.session_id, appended=_stored(appended)))
+            return result
+
+        def finished(result: types.RunFinishResult) -> Any:
+            conn.open_runs.discard(p.run_id)
+            return self.scheduler.after_run_finished(result)
+
+        sid = self.off_loop.session_of("run/finish", p.run_id)
+        return self.off_loop.run(conn, sid, finish_with_context, finished,
+                                 find=None if sid else lambda: self._session_of_run(p.run_id))
+
+    def _session_of_run(self, run_id: str) -> str | None:
+        run = self.engine.runs.get(run_id)
+        return run.session_id if run is not None else None
 
     def _run_finished(
         self, conn: Connection, p: Any, result: types.RunFinishResult, gated: bool = False
@@ -418,13 +436,30 @@ class Dispatcher(RequestFlow):
         def resolve() -> types.Approval:
             return self.engine.resolve_approval(p.approval_id, p.decision, p.reason)
 
-        sid = self.off_loop.session_of("approval/resolve", p.approval_id)
-        if sid is not None:
-            return self.off_loop.run(conn, sid, resolve, self._approval_resolved)
-        return self._approval_resolved(resolve())
+        if not self.off_loop.wants("approval/resolve"):
+            return self._approval_resolved(resolve())
 
-    def _approval_resolved(self, approval: types.Approval) -> types.Approval:
-        self.scheduler.after_approval_resolved(approval)
+        def resolve_beside() -> tuple[types.Approval, bool]:
+            # whether a held-back compaction is due now, asked here: the session's
+            # context may not be kept by this daemon
+            approval = resolve()
+            return approval, self.engine.auto_compaction_due(approval.session_id)
+
+        def resolved(done: tuple[types.Approval, bool]) -> types.Approval:
+            return self._approval_resolved(*done)
+
+        sid = self.off_loop.session_of("approval/resolve", p.approval_id)
+        return self.off_loop.run(conn, sid, resolve_beside, resolved,
+                                 find=None if sid else lambda: self._session_of_approval(
+                                     p.approval_id))
+
+    def _session_of_approval(self, approval_id: str) -> str | None:
+        approval = self.engine.runs.get_approval(approval_id)
+        return approval.session_id if approval is not None else None
+
+    def _approval_resolved(self, approval: types.Approval, due: bool | None = None
+                           ) -> types.Approval:
+        self.scheduler.after_approval_resolved(approval, due)
         return approval
 
     @serves(APPROVAL_REQUEST, connection=True)

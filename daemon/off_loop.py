@@ -95,17 +95,16 @@ class OffLoop:
         return self.enabled and method in OFF_LOOP
 
     def run(self, conn: Connection, session_id: str | None, call: Callable[[], T],
-            then: Callable[[T], Any] | None = None) -> InTurn:
+            then: Callable[[T], Any] | None = None,
+            find: Callable[[], str | None] | None = None) -> InTurn:
         """`call()` on a worker thread after the session's earlier calls (run again
         while the session is busy elsewhere, as on the loop), then `then(result)` on the
         loop; the connection's turn is taken now, before anything else of its is read.
         A request that names no session (`session/list`, `session/create` without an
-        id) waits for no other: its connection's turn keeps its order."""
+        id) waits for no other: its connection's turn keeps its order. `find`: the
+        session is not known here but `find()` reads it (a run's or an approval's),
+        beside the loop first; None from it, as no session."""
         loop = asyncio.get_running_loop()
-        if session_id is None:
-            self._unnamed += 1
-            # a key of its own (a session so named would only share its order)
-            session_id = f"\0request {self._unnamed}"
         if not self._bound:
             self.engine.serve_off_loop(loop)
             self._bound = True
@@ -114,7 +113,14 @@ class OffLoop:
 
         async def work() -> Any:
             try:
-                result = await when_free_off_loop(self.store, session_id, call)
+                sid = session_id
+                if find is not None:
+                    sid = await self.store.read_async(lambda _archive: find())
+                if sid is None:
+                    self._unnamed += 1
+                    # a key of its own (a session so named would only share its order)
+                    sid = f"\0request {self._unnamed}"
+                result = await when_free_off_loop(self.store, sid, call)
                 return then(result) if then is not None else result
             finally:
                 turn.set_result(None)

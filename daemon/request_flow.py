@@ -248,7 +248,9 @@ class RequestFlow:
             prepared = None
             if large:
                 if method == "messages/append":
-                    self.engine.require_session(p.session_id)
+                    sid = p.session_id
+                    await self.engine.beside_loop_if_shared(
+                        lambda: self.engine.require_session(sid))
                 prepared = await asyncio.to_thread(self.engine.prepare_append, p.messages)
             if before is not None:
                 await before

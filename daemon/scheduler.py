@@ -119,10 +119,12 @@ class Scheduler(AutoCompactor):
             )
         return result
 
-    def after_approval_resolved(self, approval: Approval) -> None:
+    def after_approval_resolved(self, approval: Approval, due: bool | None = None) -> None:
+        """`due`: whether auto-compaction was due just after, if the caller asked (on a
+        shared store, beside the loop: the context may have to be read)."""
         # a run that finished while this approval was pending scheduled nothing: with the
         # last approval resolved and no run open, the held-back compaction is due now
-        self.maybe_schedule(approval.session_id)
+        self.maybe_schedule(approval.session_id, due=due)
 
     # runs without a client
 

@@ -175,19 +175,25 @@ def test_daemons_as_hosts_reach_the_database_through_the_proxy(
 def _daemon_behind_slow_server(pg_cluster: PgCluster, pg_dsn: str, tmp_path: Path,
                                ) -> tuple[DelayProxy, Any]:
     """A daemon reaching the test database through 200 ms round trips (a proxy)."""
-    from tests.helpers import DaemonProcess
 
     proxy = DelayProxy(("127.0.0.1", pg_cluster.port), 200).start()
+    try:
+        return proxy, _another_daemon(proxy, pg_dsn, tmp_path / "d")
+    except BaseException:
+        proxy.close()
+        raise
+
+
+def _another_daemon(proxy: DelayProxy, pg_dsn: str, root: Path) -> Any:
+    """A daemon of its own data directory `root` on the test database, through `proxy`."""
+    from tests.helpers import DaemonProcess
+
     db = pg_dsn.rsplit("dbname=", 1)[1]
     env = {"CTXD_STORE": "postgres",
            "CTXD_POSTGRES_DSN": f"host=127.0.0.1 port={proxy.port} user={SUPERUSER} dbname={db}",
            "CTXD_POSTGRES_PASSWORD_ENV": "PGT_PW", "PGT_PW": PASSWORD}
-    (tmp_path / "d").mkdir()
-    try:
-        return proxy, DaemonProcess(tmp_path / "d", env=env).start(timeout=120)
-    except BaseException:
-        proxy.close()
-        raise
+    root.mkdir()
+    return DaemonProcess(root, env=env).start(timeout=120)
 
 
 def test_the_event_loop_serves_others_while_an_append_waits_on_the_server(
@@ -472,4 +478,70 @@ def test_runs_a_departing_client_leaves_open_are_interrupted_beside_the_event_lo
             assert all(b.start_run(sid)["runId"] not in runs for sid in sids)
     finally:
         d.stop()
+        proxy.close()
+
+
+def test_runs_and_approvals_another_daemon_began_are_ended_beside_the_event_loop(
+    pg_cluster: PgCluster, pg_dsn: str, tmp_path: Path
+) -> None:
+    """Behind 200 ms round trips, an approval and a run begun through one daemon are
+    resolved and finished (with the context returned) through another, which did not see
+    them begin and so reads their session first, and the first daemon's events are
+    relayed to a client of the second: all along, heartbeats of a third client on that
+    daemon each come back in less than one round trip."""
+    import threading
+
+    proxy, d1 = _daemon_behind_slow_server(pg_cluster, pg_dsn, tmp_path)
+    d2 = None
+    try:
+        d2 = _another_daemon(proxy, pg_dsn, tmp_path / "d2")
+        with d1.client() as a1, d2.client() as a2, d2.client() as b:
+            sid = a1.create_session(title="begun elsewhere")["sessionId"]
+            b.heartbeat()
+
+            def beside(call: Any) -> tuple[Any, list[float]]:
+                done = threading.Event()
+                out: list[Any] = []
+
+                def run() -> None:
+                    try:
+                        out.append(call())
+                    finally:
+                        done.set()
+
+                t = threading.Thread(target=run)
+                t.start()
+                waits = []
+                while not done.is_set():
+                    h0 = time.perf_counter()
+                    b.heartbeat()
+                    waits.append(time.perf_counter() - h0)
+                    time.sleep(0.01)
+                t.join(60)
+                assert out, "the call failed"
+                return out[0], waits
+
+            # a client of the second daemon watches the session: what the first one's
+            # events name is read there (a round trip or two each) beside its loop
+            a2.subscribe(sid)
+            run_id = a1.start_run(sid)["runId"]
+            _, waits = beside(lambda: [a1.append(sid, [{"role": "user", "content": f"n{i}"}],
+                                                 run_id=run_id) for i in range(3)])
+            assert len(waits) >= 10 and max(waits) < 0.19, sorted(waits)[-5:]
+            a1.append(sid, tool_turn(0)[:1], run_id=run_id)
+            apr = a1.request_approval(sid, run_id, "call_0", "read_file")["approvalId"]
+            resolved, waits = beside(lambda: a2.resolve_approval(apr, "approved"))
+            assert resolved["status"] == "approved"
+            assert len(waits) >= 10 and max(waits) < 0.19, sorted(waits)[-5:]
+            finished, waits = beside(lambda: a2.finish_run(
+                run_id, "completed", messages=[tool_turn(0)[1]], return_context=True))
+            assert finished["run"]["status"] == "completed"
+            shown = finished["context"]["messages"]
+            assert any(m.get("tool_call_id") == "call_0" for m in shown)
+            assert len(waits) >= 10 and max(waits) < 0.19, sorted(waits)[-5:]
+            assert a1.context_status(sid)["activeRunId"] is None
+    finally:
+        if d2 is not None:
+            d2.stop()
+        d1.stop()
         proxy.close()
