@@ -97,3 +97,43 @@ def test_a_transactions_reads_go_with_its_lock_and_answer_as_alone(
     # BEGIN, the lock and the reads; the write and the COMMIT
     assert trips == [2] * RUNS
     assert conn.execute("SELECT n FROM things WHERE id = 4").fetchone() == (-3 - RUNS,)
+
+
+INSERT = "INSERT INTO things(id, owner, label) VALUES (?, ?, ?)"
+
+
+def labels(conn: PgConnection) -> list[Any]:
+    return conn.execute("SELECT id, label FROM things WHERE id > 10 ORDER BY id").fetchall()
+
+
+def test_a_write_kept_back_goes_before_the_next_statement_or_the_commit(
+    far: tuple[DelayProxy, PgConnection],
+) -> None:
+    _, conn = far
+    assert not conn.hold(INSERT, (10, "z", "outside"))  # no pipelined transaction: not kept
+    with conn.transaction("s1", READS):
+        assert conn.hold(INSERT, (11, "z", "kept"))
+        assert labels(conn) == [(11, "kept")]  # sent ahead of the read, seen by it
+    with conn.transaction("s1", READS):
+        assert conn.hold(INSERT, (12, "z", "at commit"))
+    assert labels(conn) == [(11, "kept"), (12, "at commit")]
+    with conn.transaction("s1", READS):
+        assert conn.hold(INSERT, (13, "z", "taken"))
+        assert conn.take_held({"SELECT 1"}) is None  # not one the caller can take
+        held = conn.take_held({INSERT})
+        assert held == (INSERT, (13, "z", "taken"))
+        conn.execute(INSERT, (14, "z", "instead"))
+    assert labels(conn) == [(11, "kept"), (12, "at commit"), (14, "instead")]
+
+
+def test_a_write_kept_back_in_a_failed_transaction_is_not_written(
+    far: tuple[DelayProxy, PgConnection],
+) -> None:
+    _, conn = far
+    with pytest.raises(RuntimeError), conn.transaction("s1", READS):
+        assert conn.hold(INSERT, (21, "z", "lost"))
+        raise RuntimeError("the request fails before its commit")
+    assert labels(conn) == []
+    with conn.transaction("s1", READS):  # nothing of the failed one left kept back
+        pass
+    assert labels(conn) == []

@@ -12,8 +12,12 @@ as it would not through JSON), and an array keeps the order its subselect gave i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any
+
+import psycopg
+
+from ctxd.daemon.stores.postgres.conn_state import _key
 
 
 def statement(reads: Sequence[tuple[str, Sequence[Any]]]) -> tuple[str, list[Any]]:
@@ -36,12 +40,39 @@ def answers(row: Sequence[Any] | None, n: int) -> list[list[Any]]:
 COUNTED = 256
 
 
+def send(
+    raw: psycopg.Connection, reads: Sequence[tuple[str, Sequence[Any]]], prepare: bool,
+    convert: Callable[[str], str], memo: dict[Any, list[Any]],
+) -> Callable[[], None]:
+    """Send `reads` (`?` placeholders, `convert` makes them psycopg's) as one statement,
+    several as one bundle; the call returned, once they are answered, keeps each read's
+    rows in `memo` (PgConnection's)."""
+    keys = [_key(sql, params) for sql, params in reads]
+    single = len(reads) == 1
+    if single:
+        sql, params = reads[0]
+        cur = raw.execute(convert(sql), params or None, prepare=prepare)
+    else:
+        sql, params = statement([(convert(q), p) for q, p in reads])
+        cur = raw.execute(sql, params, prepare=prepare, binary=True)
+
+    def keep() -> None:
+        rows_of = [cur.fetchall()] if single else answers(cur.fetchone(), len(keys))
+        for key, rows in zip(keys, rows_of, strict=True):
+            if key is not None:
+                memo[key] = rows
+
+    return keep
+
+
 def preparing(
-    runs: dict[tuple[str, ...], int], texts: tuple[str, ...], threshold: int | None
+    runs: dict[tuple[str, ...], int], reads: Sequence[str], planned_per_call: Container[str],
+    threshold: int | None,
 ) -> tuple[bool, bool]:
-    """How to send a read ahead (one statement or a bundle) whose reads are `texts`:
-    (prepare it, in a pipeline), given how often this connection ran it (`runs`,
-    counted here).
+    """How to send a read ahead (one statement or a bundle) whose reads are the
+    statements `reads`: (prepare it, in a pipeline), given how often this connection
+    ran it (`runs`, counted here). A read planned per call is never prepared (see
+    PgConnection.planned_per_call), nor is a bundle that holds one.
 
     psycopg prepares a statement on its `threshold`th run, and outside a pipeline waits
     for the server's answer to the Parse before it sends the Execute: one round trip
@@ -50,8 +81,9 @@ def preparing(
     statement, without a pipeline (psycopg's own pipeline costs some 75 us of CPU).
     The count is this connection's and starts over with a new one or after a rollback
     (psycopg then forgets what it prepared)."""
-    if threshold is None:
+    if threshold is None or any(sql in planned_per_call for sql in reads):
         return False, False
+    texts = tuple(reads)
     n = runs.get(texts, 0) + 1
     if n == 1 and len(runs) >= COUNTED:
         runs.clear()

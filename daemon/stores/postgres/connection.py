@@ -6,7 +6,7 @@ again."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -159,6 +159,8 @@ class PgConnection:
             rows = self._memo.pop(key, None) if self._depth else self._memo.get(key)
             if rows is not None:
                 return _Rows(rows)
+        if self._held is not None:
+            self._send_held()
         prepare = False if sql in self.planned_per_call else None
         try:
             return self.raw().execute(self._convert(sql), params or None, prepare=prepare)
@@ -183,6 +185,8 @@ class PgConnection:
             return self.execute(sql, params)
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if self._held is not None:
+            self._send_held()
         try:
             with self.raw().cursor() as cur:
                 cur.executemany(self._convert(sql), rows)
@@ -190,6 +194,31 @@ class PgConnection:
             raise self._reraise(exc) from None
         except pgerr.UniqueViolation as exc:
             raise _duplicate(exc) from None
+
+    def hold(self, sql: str, params: Sequence[Any]) -> bool:
+        """In a transaction whose reads were sent ahead (its statements pipelined, their
+        results unread): keep a write back, to be sent with the transaction's next
+        statement or its COMMIT, unless the next write takes it into its own statement
+        first (`take_held`); False (nothing kept) elsewhere."""
+        if not self._tx_reads or self._held is not None:
+            return False
+        self._held = (sql, params)
+        return True
+
+    def take_held(self, among: Container[str]) -> tuple[str, Sequence[Any]] | None:
+        """The write kept back (`hold`) if its statement is one of `among`: now the
+        caller's to send."""
+        held = self._held
+        if held is None or held[0] not in among:
+            return None
+        self._held = None
+        return held
+
+    def _send_held(self) -> None:
+        sql, params = self._held
+        self._held = None
+        self.raw().execute(self._convert(sql), params or None,
+                           prepare=False if sql in self.planned_per_call else None)
 
     def _reraise(self, exc: Exception) -> Exception:
         """A search's statement_timeout stays itself (it becomes SearchTooBroad); another
@@ -238,6 +267,8 @@ class PgConnection:
                 self.lock_session(session_id, pipelined=True)
                 self._send_reads(reads)
                 yield
+                if self._held is not None:
+                    self._send_held()
                 conn.execute("COMMIT")
             committed = True
         except pgerr.UniqueViolation as exc:
@@ -253,6 +284,7 @@ class PgConnection:
             self.locked_sessions.clear()
             self._unconfirmed = None
             self._tx_reads = False
+            self._held = None
             self._memo.clear()
             if not committed:
                 self.after_commit.clear()
@@ -320,33 +352,13 @@ class PgConnection:
         self, raw: psycopg.Connection, reads: Sequence[tuple[str, Sequence[Any]]],
         prepare: bool,
     ) -> Callable[[], None]:
-        """Send `reads` as one statement (several as one bundle, bundle.py); the call
-        returned, once they are answered, keeps each read's rows in the memo."""
-        keys = [_key(sql, params) for sql, params in reads]
-        single = len(reads) == 1
-        if single:
-            sql, params = reads[0]
-            cur = raw.execute(self._convert(sql), params or None, prepare=prepare)
-        else:
-            sql, params = bundle.statement([(self._convert(q), p) for q, p in reads])
-            cur = raw.execute(sql, params, prepare=prepare, binary=True)
-
-        def keep() -> None:
-            answers = [cur.fetchall()] if single else bundle.answers(cur.fetchone(), len(keys))
-            for key, rows in zip(keys, answers, strict=True):
-                if key is not None:
-                    self._memo[key] = rows
-
-        return keep
+        return bundle.send(raw, reads, prepare, self._convert, self._memo)
 
     def _preparing(
         self, raw: psycopg.Connection, reads: Sequence[tuple[str, Sequence[Any]]]
     ) -> tuple[bool, bool]:
-        """(prepare, in a pipeline) for reads sent ahead (bundle.preparing)."""
-        texts = tuple(sql for sql, _ in reads)
-        if any(sql in self.planned_per_call for sql in texts):
-            return False, False
-        return bundle.preparing(self._read_runs, texts, raw.prepare_threshold)
+        return bundle.preparing(self._read_runs, [sql for sql, _ in reads],
+                                self.planned_per_call, raw.prepare_threshold)
 
     @contextmanager
     def prefetch(self, reads: Sequence[tuple[str, Sequence[Any]]]) -> Iterator[None]:
@@ -396,6 +408,8 @@ class PgConnection:
         refusing the one that waited."""
         if session_id in self.locked_sessions:
             return
+        if self._held is not None:
+            self._send_held()
         raw = self.raw()
         try:
             if session_id in self.patient:
@@ -469,6 +483,7 @@ class PgConnection:
     _tx_reads = _shared("tx_reads")
     _prefetching = _shared("prefetching")
     _read_runs = _shared("read_runs")
+    _held = _shared("held")
 
 
 def connect(dsn: str, password: str | None, **kw: Any) -> psycopg.Connection:

@@ -158,10 +158,14 @@ class PgArchive(SqlArchive):
                  json.dumps({"m": "session/didAppend", "s": session_id, "b": batch_id,
                              "o": self.origin}),
                  now)
-        with c.pipeline():
-            # every row and the event in one statement (daemon/stores/postgres/batch_rows.py)
-            c.execute(*batch_rows.batch_writes(session_id, batch_id, client_batch_id, run_id,
-                                               digest, messages, ids, parts, now, event))
+        # every row and the event in one statement (daemon/stores/postgres/batch_rows.py),
+        # in the append's transaction kept back for the context's counts to join
+        # (PgContexts.bump_counts)
+        writes = batch_rows.batch_writes(session_id, batch_id, client_batch_id, run_id,
+                                         digest, messages, ids, parts, now, event)
+        if not c.hold(*writes):
+            with c.pipeline():
+                c.execute(*writes)
         return batch_id, ids, now
 
     origin = ""
