@@ -6,7 +6,9 @@ and the server parses, binds and answers: a turn of four messages wrote a dozen 
 as many statements, and those statements cost the daemon and the server more CPU than
 the rows did. Here every table's rows go as arrays in one `INSERT .. SELECT FROM
 unnest(..)`, and the tables' inserts are the WITH queries of one statement
-(`batch_writes`), inside the append's pipeline (the same round trip).
+(`batch_writes`), inside the append's pipeline (the same round trip). The batch's event
+(event_reader.RECORD: its row, and the notifications sent when the transaction commits)
+is in that statement too: a statement less for psycopg to build and the server to run.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ctxd.daemon.stores.postgres.event_reader import RECORD
 from ctxd.daemon.stores.sql.archive import INSERT_BATCH, tool_links
 
 MESSAGES = (
@@ -40,15 +43,21 @@ BATCH = INSERT_BATCH
 
 
 def _writes(tool_calls: bool, tool_results: bool) -> str:
-    """Every row of a batch in one statement: each table's INSERT a data-modifying WITH
-    query of the batch's own (the foreign keys between them are checked when the
-    statement ends, once every row is in)."""
-    parts = [("b", BATCH), ("m", MESSAGES)]
+    """Every row of a batch and its event in one statement: each table's INSERT a
+    data-modifying WITH query of the batch's own (the foreign keys between them are
+    checked when the statement ends, once every row is in), then RECORD's own WITH
+    query and its notifying SELECT, the statement's query."""
+    parts = [("wb", BATCH), ("wm", MESSAGES)]
     if tool_calls:
-        parts.append(("c", TOOL_CALLS))
+        parts.append(("wc", TOOL_CALLS))
     if tool_results:
-        parts.append(("r", TOOL_RESULTS))
-    return "WITH " + ", ".join(f"{name} AS ({sql})" for name, sql in parts) + " " + SEARCH
+        parts.append(("wr", TOOL_RESULTS))
+    parts.append(("ws", SEARCH))
+    return ("WITH " + ", ".join(f"{name} AS ({sql})" for name, sql in parts) + ", "
+            + RECORD.removeprefix("WITH "))
+
+
+assert RECORD.startswith("WITH e AS (INSERT ")  # a WITH query to join, then its SELECT
 
 
 # the batch's statement for each (tool calls?, tool results?)
@@ -61,11 +70,12 @@ BINARY = frozenset({MESSAGES, SEARCH, TOOL_CALLS, TOOL_RESULTS, *WRITES.values()
 def batch_writes(
     session_id: str, batch_id: int, client_batch_id: str | None, run_id: str | None,
     digest: str, messages: Sequence[tuple[dict[str, Any], str, int]], ids: Sequence[int],
-    parts: Sequence[list[str]], now: float,
+    parts: Sequence[list[str]], now: float, event: Sequence[Any],
 ) -> tuple[str, list[Any]]:
-    """The batch's row, its messages, their search parts and its tool calls and results
-    as one statement (one message for psycopg to build and the server to parse and
-    plan, where there were five): its SQL and parameters."""
+    """The batch's row, its messages, their search parts, its tool calls and results
+    and its event (`event`: RECORD's parameters) as one statement (one message for
+    psycopg to build and the server to parse and plan, where there were six): its SQL
+    and parameters."""
     params: list[Any] = [batch_id, session_id, client_batch_id, run_id, digest, ids[0],
                          ids[-1], now]
     params += message_rows(session_id, batch_id, messages, ids, now)[1]
@@ -73,6 +83,7 @@ def batch_writes(
     for sql in (TOOL_CALLS, TOOL_RESULTS):
         params += tools.get(sql, ())
     params += search_rows(ids, parts)[1]
+    params += event
     return WRITES[TOOL_CALLS in tools, TOOL_RESULTS in tools], params
 
 

@@ -33,6 +33,10 @@ class _State:
         # depth of nested prefetch blocks
         self.tx_reads = False
         self.prefetching = 0
+        # a write kept back in a pipelined transaction (PgConnection.hold)
+        self.held: tuple[str, Sequence[Any]] | None = None
+        # reads sent ahead -> how often `conn` ran them (bundle.preparing)
+        self.read_runs: dict[tuple[str, ...], int] = {}
         # PgConnection._epoch when `conn` was opened
         self.epoch = 0
 

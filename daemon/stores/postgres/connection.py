@@ -6,15 +6,17 @@ again."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from psycopg import errors as pgerr
 
+from ctxd.daemon.stores.postgres import bundle
 from ctxd.daemon.stores.postgres.conn_state import _key, _Rows, _shared, _State, _ThreadState
-from ctxd.protocol.errors import Conflict, SessionBusy, StorageError, StorageTimeout
+from ctxd.daemon.stores.postgres.pg_errors import _STORAGE, _duplicate, _storage, _timeout
+from ctxd.protocol.errors import SessionBusy, StorageError
 
 # A write transaction about one session first locks that session's row in `sessions`
 # (FOR NO KEY UPDATE, which foreign-key checks do not wait for): writes to one session
@@ -37,47 +39,6 @@ DEFAULT_LOCK_TIMEOUT = 5.0
 DEFAULT_STATEMENT_TIMEOUT = 30.0
 # seconds to reach the server when the DSN names no connect_timeout
 CONNECT_TIMEOUT = 10
-
-def _storage(exc: Exception) -> StorageError:
-    if isinstance(exc, pgerr.DiskFull):
-        what = "the database server's disk is full"
-    elif isinstance(exc, pgerr.ReadOnlySqlTransaction):
-        what = "the database is read-only (a standby, or default_transaction_read_only)"
-    elif isinstance(exc, psycopg.OperationalError):
-        what = f"the PostgreSQL server cannot be reached ({str(exc).strip() or type(exc).__name__})"
-    else:
-        what = f"the database could not be written ({type(exc).__name__}: {exc})"
-    return StorageError(
-        f"{what}; nothing was written: fix it and send the request again",
-        {"reason": type(exc).__name__},
-    )
-
-
-_STORAGE = (psycopg.OperationalError, pgerr.DiskFull, pgerr.ReadOnlySqlTransaction,
-            pgerr.InsufficientResources)
-
-
-def _timeout(exc: Exception, lock_s: float, statement_s: float) -> StorageTimeout:
-    if isinstance(exc, pgerr.LockNotAvailable):
-        what, bound, name = "a lock another connection holds", lock_s, "lock_timeout"
-    else:
-        what, bound, name = "the database server's answer", statement_s, "statement_timeout"
-    return StorageTimeout(
-        f"waited {bound:g} s ({name}) for {what}; nothing was written: send the request "
-        "again (if it keeps happening, look for a stuck connection in pg_stat_activity)",
-        {"reason": type(exc).__name__, "timeoutSeconds": bound},
-    )
-
-
-def _duplicate(exc: pgerr.UniqueViolation) -> Conflict:
-    """A row another daemon stored at the same moment (the engine checked before the
-    write lock that none existed): the retry is answered as any duplicate is."""
-    what = getattr(exc.diag, "constraint_name", None) or "a unique key"
-    return Conflict(
-        f"another daemon stored the same ids at the same moment ({what}); nothing of this "
-        "request was written: read the session (archive/read) before sending it again",
-        {"reason": "UniqueViolation"},
-    )
 
 
 class PgConnection:
@@ -162,6 +123,7 @@ class PgConnection:
                 c.close()
                 raise _storage(exc) from None
             self._conn = c
+            self._read_runs = {}
             self._s.epoch = self._epoch
             with self._opened_lock:
                 self._opened = [x for x in self._opened if not x.closed]
@@ -197,6 +159,8 @@ class PgConnection:
             rows = self._memo.pop(key, None) if self._depth else self._memo.get(key)
             if rows is not None:
                 return _Rows(rows)
+        if self._held is not None:
+            self._send_held()
         prepare = False if sql in self.planned_per_call else None
         try:
             return self.raw().execute(self._convert(sql), params or None, prepare=prepare)
@@ -221,6 +185,8 @@ class PgConnection:
             return self.execute(sql, params)
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if self._held is not None:
+            self._send_held()
         try:
             with self.raw().cursor() as cur:
                 cur.executemany(self._convert(sql), rows)
@@ -228,6 +194,31 @@ class PgConnection:
             raise self._reraise(exc) from None
         except pgerr.UniqueViolation as exc:
             raise _duplicate(exc) from None
+
+    def hold(self, sql: str, params: Sequence[Any]) -> bool:
+        """In a transaction whose reads were sent ahead (its statements pipelined, their
+        results unread): keep a write back, to be sent with the transaction's next
+        statement or its COMMIT, unless the next write takes it into its own statement
+        first (`take_held`); False (nothing kept) elsewhere."""
+        if not self._tx_reads or self._held is not None:
+            return False
+        self._held = (sql, params)
+        return True
+
+    def take_held(self, among: Container[str]) -> tuple[str, Sequence[Any]] | None:
+        """The write kept back (`hold`) if its statement is one of `among`: now the
+        caller's to send."""
+        held = self._held
+        if held is None or held[0] not in among:
+            return None
+        self._held = None
+        return held
+
+    def _send_held(self) -> None:
+        sql, params = self._held
+        self._held = None
+        self.raw().execute(self._convert(sql), params or None,
+                           prepare=False if sql in self.planned_per_call else None)
 
     def _reraise(self, exc: Exception) -> Exception:
         """A search's statement_timeout stays itself (it becomes SearchTooBroad); another
@@ -253,9 +244,12 @@ class PgConnection:
         session's row is locked first (see LOCK_SESSION), at once or not at all.
 
         With `reads` (and a session, outermost): BEGIN, the lock and the reads go in one
-        round trip, each read's rows kept for the `execute` that asks for it, and the
-        rest of the transaction stays pipelined, so its writes and the COMMIT go in one
-        more (a failure of a write surfaces at the commit)."""
+        round trip, the reads as one statement (bundle.py) after the lock's own: a
+        statement reads the snapshot taken when it starts, so reads in the lock's
+        statement could miss what the lock's last holder committed. Each read's rows
+        are kept for the `execute` that asks for it, and the rest of the transaction
+        stays pipelined, so its writes and the COMMIT go in one more (a failure of a
+        write surfaces at the commit)."""
         if not reads or session_id is None or self._depth:
             with self._transaction(session_id):
                 yield
@@ -273,6 +267,8 @@ class PgConnection:
                 self.lock_session(session_id, pipelined=True)
                 self._send_reads(reads)
                 yield
+                if self._held is not None:
+                    self._send_held()
                 conn.execute("COMMIT")
             committed = True
         except pgerr.UniqueViolation as exc:
@@ -288,9 +284,11 @@ class PgConnection:
             self.locked_sessions.clear()
             self._unconfirmed = None
             self._tx_reads = False
+            self._held = None
             self._memo.clear()
             if not committed:
                 self.after_commit.clear()
+                self._read_runs.clear()
                 self._rollback(conn)
         hooks, self.after_commit = self.after_commit, []
         for hook in hooks:
@@ -327,10 +325,12 @@ class PgConnection:
         except _STORAGE as exc:
             if self._depth == 0:
                 self.after_commit.clear()
+            self._read_runs.clear()
             raise self._reraise(exc) from None
         except BaseException:
             if self._depth == 0:
                 self.after_commit.clear()
+            self._read_runs.clear()
             raise
         if committed:
             hooks, self.after_commit = self.after_commit, []
@@ -342,25 +342,31 @@ class PgConnection:
         answer: one round trip. A read that fails (the session's lock refused first)
         raises here."""
         raw = self.raw()
-        curs = []
-        for sql, params in reads:
-            prepare = False if sql in self.planned_per_call else None
-            curs.append((_key(sql, params), raw.execute(
-                self._convert(sql), params or None, prepare=prepare)))
+        keep = self._sent(raw, reads, self._preparing(raw, reads)[0])
         if raw._pipeline is not None:  # inside a transaction's pipeline: answered now
             raw._pipeline.sync()
-        for key, cur in curs:
-            if key is not None:
-                self._memo[key] = cur.fetchall()
+        keep()
         self._unconfirmed = None
+
+    def _sent(
+        self, raw: psycopg.Connection, reads: Sequence[tuple[str, Sequence[Any]]],
+        prepare: bool,
+    ) -> Callable[[], None]:
+        return bundle.send(raw, reads, prepare, self._convert, self._memo)
+
+    def _preparing(
+        self, raw: psycopg.Connection, reads: Sequence[tuple[str, Sequence[Any]]]
+    ) -> tuple[bool, bool]:
+        return bundle.preparing(self._read_runs, [sql for sql, _ in reads],
+                                self.planned_per_call, raw.prepare_threshold)
 
     @contextmanager
     def prefetch(self, reads: Sequence[tuple[str, Sequence[Any]]]) -> Iterator[None]:
-        """Outside a transaction: `reads` sent together (one round trip) and answered,
-        inside the block, to every `execute` that asks for them (one snapshot for the
-        request the block wraps); forgotten when the outermost block ends, so nothing
-        read here is served later. A block inside another sends only what the outer
-        one has not read."""
+        """Outside a transaction: `reads` sent together (one statement, bundle.py: one
+        round trip and one snapshot for the request the block wraps) and answered,
+        inside the block, to every `execute` that asks for them; forgotten when the
+        outermost block ends, so nothing read here is served later. A block inside
+        another sends only what the outer one has not read."""
         if self._depth:
             yield
             return
@@ -380,14 +386,13 @@ class PgConnection:
             return
         try:
             raw = self.raw()
-            with raw.pipeline():  # answered together when the pipeline ends
-                curs = [(_key(sql, params), raw.execute(
-                    self._convert(sql), params or None,
-                    prepare=False if sql in self.planned_per_call else None,
-                )) for sql, params in reads]
-            for key, cur in curs:
-                if key is not None:
-                    self._memo[key] = cur.fetchall()
+            prepare, pipelined = self._preparing(raw, reads)
+            if raw._pipeline is None and not pipelined:  # one statement
+                self._sent(raw, reads, prepare)()
+            else:
+                with raw.pipeline():  # answered when this pipeline ends
+                    keep = self._sent(raw, reads, prepare)
+                keep()
         except _STORAGE as exc:
             raise self._reraise(exc) from None
 
@@ -403,6 +408,8 @@ class PgConnection:
         refusing the one that waited."""
         if session_id in self.locked_sessions:
             return
+        if self._held is not None:
+            self._send_held()
         raw = self.raw()
         try:
             if session_id in self.patient:
@@ -475,6 +482,8 @@ class PgConnection:
     _unconfirmed = _shared("unconfirmed")
     _tx_reads = _shared("tx_reads")
     _prefetching = _shared("prefetching")
+    _read_runs = _shared("read_runs")
+    _held = _shared("held")
 
 
 def connect(dsn: str, password: str | None, **kw: Any) -> psycopg.Connection:

@@ -3,8 +3,11 @@ upsert, and each session's summary decoded once per stored text."""
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
+from ctxd.daemon.stores.postgres.batch_rows import WRITES
 from ctxd.daemon.stores.sql.contexts import (
     ContextState,
     SqlContexts,
@@ -25,6 +28,17 @@ _CONTEXT_COLUMNS = (
 )
 
 
+# the cheap write an append makes (stores/sql/contexts.py bump_counts: counters and the
+# tail start, not the summary)
+BUMP = (
+    "UPDATE conversation_context SET system_ids = ?, tail_start_id = ?, "
+    "active_messages = ?, active_tokens = ?, updated_at = ? WHERE session_id = ?"
+)
+# a batch's statement (batch_rows.WRITES) with BUMP one more of its WITH queries (its
+# parameters first): another table's row, which none of the batch's queries touches
+WITH_COUNTS = {w: f"WITH wx AS ({BUMP}), " + w.removeprefix("WITH ") for w in WRITES.values()}
+
+
 class PgContexts(SqlContexts):
     """Contexts read on every request (other daemons write them too), with each
     session's summary decoded once per stored text: a summary of a few hundred items
@@ -34,6 +48,8 @@ class PgContexts(SqlContexts):
 
     def __init__(self, conn: Any) -> None:
         super().__init__(conn)
+        # the batch's arrays go in binary (batch_rows.BINARY)
+        conn.binary_params |= set(WITH_COUNTS.values())
         # session -> (the stored text, its Summary)
         self._summaries: dict[str, tuple[str, Summary]] = {}
 
@@ -51,6 +67,19 @@ class PgContexts(SqlContexts):
             self._summaries.clear()  # a bound, not a cache policy: rarely reached
         self._summaries[session_id] = (text, summary)
         return summary
+
+    def bump_counts(self, st: ContextState) -> None:
+        """After an append in its transaction: in the statement of the batch's rows,
+        kept back for it (PgArchive.append), one statement less for psycopg to build and
+        the server to run; alone otherwise."""
+        params = (json.dumps(st.system_ids), st.tail_start_id, st.active_messages,
+                  st.active_tokens, time.time(), st.session_id)
+        held = self.conn.take_held(WITH_COUNTS)
+        if held is None:
+            self.conn.execute(BUMP, params)
+            return
+        writes, writes_params = held
+        self.conn.execute(WITH_COUNTS[writes], [*params, *writes_params])
 
     def save(self, st: ContextState) -> None:
         cols = _CONTEXT_COLUMNS.split(", ")

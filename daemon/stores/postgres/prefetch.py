@@ -1,4 +1,5 @@
-"""Reads a request will make, sent ahead in one round trip (PgConnection's memo).
+"""Reads a request will make, sent ahead in one round trip (PgConnection's memo), as
+one statement (bundle.py).
 
 Each function names a statement exactly as the part that makes the read sends it
 (the same SQL text and parameters), so that part's own `execute` is answered from the

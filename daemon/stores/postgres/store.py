@@ -153,17 +153,19 @@ class PgArchive(SqlArchive):
             # within a session): the engine's kept tail is whole if it ends there
             self._before_tx[session_id] = top
         parts = [tsearch.tsvector_parts(message_text(m)) for m, _, _ in messages]
-        with c.pipeline():
-            # every row in one statement (daemon/stores/postgres/batch_rows.py)
-            c.execute(*batch_rows.batch_writes(session_id, batch_id, client_batch_id, run_id,
-                                               digest, messages, ids, parts, now))
-            # seen by every listening daemon when (and only if) this transaction commits
-            c.execute(events.RECORD, (
-                self.origin, session_id,
-                json.dumps({"m": "session/didAppend", "s": session_id, "b": batch_id,
-                            "o": self.origin}),
-                now,
-            ))
+        # seen by every listening daemon when (and only if) this transaction commits
+        event = (self.origin, session_id,
+                 json.dumps({"m": "session/didAppend", "s": session_id, "b": batch_id,
+                             "o": self.origin}),
+                 now)
+        # every row and the event in one statement (daemon/stores/postgres/batch_rows.py),
+        # in the append's transaction kept back for the context's counts to join
+        # (PgContexts.bump_counts)
+        writes = batch_rows.batch_writes(session_id, batch_id, client_batch_id, run_id,
+                                         digest, messages, ids, parts, now, event)
+        if not c.hold(*writes):
+            with c.pipeline():
+                c.execute(*writes)
         return batch_id, ids, now
 
     origin = ""
