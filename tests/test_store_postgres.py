@@ -224,7 +224,7 @@ def test_status_says_compacting_while_another_daemon_holds_the_session(
 def test_a_compaction_waiting_for_another_daemons_ends_its_progress_when_the_server_goes(
     two_engines: tuple[Engine, Engine], pg_dsn: str,
 ) -> None:
-    """B waits for A's compaction; B's connection is cut meanwhile: B's request fails
+    """B waits for A's compaction; B's connections are cut meanwhile: B's request fails
     with a typed storage error and its progress ends, and B compacts again afterwards."""
     a, b = two_engines
     sid = a.create_session().session_id
@@ -235,14 +235,18 @@ def test_a_compaction_waiting_for_another_daemons_ends_its_progress_when_the_ser
     b.add_listener(lambda s, m, p: progress.append(msgspec.to_builtins(p)["value"])
                    if m == "$/progress" else None)
     assert a.store.try_compaction_lock(sid)
-    pid = b.store.conn.execute("SELECT pg_backend_pid()").fetchone()[0]
 
     async def cut_while_waiting() -> None:
         task = asyncio.create_task(b.compact(sid, force=True))
         while not progress:
             await asyncio.sleep(0.01)
+        # every connection of B's (the lock is asked for on the session's worker
+        # thread, on a connection of its own), none of A's
+        pids = b.store.conn.backend_pids()
+        assert pids and not pids & a.store.conn.backend_pids()
         with psycopg.connect(pg_dsn, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            for pid in pids:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
         with pytest.raises(StorageError):
             await asyncio.wait_for(task, 30)
 
