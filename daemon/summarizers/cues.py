@@ -254,6 +254,9 @@ _CJK_STOP = frozenset(
 _CALL_ID_NOTE = re.compile(r"\(call_id ([^\s()]+)\)\s*$")
 
 
+# the key an item is deduplicated by; the previous summary's items are keyed again at
+# every compaction, and their texts do not change
+@lru_cache(maxsize=8192)
 def _norm(text: str) -> str:
     return _WS.sub(" ", text).strip().casefold().rstrip(_TRAILING)
 
