@@ -95,7 +95,8 @@ def _find_paths(text: str, limit: int) -> list[str]:
         return []
     found: dict[str, None] = {}
     for token in dict.fromkeys(text.split()):
-        if not _may_hold_path(token):
+        # _may_hold_path, spelt out: it runs for every distinct word of every message
+        if "/" not in token and "." not in token and "\\" not in token and "file" not in token:
             continue
         paths = _token_paths(token) if len(token) <= 200 else _token_paths.__wrapped__(token)
         for path in paths:
