@@ -254,14 +254,32 @@ _CJK_STOP = frozenset(
 _CALL_ID_NOTE = re.compile(r"\(call_id ([^\s()]+)\)\s*$")
 
 
-# the key an item is deduplicated by; the previous summary's items are keyed again at
-# every compaction, and their texts do not change
-@lru_cache(maxsize=8192)
+# The previous summary's items are keyed (_norm) and trimmed to the same lengths again
+# at every compaction, and their texts do not change: the results for texts up to this
+# long are remembered (longer ones, pasted output, are rarely seen twice and would
+# hold memory).
+_CACHED_CHARS = 2000
+
+
 def _norm(text: str) -> str:
+    """The key an item is deduplicated by."""
+    return _norm_cached(text) if len(text) <= _CACHED_CHARS else _norm_uncached(text)
+
+
+def _norm_uncached(text: str) -> str:
     return _WS.sub(" ", text).strip().casefold().rstrip(_TRAILING)
 
 
+_norm_cached = lru_cache(maxsize=8192)(_norm_uncached)
+
+
 def _trim(text: str, limit: int) -> str:
+    if len(text) <= _CACHED_CHARS:
+        return _trim_cached(text, limit)
+    return _trim_uncached(text, limit)
+
+
+def _trim_uncached(text: str, limit: int) -> str:
     text = _WS.sub(" ", text).strip()
     if len(text) <= limit:
         return text
@@ -271,6 +289,9 @@ def _trim(text: str, limit: int) -> str:
     if space >= limit * 0.75:
         cut = cut[:space]
     return cut.rstrip() + "…"
+
+
+_trim_cached = lru_cache(maxsize=8192)(_trim_uncached)
 
 
 def _sentences(text: str) -> Iterator[str]:
