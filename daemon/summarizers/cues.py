@@ -388,8 +388,11 @@ def _merge_sources(a: Iterable[int], b: Iterable[int], cap: int) -> list[int]:
     return merged[:head] + merged[len(merged) - (cap - head) :]
 
 
-def _error_excerpt(text: str) -> str | None:
-    if not text or not _ERROR_LINE.search(text):
+def _error_excerpt(text: str, matched: bool = False) -> str | None:
+    """The line of `text` that says most about what went wrong, if any. `matched`: the
+    caller already found `_ERROR_LINE` in `text`, which a long output need not be
+    searched for twice."""
+    if not text or not (matched or _ERROR_LINE.search(text)):
         return None
     best: str | None = None
     best_score = 0
