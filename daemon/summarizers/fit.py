@@ -24,6 +24,8 @@ _DENSE_COST = 0.72
 _WIDE_COST = 1.15
 _DENSE_CHARS = str.maketrans("", "", string.digits + string.punctuation)
 
+# Most lines are the previous summary's, rendered the same at every compaction.
+@lru_cache(maxsize=8192)
 def _estimate(text: str) -> float:
     """Rough token count of one rendered line, newline included.
 
