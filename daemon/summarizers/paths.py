@@ -61,7 +61,6 @@ def _clean_path(raw: str) -> str | None:
     return None
 
 
-
 def _may_hold_path(token: str) -> bool:
     """A whitespace-separated token that could hold a path: it has a separator, a dot
     or "file" (Makefile)."""
