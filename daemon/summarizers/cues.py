@@ -256,9 +256,9 @@ _CALL_ID_NOTE = re.compile(r"\(call_id ([^\s()]+)\)\s*$")
 
 # The previous summary's items are keyed (_norm) and trimmed to the same lengths again
 # at every compaction, and their texts do not change: the results for texts up to this
-# long are remembered (longer ones, pasted output, are rarely seen twice and would
-# hold memory).
-_CACHED_CHARS = 2000
+# long are remembered. Items are shorter (rules are kept up to 400 characters); longer
+# texts, a pasted paragraph, are rarely seen twice and would only hold memory.
+_CACHED_CHARS = 500
 
 
 def _norm(text: str) -> str:
