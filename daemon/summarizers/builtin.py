@@ -460,7 +460,8 @@ class BuiltinSummarizer:
         record.sources.append(mid)
         first_line = text.lstrip().split("\n", 1)[0] if text else ""
         # Tool frameworks often report failure as a bare first line ("Failed to ...").
-        failed = _is_error_text(text, anchored=True) or bool(_FAILURE_START.match(first_line))
+        error_text = _is_error_text(text, anchored=True)
+        failed = error_text or bool(_FAILURE_START.match(first_line))
         record.outcome = "error" if failed else "ok"
         # exact: a path or an id cut short names something else; a failed call still
         # made the commits its output names
@@ -468,7 +469,7 @@ class BuiltinSummarizer:
         for target, what in made:
             draft.add_artifact(target, what, [*record.sources])
         if failed:
-            line = _error_excerpt(text) or first_line
+            line = _error_excerpt(text, matched=error_text) or first_line
             draft.add(
                 "errors", _trim(f"{record.name}: {line.strip()}", self.max_item_chars),
                 record.sources,

@@ -254,11 +254,32 @@ _CJK_STOP = frozenset(
 _CALL_ID_NOTE = re.compile(r"\(call_id ([^\s()]+)\)\s*$")
 
 
+# The previous summary's items are keyed (_norm) and trimmed to the same lengths again
+# at every compaction, and their texts do not change: the results for texts up to this
+# long are remembered. Items are shorter (rules are kept up to 400 characters); longer
+# texts, a pasted paragraph, are rarely seen twice and would only hold memory.
+_CACHED_CHARS = 500
+
+
 def _norm(text: str) -> str:
+    """The key an item is deduplicated by."""
+    return _norm_cached(text) if len(text) <= _CACHED_CHARS else _norm_uncached(text)
+
+
+def _norm_uncached(text: str) -> str:
     return _WS.sub(" ", text).strip().casefold().rstrip(_TRAILING)
 
 
+_norm_cached = lru_cache(maxsize=8192)(_norm_uncached)
+
+
 def _trim(text: str, limit: int) -> str:
+    if len(text) <= _CACHED_CHARS:
+        return _trim_cached(text, limit)
+    return _trim_uncached(text, limit)
+
+
+def _trim_uncached(text: str, limit: int) -> str:
     text = _WS.sub(" ", text).strip()
     if len(text) <= limit:
         return text
@@ -268,6 +289,9 @@ def _trim(text: str, limit: int) -> str:
     if space >= limit * 0.75:
         cut = cut[:space]
     return cut.rstrip() + "…"
+
+
+_trim_cached = lru_cache(maxsize=8192)(_trim_uncached)
 
 
 def _sentences(text: str) -> Iterator[str]:
@@ -364,8 +388,11 @@ def _merge_sources(a: Iterable[int], b: Iterable[int], cap: int) -> list[int]:
     return merged[:head] + merged[len(merged) - (cap - head) :]
 
 
-def _error_excerpt(text: str) -> str | None:
-    if not text or not _ERROR_LINE.search(text):
+def _error_excerpt(text: str, matched: bool = False) -> str | None:
+    """The line of `text` that says most about what went wrong, if any. `matched`: the
+    caller already found `_ERROR_LINE` in `text`, which a long output need not be
+    searched for twice."""
+    if not text or not (matched or _ERROR_LINE.search(text)):
         return None
     best: str | None = None
     best_score = 0

@@ -7,6 +7,7 @@ import re
 import string
 from collections import deque
 from collections.abc import Callable
+from functools import lru_cache
 
 from ctxd.daemon.summarizers.cues import _CJK_RUN, _CONSTRAINT, _key_terms, _trim
 from ctxd.daemon.summarizers.draft import _SHARES, _Draft, _Entry, _share_class
@@ -23,6 +24,8 @@ _DENSE_COST = 0.72
 _WIDE_COST = 1.15
 _DENSE_CHARS = str.maketrans("", "", string.digits + string.punctuation)
 
+# Most lines are the previous summary's, rendered the same at every compaction.
+@lru_cache(maxsize=8192)
 def _estimate(text: str) -> float:
     """Rough token count of one rendered line, newline included.
 
@@ -32,7 +35,8 @@ def _estimate(text: str) -> float:
     be proportionate.
     """
     n = len(text)
-    wide = (len(text.encode("utf-8")) - n) / 2
+    # most lines are ASCII: no need to encode them to learn that no character is wide
+    wide = 0 if text.isascii() else (len(text.encode("utf-8")) - n) / 2
     dense = n - len(text.translate(_DENSE_CHARS))
     return (n - dense - wide) * _PLAIN_COST + dense * _DENSE_COST + wide * _WIDE_COST + 1.3
 
@@ -209,6 +213,19 @@ def _class(e: _Entry) -> str:
     return _share_class(e)
 
 
+# Every compaction reads the previous summary's items again, and their texts do not
+# change: what these two say of a text is remembered.
+@lru_cache(maxsize=4096)
+def _has_force(text: str) -> bool:
+    return _CONSTRAINT.search(text)
+
+
+@lru_cache(maxsize=4096)
+def _shape(text: str) -> str:
+    """The text with its numbers as "#": the items of a series share it."""
+    return _DIGITS.sub("#", text.casefold())
+
+
 def _routine(entries: dict[str, list[_Entry]]) -> set[int]:
     """Entries of a shape repeated at least `_ROUTINE_REPEATS` times in their section
     (numbers aside), but the newest of each shape: a series of requests, not rules."""
@@ -223,9 +240,9 @@ def _routine(entries: dict[str, list[_Entry]]) -> set[int]:
                 continue
             # a rule with deontic force ("Never deploy service7 on Fridays") stays a
             # rule however many siblings it has
-            if name == "constraints" and _CONSTRAINT.search(e.text):
+            if name == "constraints" and _has_force(e.text):
                 continue
-            groups.setdefault((name, _DIGITS.sub("#", e.text.casefold())), []).append(e)
+            groups.setdefault((name, _shape(e.text)), []).append(e)
     out: set[int] = set()
     for members in groups.values():
         if len(members) >= _ROUTINE_REPEATS:
@@ -260,10 +277,15 @@ def _drop_plan(
         terms = (e.terms | e.values) or _key_terms(e.text)
         return bool(terms & focus)
 
+    # an entry's class and tier do not change while the plan is made: each is worked
+    # out once, not again in every tier's pass over all entries
+    classes = {id(e): _class(e) for es in entries.values() for e in es}
+
     def tier(e: _Entry) -> int:
         if id(e) in routine or e.section in _ROUTINE_SECTIONS:
             return 0
-        if e.section == "goals" and _class(e) == "goals":
+        cls = classes[id(e)]
+        if e.section == "goals" and cls == "goals":
             return 0
         if _hard(e) or (e.was and e.status == "current"):
             # the user's rules in force and live corrections go last of all
@@ -271,7 +293,7 @@ def _drop_plan(
         # the agent's own changes and the ids its tools returned, and the conclusions
         # not yet confirmed, come right before the rules: nothing else in the context
         # says what was done and what is still a guess
-        if e.section == "artifacts" or _class(e) == "hedged":
+        if e.section == "artifacts" or cls == "hedged":
             return 2
         return 1
 
@@ -288,7 +310,7 @@ def _drop_plan(
         level: {"constraints": deque(), "hedged": deque()} for level in (0, 1, 2, 3)
     }
     for e in sorted((e for es in entries.values() for e in es), key=_Entry.recency):
-        cls = _class(e)
+        cls = classes[id(e)]
         if cls in ("constraints", "hedged"):
             if cls == "hedged" and e.unconfirmed:
                 # shown with its unconfirmed mark, a guess needs no hedge words to stay
@@ -310,7 +332,7 @@ def _drop_plan(
         size: dict[str, float] = dict.fromkeys(_CLASS_SHARES, 0.0)
         queues: dict[str, deque[_Entry]] = {cls: deque() for cls in _CLASS_SHARES}
         for e in sorted(members, key=_Entry.recency):
-            cls = _class(e)
+            cls = classes[id(e)]
             size[cls] += est[id(e)]
             queues[cls].append(e)
         heap = [
@@ -335,8 +357,14 @@ def _drop_plan(
             if queues[cls] or cuts.get(cls):
                 heapq.heappush(heap, (-size[cls] / _CLASS_SHARES[cls], order[cls], cls))
 
-    every = [e for es in entries.values() for e in es if id(e) not in floor_ids]
-    floors.sort(key=lambda e: (tier(e), order[_class(e)]))
+    # every entry but the floors, by whether the instructions favour it and its tier
+    # (in the order of `entries`)
+    groups: dict[tuple[bool, int], list[_Entry]] = {}
+    for es in entries.values():
+        for e in es:
+            if id(e) not in floor_ids:
+                groups.setdefault((favoured(e), tier(e)), []).append(e)
+    floors.sort(key=lambda e: (tier(e), order[classes[id(e)]]))
     # the newest item of each section goes after every other item, but before the
     # items the instructions ask for: those are kept first
     for keep_focus in (False, True):
@@ -346,10 +374,7 @@ def _drop_plan(
                 # reasons (subject and value stay, the archive has the rest) before any
                 # excerpt, artifact or guess is lost
                 ops.extend(_compact_settings(entries, est, favoured))
-            drain(
-                [e for e in every if favoured(e) == keep_focus and tier(e) == level],
-                trims[level] if not keep_focus else {},
-            )
+            drain(groups.get((keep_focus, level), []), trims[level] if not keep_focus else {})
         ops.extend(("drop", e, "") for e in floors if favoured(e) == keep_focus)
     return ops
 

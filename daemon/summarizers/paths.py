@@ -61,9 +61,10 @@ def _clean_path(raw: str) -> str | None:
     return None
 
 
-# A whitespace-separated token that could hold a path: it has a separator, a dot or
-# "file" (Makefile). The look-ahead runs only at token starts, so the scan stays linear.
-_PATH_CANDIDATE = re.compile(r"(?<!\S)(?=[^\s/.\\]*(?:[/.\\]|file))\S+")
+def _may_hold_path(token: str) -> bool:
+    """A whitespace-separated token that could hold a path: it has a separator, a dot
+    or "file" (Makefile)."""
+    return "/" in token or "." in token or "\\" in token or "file" in token
 
 
 @lru_cache(maxsize=4096)
@@ -86,13 +87,16 @@ def _token_paths(token: str) -> tuple[str, ...]:
 
 def _find_paths(text: str, limit: int) -> list[str]:
     # Tool output (source files, logs, listings) repeats the same tokens over and over,
-    # and nearly all of its words hold no path: the candidates are picked out by one
-    # regex scan, each distinct one is looked at once, and short ones are remembered
-    # across messages.
-    if "/" not in text and "." not in text and "\\" not in text and "file" not in text:
+    # and nearly all of its words hold no path: each distinct token is looked at once
+    # (str.split() cuts at the same whitespace as a regex's \s, at half the cost of a
+    # regex scan for the candidates), and short ones are remembered across messages.
+    if not _may_hold_path(text):
         return []
     found: dict[str, None] = {}
-    for token in dict.fromkeys(_PATH_CANDIDATE.findall(text)):
+    for token in dict.fromkeys(text.split()):
+        # _may_hold_path, spelt out: it runs for every distinct word of every message
+        if "/" not in token and "." not in token and "\\" not in token and "file" not in token:
+            continue
         paths = _token_paths(token) if len(token) <= 200 else _token_paths.__wrapped__(token)
         for path in paths:
             found.setdefault(path, None)

@@ -72,15 +72,31 @@ _URL = re.compile(r"https?://[^\s\"'<>`)\]]+")
 # results (file contents, test output) skip every pattern
 _ID_GATES = ("commit", "]", "branch", "pull", "merge_request", "pr ", "pr #", "mr ", "job",
              "run", "pipeline", "build", "deployment", "task", "->", "http", '"')
+# Literal text without which a pattern cannot match, checked before the pattern runs
+# (scanning 8000 characters with an alternation that has no literal prefix is most of
+# what reading a result costs). The case-insensitive ones are checked on the lowered
+# text; re.IGNORECASE also matches "İ" and "ı" to i and "ſ" to s, which str.lower()
+# does not, so a text holding one of them skips the gates of words with an i or an s.
+_PR_WORDS = ("/pull", "/merge_", "pull reque", "pr ", "mr ")
+_JOB_WORDS = ("job", "run", "pipeline", "build", "deployment", "task")
+_ODD_FOLDS = ("İ", "ı", "ſ")
 _EXIT = re.compile(
     r"\"exit_code\"\s*:\s*(-?\d+)|^Exit code:\s*(-?\d+)|Process exited with code (-?\d+)",
     re.MULTILINE,
 )
 
 
+# literal text each way of writing an exit code holds: most results hold none, and
+# checking for them costs far less than scanning every line start for the pattern
+_EXIT_WORDS = ('"exit_code"', "Exit code:", "Process exited with code")
+
+
 def result_failed(result: str) -> bool:
     """A shell result that reports a non-zero exit code (Codex's wrappers)."""
-    m = _EXIT.search(result[:4000])
+    head = result[:4000]
+    if not any(map(head.__contains__, _EXIT_WORDS)):
+        return False
+    m = _EXIT.search(head)
     if m is None:
         return False
     code = next(g for g in m.groups() if g is not None)
@@ -109,12 +125,15 @@ def result_ids(result: str, creates: bool, command: str = "") -> list[tuple[str,
     if "git" not in command and not any(map(low.__contains__, _ID_GATES)):
         return []
     out: list[tuple[str, str]] = []
-    for m in _COMMIT.finditer(head):
-        out.append((m.group(1), f"commit {m.group(1)}"))
-    for m in _PUSHED.finditer(head):
-        if _fetched(m.group(3), m.group(4)):
-            continue
-        out += [(m.group(1), f"commit {m.group(1)}"), (m.group(2), f"commit {m.group(2)}")]
+    if "[" in head:
+        for m in _COMMIT.finditer(head):
+            out.append((m.group(1), f"commit {m.group(1)}"))
+    if " -> " in head and ".." in head:
+        for m in _PUSHED.finditer(head):
+            if _fetched(m.group(3), m.group(4)):
+                continue
+            out += [(m.group(1), f"commit {m.group(1)}"),
+                    (m.group(2), f"commit {m.group(2)}")]
     if "git" in command and ("log" in command or "show" in command):
         logged = _full_log(head)
         if "oneline" in command or "--format" in command or "--pretty" in command:
@@ -124,17 +143,18 @@ def result_ids(result: str, creates: bool, command: str = "") -> list[tuple[str,
             out.append((logged[0][0], f"commit {logged[0][0]}"))
         elif logged:
             out.append((_LOG_TARGET, log_line(logged)))
-    if not out:
+    if not out and "commit " in head[:2000]:
         for m in _COMMIT_WORD.finditer(head[:2000]):
             out.append((m.group(1), f"commit {m.group(1)}"))
             break
-    for m in _BRANCH.finditer(head):
-        if m.group(3) and _fetched(m.group(3), m.group(4)):
-            continue
-        branch = next(g for g in m.groups() if g)
-        out.append((f"branch:{branch}", f"branch {branch}"))
+    if "branch" in head:
+        for m in _BRANCH.finditer(head):
+            if m.group(3) and _fetched(m.group(3), m.group(4)):
+                continue
+            branch = next(g for g in m.groups() if g)
+            out.append((f"branch:{branch}", f"branch {branch}"))
     urls_named: set[str] = set()
-    for m in _PR.finditer(head):
+    for m in _PR.finditer(head) if any(map(low.__contains__, _PR_WORDS)) else ():
         url = m.group(0) if m.group(0).lower().startswith("http") else None
         number = m.group(1) or m.group(2)
         if url:
@@ -149,7 +169,9 @@ def result_ids(result: str, creates: bool, command: str = "") -> list[tuple[str,
         else:
             kind = "pipeline" if m.group(3) == "pipelines" else "job"
             out.append((f"{kind}:{m.group(4)}", f"{kind} {m.group(4)}"))
-    for m in _JOB.finditer(head[:2000]):
+    odd = not head.isascii() and any(map(head.__contains__, _ODD_FOLDS))
+    jobs = odd or any(map(low[:2000].__contains__, _JOB_WORDS))
+    for m in _JOB.finditer(head[:2000]) if jobs else ():
         kind = m.group(1).lower()
         out.append((f"{kind}:{m.group(2)}", f"{kind} {m.group(2)}"))
     if creates:
