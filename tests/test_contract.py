@@ -24,7 +24,7 @@ from helpers import DaemonProcess
 from test_protocol_table import GOOD
 
 from ctxd.clients import gen_methods
-from ctxd.daemon import dispatch  # noqa: F401  (every handler registered)
+from ctxd.daemon import dispatch  # every handler registered
 from ctxd.daemon.engine import Engine
 from ctxd.protocol import schema, types
 from ctxd.protocol.errors import InvalidMessage, InvalidParams, NotFound
@@ -38,7 +38,8 @@ def test_every_method_has_a_handler_taking_its_params(name: str) -> None:
     handler = HANDLERS[name]
     accepted = inspect.signature(handler.function).parameters
     if handler.connection:
-        assert handler.owner == "Dispatcher", name
+        # the dispatcher's, or one of the parts it is made of (run_requests.py)
+        assert handler.owner in (c.__name__ for c in dispatch.Dispatcher.__mro__), name
         assert list(accepted)[1:3] == ["conn", "p"], f"{name}: a dispatcher handler takes (conn, p)"
         # the Struct it is given is the one its annotation names
         assert accepted["p"].annotation == METHODS[name].params.__name__, name
