@@ -73,9 +73,8 @@ def preparing(
     statements `reads`: (prepare it, in a pipeline), given how often this connection
     ran it (`runs`, counted here). A read planned per call is never prepared (see
     PgConnection.planned_per_call), nor is a bundle that holds one: it is planned
-    whole on every run. For a `context/get` (the tail read in its bundle) that costs
-    the server some 0.2 ms of planning and saves the daemon as much against the tail
-    read sent beside a prepared bundle, which needs a pipeline and a statement more.
+    whole on every run (a `context/get`'s bundle planned each time cost the server
+    some 0.2 ms, before its tail read was made safe to prepare).
 
     psycopg prepares a statement on its `threshold`th run, and outside a pipeline waits
     for the server's answer to the Parse before it sends the Execute: one round trip

@@ -59,11 +59,11 @@ class PgConnection:
         # more server settings for this connection (name -> value)
         self.settings = settings or {}
         self._sql: dict[str, str] = {}
-        # statements never prepared, so each is planned for its own values: the generic
-        # plan a prepared statement switches to after five runs may read a session's
-        # tail through the primary key (its order matches the heap's), walking every
-        # newer row of every other session, where the (session_id, id) index reads only
-        # the tail (8 ms instead of 0.2 ms behind 30k rows of another session)
+        # statements never prepared, so each is planned for its own values: for one
+        # whose generic plan (what a prepared statement may switch to after five runs)
+        # would be worse than planning each run, or whose planning costs less than the
+        # round trip preparing it takes (ids.py). The reads of a session's rows are safe
+        # to prepare (prefetch.READ_TAIL says why)
         self.planned_per_call: set[str] = set()
         # statements whose parameters are sent in binary: psycopg writes a list of texts
         # in the text format through a regular expression per element (every `"` of a

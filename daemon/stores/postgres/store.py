@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from psycopg import errors as pgerr
 
 from ctxd.daemon.messages import message_text
-from ctxd.daemon.stores.postgres import batch_rows, events, schema, tsearch
+from ctxd.daemon.stores.postgres import batch_rows, events, prefetch, schema, tsearch
 from ctxd.daemon.stores.postgres.connection import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_STATEMENT_TIMEOUT,
@@ -69,7 +69,6 @@ class PgArchive(SqlArchive):
 
     def __init__(self, conn: PgConnection) -> None:
         super().__init__(conn)
-        conn.planned_per_call |= {READ_TAIL, READ_TAIL_RANGE}
         conn.binary_params |= batch_rows.BINARY
         # session -> (highest message id counted, count): see message_count
         self._counts: dict[str, tuple[int, int]] = {}
@@ -81,8 +80,6 @@ class PgArchive(SqlArchive):
         # open transaction, then once it committed
         self._before_tx: dict[str, int] = {}
         self._preceding: dict[str, int] = {}
-
-    COUNT_FROM = "SELECT count(*), max(id) FROM messages WHERE session_id = ? AND id > ?"
 
     def count_known(self, session_id: str) -> bool:
         """Whether message_count answers without asking the server."""
@@ -100,7 +97,7 @@ class PgArchive(SqlArchive):
         if self._exact.pop(session_id, 0) > time.monotonic():
             return self._counts[session_id][1]
         last, base = self._counts.get(session_id, (0, 0))
-        n, top = self.conn.execute(self.COUNT_FROM, (session_id, last)).fetchone()
+        n, top = self.conn.execute(*prefetch.message_count(self, session_id)).fetchone()
         counted = (top or last, base + n)
         if self.conn._depth == 0:
             self._counts[session_id] = counted
@@ -182,6 +179,15 @@ class PgArchive(SqlArchive):
                 READ_TAIL_RANGE, (from_id, to_id, session_id, from_id, to_id)
             )
         return [message_from_row(r) for r in rows]
+
+    def stored_bytes(
+        self, session_id: str, from_id: int, also: Sequence[int] = (),
+        less: Sequence[int] = (),
+    ) -> int:
+        """SqlArchive.stored_bytes, its rows from from_id found as READ_TAIL finds them
+        (prefetch.BYTES_FROM)."""
+        return sum(sign * int(self.conn.execute(*read).fetchone()[0]) for sign, read in
+                   prefetch.stored_bytes_parts(session_id, from_id, also, less))
 
     def batch(self, batch_id: int) -> tuple[str, str | None, int, int] | None:
         """(session id, run id, first message id, last message id) of a batch."""
