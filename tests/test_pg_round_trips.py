@@ -409,7 +409,6 @@ def test_a_compaction_takes_and_lets_go_its_lock_beside_the_event_loop(
     with other daemons (two round trips), reads, commits and lets the lock go, another
     client's heartbeats, sent all along, each come back in less than one round trip: on
     the event loop, those round trips would hold them."""
-    import threading
 
     proxy, d = _daemon_behind_slow_server(pg_cluster, pg_dsn, tmp_path)
     try:
@@ -418,27 +417,8 @@ def test_a_compaction_takes_and_lets_go_its_lock_beside_the_event_loop(
             for turn in range(3):
                 a.append(sid, tool_turn(turn))
             b.heartbeat()
-            done = threading.Event()
-            out: list[Any] = []
-
-            def compact() -> None:
-                try:
-                    out.append(a.compact(sid, force=True))
-                finally:
-                    done.set()
-
-            t = threading.Thread(target=compact)
-            t0 = time.perf_counter()
-            t.start()
-            waits = []
-            while not done.is_set():
-                h0 = time.perf_counter()
-                b.heartbeat()
-                waits.append(time.perf_counter() - h0)
-                time.sleep(0.01)
-            took = time.perf_counter() - t0
-            t.join(60)
-            assert out and out[0]["compactionId"], out
+            compacted, waits, took = _beside_heartbeats(b, lambda: a.compact(sid, force=True))
+            assert compacted["compactionId"], compacted
             assert took >= 0.8  # four round trips at least: the test shows something
             assert len(waits) >= 20
             assert max(waits) < 0.19, sorted(waits)[-5:]
@@ -489,7 +469,6 @@ def test_runs_and_approvals_another_daemon_began_are_ended_beside_the_event_loop
     them begin and so reads their session first, and the first daemon's events are
     relayed to a client of the second: all along, heartbeats of a third client on that
     daemon each come back in less than one round trip."""
-    import threading
 
     proxy, d1 = _daemon_behind_slow_server(pg_cluster, pg_dsn, tmp_path)
     d2 = None
@@ -500,26 +479,8 @@ def test_runs_and_approvals_another_daemon_began_are_ended_beside_the_event_loop
             b.heartbeat()
 
             def beside(call: Any) -> tuple[Any, list[float]]:
-                done = threading.Event()
-                out: list[Any] = []
-
-                def run() -> None:
-                    try:
-                        out.append(call())
-                    finally:
-                        done.set()
-
-                t = threading.Thread(target=run)
-                t.start()
-                waits = []
-                while not done.is_set():
-                    h0 = time.perf_counter()
-                    b.heartbeat()
-                    waits.append(time.perf_counter() - h0)
-                    time.sleep(0.01)
-                t.join(60)
-                assert out, "the call failed"
-                return out[0], waits
+                out, waits, _ = _beside_heartbeats(b, call)
+                return out, waits
 
             # a client of the second daemon watches the session: what the first one's
             # events name is read there (a round trip or two each) beside its loop
@@ -545,3 +506,32 @@ def test_runs_and_approvals_another_daemon_began_are_ended_beside_the_event_loop
             d2.stop()
         d1.stop()
         proxy.close()
+
+
+def _beside_heartbeats(b: Any, call: Any) -> tuple[Any, list[float], float]:
+    """`call()` in a thread while client `b` sends heartbeats all along: its result,
+    each heartbeat's seconds, and the call's."""
+    import threading
+
+    done = threading.Event()
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        finally:
+            done.set()
+
+    t = threading.Thread(target=run)
+    t0 = time.perf_counter()
+    t.start()
+    waits = []
+    while not done.is_set():
+        h0 = time.perf_counter()
+        b.heartbeat()
+        waits.append(time.perf_counter() - h0)
+        time.sleep(0.01)
+    took = time.perf_counter() - t0
+    t.join(60)
+    assert out, "the call failed"
+    return out[0], waits, took
