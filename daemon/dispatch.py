@@ -26,7 +26,7 @@ from ctxd.daemon.engine import Engine
 from ctxd.daemon.off_loop import OffLoop
 from ctxd.daemon.offload import LargeWrites
 from ctxd.daemon.request_flow import Handler, RequestFlow
-from ctxd.daemon.run_requests import RunRequests, set_context, stored_ids
+from ctxd.daemon.run_requests import RunRequests
 from ctxd.daemon.scheduler import Scheduler
 from ctxd.daemon.servers.base import Connection, EventHub
 from ctxd.daemon.servers.page_keys import PageKeys
@@ -259,7 +259,7 @@ class Dispatcher(RunRequests, RequestFlow):
             if not p.return_context:
                 return result, None
             return result, self.replies.get_now(sid, status=result.status,
-                                                appended=stored_ids(result))
+                                                appended=_stored(result))
 
         def then(done: tuple[types.AppendResult, dict[str, Any] | None]) -> types.AppendResult:
             result, context = done
@@ -288,14 +288,14 @@ class Dispatcher(RunRequests, RequestFlow):
     ) -> Any:
         """`result` (an append's, or a run/finish's) with the session's context;
         `appended`, the batch stored with it (named when the context is refused)."""
-        stored = stored_ids(appended)
+        stored = _stored(appended)
         if not gated:
-            set_context(result, self.replies.get_now(session_id, status=status,
+            _set_context(result, self.replies.get_now(session_id, status=status,
                                                       appended=stored))
             return result
 
         async def later() -> types.AppendResult | types.RunFinishResult:
-            set_context(result, await self.replies.get(session_id, status=status,
+            _set_context(result, await self.replies.get(session_id, status=status,
                                                         appended=stored))
             return result
 
@@ -351,6 +351,17 @@ class Dispatcher(RunRequests, RequestFlow):
     @serves(CONTEXT_REBUILD, connection=True)
     async def rebuild(self, conn: Connection, p: ContextRebuildParams) -> types.CompactResult:
         return await self.engine.rebuild(p.session_id, dry_run=bool(p.dry_run))
+
+
+def _stored(appended: types.AppendResult | None) -> dict[str, Any]:
+    """What an append stored, as a refused context's error data names it."""
+    if appended is None:
+        return {}
+    return {"batchId": appended.batch_id, "messageIds": appended.message_ids}
+
+
+def _set_context(result: types.AppendResult | types.RunFinishResult, context: Any) -> None:
+    result.context = context
 
 
 def _last_failure(summarizer: object) -> dict[str, Any] | None:

@@ -78,18 +78,12 @@ class RunRequests:
         def finish_with_context() -> types.RunFinishResult:
             result = finish()
             if p.return_context:  # read on the same worker thread, as an append's
-                appended = (result.append if isinstance(result.append, types.AppendResult)
-                            else None)
-                set_context(result, self.replies.get_now(
-                    result.run.session_id, appended=stored_ids(appended)))
+                self._with_context(result, result.run.session_id, _appended(result), False)
             return result
 
-        def finished(result: types.RunFinishResult) -> Any:
-            conn.open_runs.discard(p.run_id)
-            return self.scheduler.after_run_finished(result)
-
         sid = self.off_loop.session_of("run/finish", p.run_id)
-        return self.off_loop.run(conn, sid, finish_with_context, finished,
+        return self.off_loop.run(conn, sid, finish_with_context,
+                                 lambda result: self._run_done(conn, p.run_id, result),
                                  find=None if sid else lambda: self._session_of_run(p.run_id))
 
     def _session_of_run(self, run_id: str) -> str | None:
@@ -102,18 +96,20 @@ class RunRequests:
         """The finish's result; with `returnContext`, with the context (see
         `_appended`)."""
         if p.return_context:
-            appended = result.append if isinstance(result.append, types.AppendResult) else None
-            result = self._with_context(result, result.run.session_id, appended, gated)
+            result = self._with_context(result, result.run.session_id, _appended(result), gated)
             if inspect.isawaitable(result):
                 return self._finished_later(conn, p, result)
-        conn.open_runs.discard(p.run_id)
-        return self.scheduler.after_run_finished(result)
+        return self._run_done(conn, p.run_id, result)
 
     async def _finished_later(self, conn: Connection, p: Any, result: Any
                               ) -> types.RunFinishResult:
-        done = await result
-        conn.open_runs.discard(p.run_id)
-        return self.scheduler.after_run_finished(done)
+        return self._run_done(conn, p.run_id, await result)
+
+    def _run_done(self, conn: Connection, run_id: str, result: types.RunFinishResult
+                  ) -> types.RunFinishResult:
+        """The connection holds the run no more; the scheduler is told (on the loop)."""
+        conn.open_runs.discard(run_id)
+        return self.scheduler.after_run_finished(result)
 
     @serves(APPROVAL_RESOLVE, connection=True)
     def approval_resolve(self, conn: Connection, p: ApprovalResolveParams) -> Any:
@@ -164,12 +160,6 @@ class RunRequests:
         return types.ApprovalRequestResult(approval_id=approval.approval_id, approval=approval)
 
 
-def stored_ids(appended: types.AppendResult | None) -> dict[str, Any]:
-    """What an append stored, as a refused context's error data names it."""
-    if appended is None:
-        return {}
-    return {"batchId": appended.batch_id, "messageIds": appended.message_ids}
-
-
-def set_context(result: types.AppendResult | types.RunFinishResult, context: Any) -> None:
-    result.context = context
+def _appended(result: types.RunFinishResult) -> types.AppendResult | None:
+    """The batch a finish appended, if it appended one."""
+    return result.append if isinstance(result.append, types.AppendResult) else None
